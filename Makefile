@@ -1,0 +1,62 @@
+# make test: install what is missing, build Release and ASan+UBSan, run every test.
+# make bench: build, create the default synthetic model if absent, run the main benchmark.
+SHELL := /bin/bash
+JOBS ?= $(shell nproc)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+MODEL_DIR ?= models
+BENCH_MODEL ?= $(MODEL_DIR)/qwen3-0.6b-q8_0.gguf
+FUZZ_SECONDS ?= 20
+
+.PHONY: all deps build build-asan build-fuzz test test-release test-asan fuzz bench clean format
+
+all: build
+
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+build-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTK_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+build-fuzz: deps
+	@CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTK_SANITIZE=ON -DTK_FUZZ=ON >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $$(cd tests/fuzz && ls fuzz_*.c 2>/dev/null | sed 's/\.c$$//' | tr '\n' ' ')
+
+test-release: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The sanitizer run skips the slow numeric reference tests (label 'slow'):
+# they exercise the same code that the Release run already checks.
+test-asan: build-asan
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS) -LE slow
+
+# Each libFuzzer target runs briefly from its seed corpus.
+fuzz: build-fuzz
+	@set -e; for f in $(FUZZ_BUILD)/fuzz/fuzz_*; do \
+	  name=$$(basename $$f); corpus=$(FUZZ_BUILD)/corpus/$$name; mkdir -p $$corpus; \
+	  seeds=tests/fuzz/seeds/$$name; [ -d $$seeds ] || seeds=""; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 $$corpus $$seeds 2>&1 | tail -n 3; \
+	done
+
+test: test-release test-asan fuzz
+
+$(BENCH_MODEL): build
+	@mkdir -p $(MODEL_DIR)
+	@$(BUILD)/bin/tokamak synth --preset qwen3-0.6b --dtype q8_0 -o $@
+
+bench: build $(BENCH_MODEL)
+	@bash bench/run.sh $(BUILD)/bin/tokamak $(BENCH_MODEL)
+
+format:
+	@clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -1,0 +1,224 @@
+/*
+ * tokamak: a decode-first LLM inference engine.
+ *
+ * The one public header. Handles are opaque; every call that can fail on input
+ * returns tk_status and leaves a one-line message for tk_last_error() in the
+ * calling thread. Nothing in the library calls exit() or abort() on bad input.
+ *
+ * Thread safety: tk_model is immutable after tk_model_open and may be shared by
+ * many engines and threads. tk_engine_submit, tk_engine_cancel and
+ * tk_engine_stats are safe from any thread; everything else on an engine is
+ * for the thread that created it.
+ */
+#ifndef TOKAMAK_H
+#define TOKAMAK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TK_VERSION "0.1.0"
+
+typedef enum tk_status {
+    TK_OK = 0,
+    TK_ERR_INVALID,     /* a bad argument or parameter */
+    TK_ERR_FORMAT,      /* a malformed or inconsistent file */
+    TK_ERR_UNSUPPORTED, /* well formed, but not something tokamak runs */
+    TK_ERR_IO,          /* open/read/map failed */
+    TK_ERR_NOMEM,       /* an allocation or a budget was exhausted */
+    TK_ERR_RANGE,       /* an id, a length or a size past its limit */
+    TK_ERR_FULL,        /* a queue or pool is full (overload) */
+    TK_ERR_NOT_FOUND,   /* a key, tensor or request id that does not exist */
+    TK_ERR_INTERNAL,    /* a broken invariant: a bug */
+} tk_status;
+
+/* The message set by the last failing call in this thread ("" if none). */
+const char *tk_last_error(void);
+/* A constant name for a status code ("ok", "invalid", ...). */
+const char *tk_status_str(tk_status st);
+
+/* ---- Models ---------------------------------------------------------------- */
+
+typedef struct tk_model tk_model;
+
+typedef struct tk_model_opts {
+    /* Repack weights to this GGUF type id at load (-1: keep the file's types).
+     * Used for W8A8 from a BF16 file (TK_DTYPE_Q8_0), and by the ablation. */
+    int repack_dtype;
+    bool no_mmap_check; /* reserved; keep false */
+} tk_model_opts;
+
+void tk_model_opts_default(tk_model_opts *o);
+
+/* Open a GGUF file or a Hugging Face checkpoint directory (config.json +
+ * safetensors). The model is immutable afterwards; free with tk_model_free.
+ * opts may be NULL for defaults. */
+tk_status tk_model_open(const char *path, const tk_model_opts *opts, tk_model **out);
+void tk_model_free(tk_model *m);
+
+typedef struct tk_model_info {
+    const char *arch;      /* "qwen3", "qwen2", "llama" */
+    const char *name;      /* general.name or the directory name */
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    int64_t n_params;          /* all weights, embeddings included */
+    uint64_t weight_bytes;     /* bytes of all weights as stored */
+    uint64_t decode_bytes;     /* bytes one decode token must read from weights */
+    uint64_t kv_bytes_per_token; /* KV bytes per token of context at f16 */
+    const char *weight_dtype;  /* the dominant weight type, e.g. "q8_0" */
+    bool tied_embeddings;
+} tk_model_info;
+
+void tk_model_get_info(const tk_model *m, tk_model_info *out);
+
+/* ---- Engine ---------------------------------------------------------------- */
+
+typedef struct tk_engine tk_engine;
+
+typedef enum tk_kv_type { TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8 } tk_kv_type;
+typedef enum tk_kv_scale { TK_KV_SCALE_HEAD, TK_KV_SCALE_TOKEN } tk_kv_scale;
+
+typedef struct tk_engine_opts {
+    int n_threads;        /* 0: one per online core */
+    bool pin_threads;     /* pin pool threads to cores */
+    int ctx;              /* max context per sequence (default 4096) */
+    int max_seqs;         /* sizes the pool when kv_mem is 0 (default max_batch) */
+    size_t kv_mem;        /* KV pool bytes (0: max_seqs * ctx) */
+    int block_size;       /* 16/32/64/128/256 (default 128) */
+    tk_kv_type kv_type;   /* default f16 */
+    tk_kv_scale kv_scale; /* for int8 (default per head) */
+    int max_batch;        /* running sequences (default 32) */
+    int step_tokens;      /* token budget of one step; 0 = default (see docs) */
+    bool no_chunking;     /* prefill a whole prompt in one step (for comparison) */
+    bool unfused;         /* run the unfused reference stages (ablation) */
+    bool static_batching; /* a batch starts together and waits for its slowest */
+    int max_queue;        /* waiting requests before submit says FULL (default 1024) */
+} tk_engine_opts;
+
+void tk_engine_opts_default(tk_engine_opts *o);
+
+/* Create an engine over a model (the model must outlive the engine) and start
+ * its loop thread. */
+tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_engine **out);
+/* Stop the loop, finish every live request with TK_FINISH_CANCELLED, free. */
+void tk_engine_free(tk_engine *e);
+
+typedef enum tk_finish {
+    TK_FINISH_NONE = 0,
+    TK_FINISH_STOP,      /* a stop string or stop/EOS token */
+    TK_FINISH_LENGTH,    /* max_tokens or the context limit */
+    TK_FINISH_CANCELLED, /* tk_engine_cancel or engine shutdown */
+    TK_FINISH_ERROR,     /* see the finish event's message */
+} tk_finish;
+
+#define TK_MAX_STOP 8
+#define TK_MAX_LOGPROBS 20
+
+typedef struct tk_logit_bias {
+    int32_t token;
+    float bias;
+} tk_logit_bias;
+
+typedef struct tk_sampling {
+    float temperature; /* 0: greedy */
+    int top_k;         /* 0: off */
+    float top_p;       /* 1: off */
+    float min_p;       /* 0: off */
+    float repetition_penalty; /* 1: off (HF semantics) */
+    float presence_penalty;   /* 0: off (OpenAI semantics) */
+    float frequency_penalty;  /* 0: off */
+    uint64_t seed;            /* per-request stream; same seed, same output */
+    const tk_logit_bias *logit_bias;
+    int n_logit_bias;
+    int n_logprobs; /* top-n logprobs per token, 0..TK_MAX_LOGPROBS */
+} tk_sampling;
+
+void tk_sampling_default(tk_sampling *s);
+
+typedef struct tk_token_event {
+    uint64_t id;        /* request id */
+    int32_t token;
+    const char *text;   /* the new complete UTF-8 text (stop strings withheld) */
+    size_t text_len;
+    float logprob;
+    int n_top;
+    int32_t top_tokens[TK_MAX_LOGPROBS];
+    float top_logprobs[TK_MAX_LOGPROBS];
+    double t;           /* tk_now_s() when the token was sampled */
+} tk_token_event;
+
+typedef struct tk_request_times {
+    double queued, scheduled, first_token, finished; /* tk_now_s(); 0 if never */
+    int n_prompt, n_output, n_preempted;
+} tk_request_times;
+
+typedef struct tk_finish_event {
+    uint64_t id;
+    tk_finish reason;
+    const char *message;  /* for TK_FINISH_ERROR, else NULL */
+    const char *text;     /* text held back until the end (flushed), may be "" */
+    size_t text_len;
+    tk_request_times times;
+} tk_finish_event;
+
+/* Callbacks run on the engine loop thread: keep them short, never call back
+ * into the engine except tk_engine_cancel. */
+typedef void (*tk_on_token)(void *user, const tk_token_event *ev);
+typedef void (*tk_on_finish)(void *user, const tk_finish_event *ev);
+
+typedef struct tk_request {
+    const int32_t *prompt; /* copied at submit */
+    int n_prompt;
+    int max_tokens;        /* 0: until the context limit */
+    tk_sampling sampling;
+    const char *stop[TK_MAX_STOP]; /* stop strings (copied); NULL-terminated or full */
+    const int32_t *stop_tokens;    /* extra stop ids (copied) */
+    int n_stop_tokens;
+    bool ignore_eos;
+    bool want_text;        /* detokenize and fill event text (needs a tokenizer) */
+    tk_on_token on_token;
+    tk_on_finish on_finish;
+    void *user;
+} tk_request;
+
+void tk_request_default(tk_request *r);
+
+/* Queue a request; on TK_OK *id is set and exactly one finish callback will
+ * follow. On error nothing was queued and no callback fires (a prompt longer
+ * than the context gives TK_ERR_RANGE naming both numbers; a full queue
+ * TK_ERR_FULL). Thread-safe. */
+tk_status tk_engine_submit(tk_engine *e, const tk_request *r, uint64_t *id);
+/* Ask the engine to finish request id with TK_FINISH_CANCELLED; its blocks are
+ * freed before the next step. TK_ERR_NOT_FOUND if it already finished. */
+tk_status tk_engine_cancel(tk_engine *e, uint64_t id);
+
+typedef struct tk_engine_stats {
+    uint64_t steps, prompt_tokens, output_tokens, preemptions;
+    uint64_t requests_submitted, requests_finished;
+    int running, waiting;
+    int waiting_no_blocks, waiting_behind_prefill, waiting_preempted;
+    int kv_blocks_total, kv_blocks_used, kv_blocks_peak;
+    int block_size;
+    size_t kv_bytes_per_token;   /* per token of context, all layers */
+    uint64_t decode_bytes_last;  /* bytes the last step had to read (weights+KV) */
+    double step_time_last;       /* seconds */
+    /* The configuration as the engine runs it (benchmarks check these). */
+    tk_kv_type kv_type;
+    tk_kv_scale kv_scale;
+    bool unfused, static_batching, no_chunking;
+    int step_tokens, max_batch, n_threads;
+    const char *weight_dtype;
+} tk_engine_stats;
+
+tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);
+
+/* Seconds on the monotonic clock used by every timestamp above. */
+double tk_now_s(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,24 @@
+/* Counted allocation: every heap byte the library holds goes through here, so
+ * the KV pool, arenas and tests can report budgets and leaks. */
+#ifndef TK_CORE_ALLOC_H
+#define TK_CORE_ALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Return NULL on failure (and on n == 0 for tk_malloc). tk_free(NULL) is a no-op. */
+void *tk_malloc(size_t n);
+void *tk_calloc(size_t count, size_t size); /* checks count*size for overflow */
+void *tk_realloc(void *p, size_t n);
+char *tk_strdup(const char *s);
+char *tk_strndup(const char *s, size_t n);
+void tk_free(void *p);
+
+/* 64-byte (or larger power-of-two) aligned, zeroed; free with tk_free_aligned. */
+void *tk_alloc_aligned(size_t n, size_t align);
+void tk_free_aligned(void *p);
+
+/* Bytes currently held through the wrappers above (all threads). */
+uint64_t tk_alloc_live_bytes(void);
+
+#endif

@@ -1,0 +1,130 @@
+/* Core utilities: dtype conversions, checked arithmetic, the pool and its barrier. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/pool.h"
+
+static void test_core_f16_roundtrip(void **state) {
+    (void)state;
+    /* Every finite half converts to float and back exactly. */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00) continue;
+        float f = tk_f16_to_f32((tk_f16)h);
+        assert_int_equal(tk_f32_to_f16(f), h);
+    }
+    assert_true(tk_f16_to_f32(tk_f32_to_f16(1.0f)) == 1.0f);
+    assert_true(tk_f16_to_f32(tk_f32_to_f16(65520.0f)) == INFINITY);
+    assert_int_equal(tk_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie to even */
+}
+
+static void test_core_bf16_rounding(void **state) {
+    (void)state;
+    assert_int_equal(tk_f32_to_bf16(1.0f), 0x3f80);
+    assert_true(tk_bf16_to_f32(tk_f32_to_bf16(3.140625f)) == 3.140625f);
+    assert_true(isnan(tk_bf16_to_f32(tk_f32_to_bf16(NAN))));
+}
+
+static void test_core_dtype_rows(void **state) {
+    (void)state;
+    uint64_t b;
+    assert_true(dtype_row_bytes(TK_DTYPE_Q8_0, 64, &b));
+    assert_int_equal(b, 68);
+    assert_false(dtype_row_bytes(TK_DTYPE_Q8_0, 33, &b));
+    assert_false(dtype_row_bytes(TK_DTYPE_F32, UINT64_MAX / 2, &b));
+    assert_false(dtype_row_bytes((tk_dtype)99, 32, &b));
+    assert_int_equal(dtype_from_name("q4_k"), TK_DTYPE_Q4_K);
+    assert_int_equal(dtype_from_name("q5_0"), -1);
+    assert_true(dtype_known(13) && !dtype_supported(13));
+}
+
+static void test_core_checked(void **state) {
+    (void)state;
+    uint64_t r;
+    assert_false(tk_mul_u64(UINT64_MAX, 2, &r));
+    assert_true(tk_add_u64(1, 2, &r) && r == 3);
+    assert_true(tk_range_ok(10, 0, 10));
+    assert_false(tk_range_ok(11, 0, 10));
+    assert_false(tk_range_ok(5, UINT64_MAX, 10));
+}
+
+typedef struct { tk_pool *p; long sum[8]; int rounds; } pool_ctx;
+
+static void pool_fn(void *arg, int ith, int nth) {
+    pool_ctx *c = arg;
+    for (int r = 0; r < c->rounds; r++) {
+        c->sum[ith] += r;
+        pool_barrier(c->p);
+        /* after the barrier every thread sees every other's write */
+        long total = 0;
+        for (int i = 0; i < nth; i++) total += c->sum[i];
+        assert_int_equal(total, (long)nth * (r * (r + 1) / 2));
+        pool_barrier(c->p);
+    }
+}
+
+static void test_core_pool_barrier(void **state) {
+    (void)state;
+    for (int n = 1; n <= 4; n++) {
+        tk_pool *p;
+        assert_int_equal(pool_init(n, false, &p), TK_OK);
+        for (int rep = 0; rep < 3; rep++) {
+            pool_ctx c = {.p = p, .rounds = 200};
+            pool_run(p, pool_fn, &c);
+        }
+        pool_free(p);
+    }
+}
+
+static void test_core_split(void **state) {
+    (void)state;
+    long covered = 0, prev = 0;
+    for (int i = 0; i < 3; i++) {
+        long lo, hi;
+        pool_split(100, i, 3, 8, &lo, &hi);
+        assert_int_equal(lo, prev);
+        assert_true(lo % 8 == 0);
+        covered += hi - lo;
+        prev = hi;
+    }
+    assert_int_equal(covered, 100);
+}
+
+static void test_core_alloc_counts(void **state) {
+    (void)state;
+    uint64_t before = tk_alloc_live_bytes();
+    void *a = tk_malloc(1000), *b = tk_alloc_aligned(5000, 64);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_true(((uintptr_t)b & 63) == 0);
+    assert_true(tk_alloc_live_bytes() >= before + 6000);
+    tk_free(a);
+    tk_free_aligned(b);
+    assert_int_equal(tk_alloc_live_bytes(), before);
+    assert_null(tk_calloc(SIZE_MAX / 2, 4));
+}
+
+static void test_core_error_message(void **state) {
+    (void)state;
+    assert_int_equal(tk_fail(TK_ERR_FORMAT, "field %s = %d", "x", 5), TK_ERR_FORMAT);
+    tk_error_prefix("file.gguf");
+    assert_string_equal(tk_last_error(), "file.gguf: field x = 5");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_core_f16_roundtrip), cmocka_unit_test(test_core_bf16_rounding),
+        cmocka_unit_test(test_core_dtype_rows),    cmocka_unit_test(test_core_checked),
+        cmocka_unit_test(test_core_pool_barrier),  cmocka_unit_test(test_core_split),
+        cmocka_unit_test(test_core_alloc_counts),  cmocka_unit_test(test_core_error_message),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
