@@ -1,0 +1,66 @@
+/* Compute kernels. Three layers per kernel: *_ref.c is the plain-C definition,
+ * x86/*_avx2.c and x86/*_avx512.c the fast versions with the same signatures,
+ * and dispatch.c fills one tk_kernels table from the CPU features once at start.
+ * Kernels never create threads: callers split rows by (ith, nth).
+ *
+ * Activations: every weight type has one activation format, the same on every
+ * ISA, so quantizing activations does not depend on the ISA:
+ *   F32, F16, BF16 weights  -> f32 activations
+ *   Q8_0, Q4_0 weights      -> Q8_0 activations (tk_block_q8_0)
+ *   Q4_K, Q6_K weights      -> Q8_K activations (tk_block_q8_k)
+ */
+#ifndef TK_KERNELS_H
+#define TK_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/cpu.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+/* y[t * ldy + r] = dot(W row r, x row t) for r in [r0, r1), t in [0, n_tok).
+ * w: the weight rows (row stride = row bytes of wtype, k elements per row);
+ * xq: n_tok activation rows in the activation format, row stride xq_stride bytes. */
+typedef void (*tk_gemv_fn)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+/* Quantize one activation row of k floats to the activation format. */
+typedef void (*tk_quant_act_fn)(const float *x, void *xq, int64_t k);
+
+typedef struct tk_kernels {
+    tk_isa isa;
+    tk_gemv_fn gemv[TK_DTYPE_COUNT]; /* NULL for unsupported weight types */
+    tk_quant_act_fn quant_q8_0;       /* k % 32 == 0 */
+    tk_quant_act_fn quant_q8_k;       /* k % 256 == 0 */
+    /* out[i] = x[i] * w[i] / rms(x) ; out may alias x */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+    /* x += y */
+    void (*add)(float *x, const float *y, int64_t n);
+    /* out[i] = silu(gate[i]) * up[i] */
+    void (*silu_mul)(float *out, const float *gate, const float *up, int64_t n);
+    /* Dequantize a row of k elements of type t to floats (for embeddings, tests). */
+    void (*dequant_row[TK_DTYPE_COUNT])(const void *row, float *out, int64_t k);
+} tk_kernels;
+
+/* The table for an ISA level; levels above what the CPU has must not be asked
+ * for (cpu_isa_from_env never returns one). Returned table is static, immutable. */
+const tk_kernels *kernels_get(tk_isa isa);
+/* kernels_get(cpu_isa_from_env(detected CPU)), computed once. */
+const tk_kernels *kernels_default(void);
+
+/* Activation format for a weight type, and its row size for k elements. */
+tk_dtype kern_act_type(tk_dtype wtype);
+size_t kern_act_row_bytes(tk_dtype wtype, int64_t k);
+/* Quantize one row for wtype's activation format (f32: memcpy). */
+void kern_quant_act(const tk_kernels *K, tk_dtype wtype, const float *x, void *xq, int64_t k);
+
+/* Reference quantizers for weights (synth, repack at load). k % block == 0.
+ * Return false for a type that cannot be written. */
+bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k);
+
+/* RoPE, in place on n_head vectors of head_dim at position pos.
+ * neox: rotate pairs (i, i + head_dim/2) (HF layout, Qwen); otherwise pairs (2i, 2i+1)
+ * (GGUF llama after the converter's permutation). freqs: head_dim/2 inverse frequencies. */
+void kern_rope(float *x, int n_head, int head_dim, int pos, const float *freqs, int neox);
+
+#endif

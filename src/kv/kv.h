@@ -1,0 +1,63 @@
+/* The paged KV cache: one pool of fixed-size blocks per model, allocated once.
+ * A sequence owns a block table (block ids in position order); position p lives
+ * in block table[p / block_size], slot p % block_size.
+ *
+ * Layout of one block of one layer (dtype = the pool's KV type):
+ *   K: [n_head_kv][block_size][head_dim]   V: [n_head_kv][block_size][head_dim]
+ * INT8 scales (float):
+ *   per token: k_scale/v_scale [n_head_kv][block_size] (absmax/127 of each vector)
+ *   per head:  k_scale/v_scale [n_head_kv] per block: one scale for a head's
+ *              vectors in the block; a larger new vector rescales the block's
+ *              existing int8 values for that head (so order of writes, not
+ *              batching, decides the values: batch invariant).
+ * Attention reads K/V straight from the blocks, dequantising int8 on the fly. */
+#ifndef TK_KV_H
+#define TK_KV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokamak.h"
+
+typedef struct tk_kv_opts {
+    int n_layer, n_head_kv, head_dim;
+    int block_size;       /* 16/32/64/128/256 */
+    int n_blocks;         /* per layer */
+    tk_kv_type type;
+    tk_kv_scale scale;
+} tk_kv_opts;
+
+typedef struct tk_kv tk_kv;
+
+tk_status kv_init(const tk_kv_opts *o, tk_kv **out);
+void kv_free(tk_kv *kv);
+const tk_kv_opts *kv_opts(const tk_kv *kv);
+
+/* Bytes per token of context over all layers (K+V, scales included). */
+size_t kv_bytes_per_token(const tk_kv_opts *o);
+/* Bytes of one block over all layers. */
+size_t kv_block_bytes(const tk_kv_opts *o);
+
+/* Block allocation (engine loop thread only). alloc returns -1 when empty. */
+int kv_block_alloc(tk_kv *kv);
+void kv_block_free(tk_kv *kv, int block);
+int kv_blocks_free(const tk_kv *kv);
+int kv_blocks_total(const tk_kv *kv);
+
+/* Write the K and V vectors ([n_head_kv][head_dim] floats each) of one token at
+ * position pos of a sequence with block table bt, in layer l. */
+void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v);
+
+/* Attention for n_q query tokens of one sequence in layer l, rows of heads
+ * [h0, h1) only (callers split heads over threads):
+ *   q:   [n_q][n_head][head_dim]  (RoPE applied)
+ *   out: [n_q][n_head][head_dim]
+ * query i sits at position pos0 + i and attends causally to positions [0, pos0+i].
+ * GQA: head h reads kv head h / (n_head / n_head_kv). scratch: kv_attn_scratch_size floats.
+ * The SIMD variant is picked from the kernels table at kv_init. */
+void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                  int h0, int h1, float scale, float *out, float *scratch);
+size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx);
+
+#endif
