@@ -1,0 +1,339 @@
+/* Machine probes. The SIMD loops use per-function target attributes rather
+ * than per-file ISA flags, so this file builds with the library's plain flags
+ * and each loop runs only when cpu_detect says the CPU has it. */
+#include "bench/probe.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/cpu.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PROBE_X86 1
+#else
+#define PROBE_X86 0
+#endif
+
+/* Rep 0 is the warm-up (page walks, frequency ramp); the best of the rest wins
+ * because interference (other processes, the hypervisor) only ever slows a
+ * pass down. */
+#define PROBE_REPS 6
+#define PROBE_MAX_THREADS 256
+#define PROBE_BYTES_PER_THREAD ((size_t)256 << 20)
+#define PROBE_BYTES_TOTAL ((size_t)1 << 30)
+
+typedef enum { PROBE_READ, PROBE_FMA, PROBE_INT8 } probe_kind;
+
+typedef struct probe_shared {
+    probe_kind kind;
+    tk_isa isa;
+    int nth;
+    size_t bytes;  /* per thread, for PROBE_READ */
+    long iters;    /* per thread, for the compute probes */
+    pthread_barrier_t bar;
+    atomic_int state;  /* 0: wait, 1: go, 2: abort (a thread could not start) */
+    atomic_int failed;
+} probe_shared;
+
+typedef struct probe_thread {
+    probe_shared *sh;
+    int ith;
+    double t0[PROBE_REPS], t1[PROBE_REPS]; /* seconds, per rep */
+    double work;                           /* bytes or ops of one rep */
+    uint64_t sink;                         /* keeps the loops' results alive */
+} probe_thread;
+
+/* ---- read loops ---------------------------------------------------------- */
+
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
+
+static uint64_t read_plain(const unsigned char *p, size_t n) {
+    u64x2 a = {0, 0}, b = a, c = a, d = a;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        const u64x2 *v = (const u64x2 *)(const void *)(p + i);
+        a ^= v[0];
+        b ^= v[1];
+        c ^= v[2];
+        d ^= v[3];
+    }
+    u64x2 s = a ^ b ^ c ^ d;
+    return s[0] ^ s[1];
+}
+
+#if PROBE_X86
+__attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p, size_t n) {
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a = _mm256_xor_si256(a, _mm256_load_si256((const __m256i *)(const void *)(p + i)));
+        b = _mm256_xor_si256(b, _mm256_load_si256((const __m256i *)(const void *)(p + i + 32)));
+        c = _mm256_xor_si256(c, _mm256_load_si256((const __m256i *)(const void *)(p + i + 64)));
+        d = _mm256_xor_si256(d, _mm256_load_si256((const __m256i *)(const void *)(p + i + 96)));
+    }
+    __m256i s = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+    return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
+}
+
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned char *p, size_t n) {
+    __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+    for (size_t i = 0; i + 256 <= n; i += 256) {
+        a = _mm512_xor_si512(a, _mm512_load_si512((const void *)(p + i)));
+        b = _mm512_xor_si512(b, _mm512_load_si512((const void *)(p + i + 64)));
+        c = _mm512_xor_si512(c, _mm512_load_si512((const void *)(p + i + 128)));
+        d = _mm512_xor_si512(d, _mm512_load_si512((const void *)(p + i + 192)));
+    }
+    __m512i s = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
+    return (uint64_t)_mm512_reduce_add_epi64(s);
+}
+#endif
+
+static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n) {
+#if PROBE_X86
+    if (isa == TK_ISA_AVX512) return read_avx512(p, n);
+    if (isa == TK_ISA_AVX2) return read_avx2(p, n);
+#endif
+    (void)isa;
+    return read_plain(p, n);
+}
+
+/* ---- compute loops --------------------------------------------------------- */
+/* Twelve independent chains hide the FMA latency (4-5 cycles) on two ports. */
+
+typedef float f32x4 __attribute__((vector_size(16)));
+
+/* Named accumulators rather than an array: at -O2 GCC keeps an array in
+ * memory, and the store-load chain would be timed instead of the FMA units. */
+static uint64_t fma_plain(long iters) {
+    f32x4 a0 = {1, 1, 1, 1}, a1 = a0 + 1, a2 = a1 + 1, a3 = a2 + 1, a4 = a3 + 1, a5 = a4 + 1, a6 = a5 + 1,
+          a7 = a6 + 1;
+    const f32x4 m = {0.999f, 0.999f, 0.999f, 0.999f}, c = {0.001f, 0.001f, 0.001f, 0.001f};
+    for (long i = 0; i < iters; i++) {
+        a0 = a0 * m + c, a1 = a1 * m + c, a2 = a2 * m + c, a3 = a3 * m + c;
+        a4 = a4 * m + c, a5 = a5 * m + c, a6 = a6 * m + c, a7 = a7 * m + c;
+    }
+    f32x4 s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    return (uint64_t)(s[0] * 1000.0f);
+}
+
+#if PROBE_X86
+__attribute__((target("avx2,fma"))) static uint64_t fma_avx2(long iters) {
+    __m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3), a3 = _mm256_set1_ps(4);
+    __m256 a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6), a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8);
+    __m256 a8 = _mm256_set1_ps(9), a9 = _mm256_set1_ps(10), a10 = _mm256_set1_ps(11), a11 = _mm256_set1_ps(12);
+    const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
+    for (long i = 0; i < iters; i++) {
+        a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c), a2 = _mm256_fmadd_ps(a2, m, c);
+        a3 = _mm256_fmadd_ps(a3, m, c), a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
+        a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c), a8 = _mm256_fmadd_ps(a8, m, c);
+        a9 = _mm256_fmadd_ps(a9, m, c), a10 = _mm256_fmadd_ps(a10, m, c), a11 = _mm256_fmadd_ps(a11, m, c);
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    return (uint64_t)(_mm256_cvtss_f32(s) * 1000.0f);
+}
+
+__attribute__((target("avx512f"))) static uint64_t fma_avx512(long iters) {
+    __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3), a3 = _mm512_set1_ps(4);
+    __m512 a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6), a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8);
+    __m512 a8 = _mm512_set1_ps(9), a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
+    const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
+    for (long i = 0; i < iters; i++) {
+        a0 = _mm512_fmadd_ps(a0, m, c), a1 = _mm512_fmadd_ps(a1, m, c), a2 = _mm512_fmadd_ps(a2, m, c);
+        a3 = _mm512_fmadd_ps(a3, m, c), a4 = _mm512_fmadd_ps(a4, m, c), a5 = _mm512_fmadd_ps(a5, m, c);
+        a6 = _mm512_fmadd_ps(a6, m, c), a7 = _mm512_fmadd_ps(a7, m, c), a8 = _mm512_fmadd_ps(a8, m, c);
+        a9 = _mm512_fmadd_ps(a9, m, c), a10 = _mm512_fmadd_ps(a10, m, c), a11 = _mm512_fmadd_ps(a11, m, c);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return (uint64_t)(_mm512_reduce_add_ps(s) * 1000.0f);
+}
+
+/* u8 x s8 pairs summed to i16 (maddubs), then to i32 (madd with ones): the
+ * int8 dot product of the AVX2 matmul kernels. The empty asm makes a and b
+ * opaque each iteration so the compiler cannot hoist the invariant products. */
+__attribute__((target("avx2"))) static uint64_t int8_avx2(long iters) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (long i = 0; i < iters; i++) {
+        __asm__ volatile("" : "+x"(a), "+x"(b));
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
+        __asm__ volatile("" : "+x"(a), "+x"(b));
+        __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
+        __asm__ volatile("" : "+x"(a), "+x"(b));
+        __m256i r = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
+        __asm__ volatile("" : "+x"(a), "+x"(b));
+        __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
+        a0 = _mm256_add_epi32(a0, p), a1 = _mm256_add_epi32(a1, q), a2 = _mm256_add_epi32(a2, r);
+        a3 = _mm256_add_epi32(a3, t), a4 = _mm256_add_epi32(a4, p), a5 = _mm256_add_epi32(a5, q);
+        a6 = _mm256_add_epi32(a6, r), a7 = _mm256_add_epi32(a7, t);
+    }
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                                 _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
+    return (uint64_t)(uint32_t)_mm256_extract_epi32(s, 0);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint64_t int8_avx512(long iters) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m512i a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+    for (long i = 0; i < iters; i++) {
+        a0 = _mm512_dpbusd_epi32(a0, a, b), a1 = _mm512_dpbusd_epi32(a1, a, b), a2 = _mm512_dpbusd_epi32(a2, a, b);
+        a3 = _mm512_dpbusd_epi32(a3, a, b), a4 = _mm512_dpbusd_epi32(a4, a, b), a5 = _mm512_dpbusd_epi32(a5, a, b);
+        a6 = _mm512_dpbusd_epi32(a6, a, b), a7 = _mm512_dpbusd_epi32(a7, a, b), a8 = _mm512_dpbusd_epi32(a8, a, b);
+        a9 = _mm512_dpbusd_epi32(a9, a, b), a10 = _mm512_dpbusd_epi32(a10, a, b);
+        a11 = _mm512_dpbusd_epi32(a11, a, b);
+    }
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
+    return (uint64_t)(uint32_t)_mm512_reduce_add_epi32(s);
+}
+#endif
+
+static uint64_t int8_plain(long iters) {
+    int32_t acc[16] = {0};
+    int8_t a[16], b[16];
+    for (int k = 0; k < 16; k++) a[k] = (int8_t)(k + 1), b[k] = (int8_t)(3 - k);
+    for (long i = 0; i < iters; i++) {
+        __asm__ volatile("" : : "r"(a), "r"(b) : "memory");
+        for (int k = 0; k < 16; k++) acc[k] += a[k] * b[k];
+    }
+    int32_t s = 0;
+    for (int k = 0; k < 16; k++) s += acc[k];
+    return (uint64_t)(uint32_t)s;
+}
+
+/* Ops (multiply-add = 2) one iteration of each loop performs. */
+static double compute_ops_per_iter(probe_kind kind, tk_isa isa) {
+    if (kind == PROBE_FMA) return isa == TK_ISA_AVX512 ? 12 * 16 * 2 : isa == TK_ISA_AVX2 ? 12 * 8 * 2 : 8 * 4 * 2;
+    return isa == TK_ISA_AVX512 ? 12 * 64 * 2 : isa == TK_ISA_AVX2 ? 4 * 32 * 2 : 16 * 2;
+}
+
+static uint64_t compute_once(probe_kind kind, tk_isa isa, long iters) {
+#if PROBE_X86
+    if (kind == PROBE_FMA && isa == TK_ISA_AVX512) return fma_avx512(iters);
+    if (kind == PROBE_FMA && isa == TK_ISA_AVX2) return fma_avx2(iters);
+    if (kind == PROBE_INT8 && isa == TK_ISA_AVX512) return int8_avx512(iters);
+    if (kind == PROBE_INT8 && isa == TK_ISA_AVX2) return int8_avx2(iters);
+#endif
+    return kind == PROBE_FMA ? fma_plain(iters) : int8_plain(iters);
+}
+
+/* ---- threads --------------------------------------------------------------- */
+
+static double now_s(void) { return (double)tk_now_ns() * 1e-9; }
+
+static void *probe_main(void *arg) {
+    probe_thread *t = arg;
+    probe_shared *sh = t->sh;
+    unsigned char *buf = NULL;
+    int st;
+    while ((st = atomic_load(&sh->state)) == 0) sched_yield();
+    if (st == 2) return NULL;
+    if (sh->kind == PROBE_READ) {
+        /* Allocated and written by the thread that reads it, so its pages are
+         * local to that core's NUMA node; non-zero so no page is the shared
+         * zero page. */
+        buf = tk_alloc_aligned(sh->bytes, 4096);
+        if (buf)
+            memset(buf, 0x5a + t->ith, sh->bytes);
+        else
+            atomic_store(&sh->failed, 1);
+        t->work = (double)sh->bytes;
+    } else {
+        t->work = (double)sh->iters * compute_ops_per_iter(sh->kind, sh->isa);
+    }
+    pthread_barrier_wait(&sh->bar);
+    bool run = atomic_load(&sh->failed) == 0;
+    for (int r = 0; r < PROBE_REPS; r++) {
+        pthread_barrier_wait(&sh->bar);
+        t->t0[r] = now_s();
+        if (run)
+            t->sink ^= sh->kind == PROBE_READ ? read_once(sh->isa, buf, sh->bytes)
+                                              : compute_once(sh->kind, sh->isa, sh->iters);
+        t->t1[r] = now_s();
+    }
+    tk_free_aligned(buf);
+    return NULL;
+}
+
+/* Runs the probe on nth pinned threads; returns work per second of the best rep. */
+static double probe_run(probe_kind kind, int n_threads, size_t bytes, long iters) {
+    tk_cpu cpu;
+    cpu_detect(&cpu);
+    int nth = n_threads > 0 ? n_threads : cpu.n_cores;
+    if (nth > PROBE_MAX_THREADS) nth = PROBE_MAX_THREADS;
+    probe_shared sh = {.kind = kind, .isa = cpu_best_isa(&cpu), .nth = nth, .bytes = bytes, .iters = iters};
+    atomic_init(&sh.failed, 0);
+    atomic_init(&sh.state, 0);
+    if (pthread_barrier_init(&sh.bar, NULL, (unsigned)nth) != 0) return 0;
+    probe_thread *ts = tk_calloc((size_t)nth, sizeof *ts);
+    pthread_t *tids = tk_calloc((size_t)nth, sizeof *tids);
+    double best = 0;
+    if (!ts || !tids) goto out;
+    int started = 0;
+    for (int i = 0; i < nth; i++) {
+        ts[i].sh = &sh;
+        ts[i].ith = i;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(i % cpu.n_cores, &set);
+        pthread_attr_setaffinity_np(&attr, sizeof set, &set);
+        int rc = pthread_create(&tids[i], &attr, probe_main, &ts[i]);
+        if (rc != 0) /* pinning can be refused by a cpuset: try unpinned */
+            rc = pthread_create(&tids[i], NULL, probe_main, &ts[i]);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break;
+        started++;
+    }
+    /* The barrier counts nth threads, so the started ones only pass the gate
+     * once all of them exist; otherwise they leave without waiting on it. */
+    atomic_store(&sh.state, started == nth ? 1 : 2);
+    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    if (started < nth) goto out;
+    if (atomic_load(&sh.failed)) goto out;
+    double total = 0;
+    for (int i = 0; i < nth; i++) total += ts[i].work;
+    for (int r = 1; r < PROBE_REPS; r++) {
+        double t0 = ts[0].t0[r], t1 = ts[0].t1[r];
+        for (int i = 1; i < nth; i++) {
+            if (ts[i].t0[r] < t0) t0 = ts[i].t0[r];
+            if (ts[i].t1[r] > t1) t1 = ts[i].t1[r];
+        }
+        if (t1 > t0 && total / (t1 - t0) > best) best = total / (t1 - t0);
+    }
+out:
+    pthread_barrier_destroy(&sh.bar);
+    tk_free(ts);
+    tk_free(tids);
+    return best;
+}
+
+double probe_read_bw(int n_threads) {
+    tk_cpu cpu;
+    cpu_detect(&cpu);
+    int nth = n_threads > 0 ? n_threads : cpu.n_cores;
+    if (nth > PROBE_MAX_THREADS) nth = PROBE_MAX_THREADS;
+    size_t per = PROBE_BYTES_TOTAL / (size_t)nth;
+    if (per > PROBE_BYTES_PER_THREAD) per = PROBE_BYTES_PER_THREAD;
+    per &= ~(size_t)4095;
+    return probe_run(PROBE_READ, nth, per, 0) * 1e-9;
+}
+
+/* About 10-40 ms per rep on a 3 GHz core: long enough to time, short enough
+ * that the whole probe stays well under a second. */
+double probe_peak_gflops_f32(int n_threads) { return probe_run(PROBE_FMA, n_threads, 0, 16000000) * 1e-9; }
+
+double probe_peak_gops_int8(int n_threads) { return probe_run(PROBE_INT8, n_threads, 0, 16000000) * 1e-9; }
