@@ -1,0 +1,57 @@
+/* The per-request token sampler: logit bias, penalties, greedy or temperature
+ * sampling with top-k / top-p / min-p, and top-n logprobs.
+ *
+ * Order of operations (documented in docs/engine.md):
+ *   1. logit bias            logits[t] += bias (a bias of -inf bans t)
+ *   2. repetition penalty    HF: l > 0 ? l / r : l * r, over every token of history
+ *   3. presence/frequency    OpenAI: l -= presence * (count > 0) + frequency * count,
+ *                            over the history after the first n_prompt tokens
+ *   4. logprobs              log_softmax of the logits after 1-3 (temperature 1)
+ *   5. temperature 0: argmax (ties: lowest id); else logits / T, then top-k,
+ *      top-p, min-p, and one draw from the kept mass.
+ *
+ * The random stream is counter based: draw i of a request is a hash of (seed, i),
+ * so the same seed gives the same tokens whatever else runs in the batch and
+ * however the engine interleaves requests. Buffers are sized at init; a call
+ * never allocates. One sampler per request; not thread-safe (the engine loop
+ * thread owns it). */
+#ifndef TK_ENGINE_SAMPLER_H
+#define TK_ENGINE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "tokamak.h"
+
+typedef struct tk_sampler tk_sampler;
+
+/* Check sampling parameters against a vocabulary without allocating (submit
+ * uses it so a bad request is refused before it is queued). TK_ERR_INVALID or
+ * TK_ERR_RANGE with a message naming the field, its value and the allowed range. */
+tk_status sampler_check(const tk_sampling *s, int n_vocab);
+
+/* Validate (as sampler_check) and create a sampler; s->logit_bias is copied.
+ * Free with sampler_free. */
+tk_status sampler_init(const tk_sampling *s, int n_vocab, tk_sampler **out);
+void sampler_free(tk_sampler *s);
+
+/* Presence and frequency penalties count only history[n_prompt..] (OpenAI's
+ * "tokens generated so far"); the repetition penalty counts all of history
+ * (HF). Default 0: everything in history counts for both. */
+void sampler_set_n_prompt(tk_sampler *s, int n_prompt);
+
+/* Sample one token from logits (n_vocab floats; modified in place). history
+ * (n_history ids, may be NULL when 0) feeds the penalties; ids outside the
+ * vocabulary in history are ignored. Fills ev->token, ev->logprob, ev->n_top and
+ * the top arrays (when n_logprobs > 0); leaves the other fields of ev alone.
+ * Returns the token, or -1 when no token has a finite logit (NaN logits count
+ * as -inf), in which case ev is untouched. Advances the random counter by one
+ * on every call, greedy included, so draws stay aligned with positions. */
+int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history, tk_token_event *ev);
+
+/* Number of draws made so far (the counter of the random stream). */
+uint64_t sampler_draws(const tk_sampler *s);
+
+/* The uniform in [0, 1) of draw i of stream seed (exposed for tests). */
+double sampler_uniform(uint64_t seed, uint64_t i);
+
+#endif

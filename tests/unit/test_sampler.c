@@ -1,0 +1,305 @@
+/* The sampler: parameter validation, greedy, penalties, bias, truncation,
+ * seeded reproducibility, and the empirical distribution of temperature draws. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "engine/sampler.h"
+
+#define V 50
+
+static void fill_logits(float *l, uint64_t seed) {
+    for (int t = 0; t < V; t++) l[t] = (float)(sampler_uniform(seed, (uint64_t)t) * 4.0 - 2.0);
+}
+
+static int32_t sample_once(const tk_sampling *p, const float *src, const int32_t *hist, int nh, tk_token_event *ev) {
+    tk_sampler *s = NULL;
+    assert_int_equal(sampler_init(p, V, &s), TK_OK);
+    float l[V];
+    memcpy(l, src, sizeof l);
+    int32_t t = sampler_sample(s, l, hist, nh, ev);
+    sampler_free(s);
+    return t;
+}
+
+static void test_sampler_rejects_bad_params(void **state) {
+    (void)state;
+    tk_sampling p;
+    tk_sampler *s = (tk_sampler *)0x1;
+    tk_sampling_default(&p);
+    p.temperature = -1;
+    assert_int_equal(sampler_init(&p, V, &s), TK_ERR_INVALID);
+    assert_null(s);
+    assert_non_null(strstr(tk_last_error(), "temperature"));
+    tk_sampling_default(&p);
+    p.temperature = NAN;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    tk_sampling_default(&p);
+    p.top_p = 0;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "top_p"));
+    p.top_p = 1.5f;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    p.top_p = NAN;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    tk_sampling_default(&p);
+    p.n_logprobs = 21;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "n_logprobs"));
+    tk_sampling_default(&p);
+    p.top_k = -3;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    tk_sampling_default(&p);
+    p.min_p = 2;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    tk_sampling_default(&p);
+    p.repetition_penalty = 0;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    tk_sampling_default(&p);
+    p.frequency_penalty = INFINITY;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    tk_sampling_default(&p);
+    tk_logit_bias b = {V, 1.0f};
+    p.logit_bias = &b;
+    p.n_logit_bias = 1;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_RANGE);
+    assert_non_null(strstr(tk_last_error(), "50"));
+    b.token = 3;
+    b.bias = NAN;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    b.bias = -INFINITY;
+    assert_int_equal(sampler_check(&p, V), TK_OK);
+    p.logit_bias = NULL;
+    assert_int_equal(sampler_check(&p, V), TK_ERR_INVALID);
+    assert_int_equal(sampler_check(NULL, V), TK_ERR_INVALID);
+    sampler_free(NULL);
+}
+
+static void test_sampler_greedy_and_logprobs(void **state) {
+    (void)state;
+    float l[V];
+    fill_logits(l, 7);
+    l[17] = 5.0f;
+    l[30] = 4.0f;
+    l[9] = 5.0f; /* tie with 17: the lower id wins */
+    tk_sampling p;
+    tk_sampling_default(&p);
+    p.n_logprobs = 3;
+    tk_token_event ev;
+    memset(&ev, 0, sizeof ev);
+    assert_int_equal(sample_once(&p, l, NULL, 0, &ev), 9);
+    assert_int_equal(ev.n_top, 3);
+    assert_int_equal(ev.top_tokens[0], 9);
+    assert_int_equal(ev.top_tokens[1], 17);
+    assert_int_equal(ev.top_tokens[2], 30);
+    double z = 0;
+    for (int t = 0; t < V; t++) z += exp((double)l[t]);
+    assert_true(fabs(ev.logprob - (5.0 - log(z))) < 1e-4);
+    assert_true(fabs(ev.top_logprobs[2] - (4.0 - log(z))) < 1e-4);
+    /* NaN counts as -inf; all -inf gives -1. */
+    float bad[V];
+    for (int t = 0; t < V; t++) bad[t] = NAN;
+    bad[4] = -1.0f;
+    assert_int_equal(sample_once(&p, bad, NULL, 0, &ev), 4);
+    for (int t = 0; t < V; t++) bad[t] = -INFINITY;
+    assert_int_equal(sample_once(&p, bad, NULL, 0, &ev), -1);
+}
+
+static void test_sampler_bias_and_penalties(void **state) {
+    (void)state;
+    float l[V];
+    for (int t = 0; t < V; t++) l[t] = 0;
+    l[5] = 3.0f;
+    l[6] = 2.5f;
+    l[7] = -1.0f;
+    tk_sampling p;
+    tk_sampling_default(&p);
+    tk_token_event ev;
+    tk_logit_bias b[2] = {{5, -INFINITY}, {8, 2.6f}};
+    p.logit_bias = b;
+    p.n_logit_bias = 2;
+    assert_int_equal(sample_once(&p, l, NULL, 0, &ev), 8);
+    p.n_logit_bias = 1;
+    assert_int_equal(sample_once(&p, l, NULL, 0, &ev), 6);
+
+    /* Repetition (HF): 3.0 / 2 = 1.5 < 2.5. */
+    tk_sampling_default(&p);
+    p.repetition_penalty = 2.0f;
+    int32_t hist[4] = {5, 5, 7, 99 /* out of range: ignored */};
+    assert_int_equal(sample_once(&p, l, hist, 4, &ev), 6);
+    /* Frequency: 3.0 - 0.3 * 2 = 2.4 < 2.5; presence alone: 3.0 - 0.4 = 2.6 > 2.5. */
+    tk_sampling_default(&p);
+    p.frequency_penalty = 0.3f;
+    assert_int_equal(sample_once(&p, l, hist, 4, &ev), 6);
+    tk_sampling_default(&p);
+    p.presence_penalty = 0.4f;
+    assert_int_equal(sample_once(&p, l, hist, 4, &ev), 5);
+    /* Presence/frequency skip the prompt part of history. */
+    tk_sampling_default(&p);
+    p.frequency_penalty = 0.3f;
+    tk_sampler *s;
+    assert_int_equal(sampler_init(&p, V, &s), TK_OK);
+    sampler_set_n_prompt(s, 2);
+    float c[V];
+    memcpy(c, l, sizeof c);
+    assert_int_equal(sampler_sample(s, c, hist, 4, &ev), 5);
+    /* Scratch counts are left zeroed: the same call again gives the same answer. */
+    memcpy(c, l, sizeof c);
+    sampler_set_n_prompt(s, 0);
+    assert_int_equal(sampler_sample(s, c, hist, 4, &ev), 6);
+    memcpy(c, l, sizeof c);
+    assert_int_equal(sampler_sample(s, c, hist, 4, &ev), 6);
+    assert_int_equal(sampler_draws(s), 3);
+    sampler_free(s);
+}
+
+static void test_sampler_seed_reproduces(void **state) {
+    (void)state;
+    tk_sampling p;
+    tk_sampling_default(&p);
+    p.temperature = 0.9f;
+    p.top_p = 0.95f;
+    p.seed = 1234;
+    int32_t a[64], b[64];
+    for (int run = 0; run < 2; run++) {
+        tk_sampler *s;
+        assert_int_equal(sampler_init(&p, V, &s), TK_OK);
+        /* A second, unrelated sampler drawing in between must not matter. */
+        tk_sampling q = p;
+        q.seed = 99;
+        tk_sampler *other;
+        assert_int_equal(sampler_init(&q, V, &other), TK_OK);
+        for (int i = 0; i < 64; i++) {
+            float l[V];
+            fill_logits(l, (uint64_t)i);
+            tk_token_event ev;
+            for (int k = 0; k < run * 3; k++) {
+                float o[V];
+                fill_logits(o, 1000u + (uint64_t)k);
+                sampler_sample(other, o, NULL, 0, &ev);
+            }
+            (run ? b : a)[i] = sampler_sample(s, l, NULL, 0, &ev);
+        }
+        sampler_free(s);
+        sampler_free(other);
+    }
+    assert_memory_equal(a, b, sizeof a);
+    /* A different seed gives a different stream. */
+    p.seed = 4321;
+    tk_sampler *s;
+    assert_int_equal(sampler_init(&p, V, &s), TK_OK);
+    int same = 0;
+    for (int i = 0; i < 64; i++) {
+        float l[V];
+        fill_logits(l, (uint64_t)i);
+        tk_token_event ev;
+        same += sampler_sample(s, l, NULL, 0, &ev) == a[i];
+    }
+    sampler_free(s);
+    assert_true(same < 64);
+}
+
+/* Count draws per token over many seeds and compare with the expected
+ * truncated distribution. */
+static void histogram(const tk_sampling *base, const float *l, int n, int *hist) {
+    memset(hist, 0, V * sizeof *hist);
+    tk_sampler *s;
+    assert_int_equal(sampler_init(base, V, &s), TK_OK);
+    for (int i = 0; i < n; i++) {
+        float c[V];
+        memcpy(c, l, sizeof c);
+        tk_token_event ev;
+        int32_t t = sampler_sample(s, c, NULL, 0, &ev);
+        assert_true(t >= 0 && t < V);
+        hist[t]++;
+    }
+    sampler_free(s);
+}
+
+static void test_sampler_truncation(void **state) {
+    (void)state;
+    float l[V];
+    for (int t = 0; t < V; t++) l[t] = -10.0f;
+    /* probabilities at T=1 roughly .5, .3, .15, .05 over tokens 3, 11, 20, 40 */
+    l[3] = logf(0.5f);
+    l[11] = logf(0.3f);
+    l[20] = logf(0.15f);
+    l[40] = logf(0.05f);
+    tk_sampling p;
+    tk_sampling_default(&p);
+    p.temperature = 1.0f;
+    p.seed = 5;
+    int h[V];
+    const int N = 20000;
+
+    p.top_k = 2;
+    histogram(&p, l, N, h);
+    assert_int_equal(h[3] + h[11], N);
+    assert_true(fabs(h[3] / (double)N - 0.625) < 0.02);
+
+    p.top_k = 0;
+    p.top_p = 0.85f; /* .5 + .3 = .8 < .85: the nucleus takes token 20 as well */
+    histogram(&p, l, N, h);
+    assert_int_equal(h[3] + h[11] + h[20], N);
+    assert_true(fabs(h[20] / (double)N - 0.15 / 0.95) < 0.02);
+
+    p.top_p = 1;
+    p.min_p = 0.25f; /* keeps p >= .125 */
+    histogram(&p, l, N, h);
+    assert_int_equal(h[3] + h[11] + h[20], N);
+
+    p.min_p = 0;
+    histogram(&p, l, N, h);
+    assert_true(fabs(h[40] / (double)N - 0.05) < 0.01);
+    assert_true(fabs(h[3] / (double)N - 0.5) < 0.02);
+
+    /* A low temperature sharpens towards the argmax. */
+    p.temperature = 0.05f;
+    histogram(&p, l, 2000, h);
+    assert_int_equal(h[3], 2000);
+}
+
+static void test_sampler_large_vocab_top_p(void **state) {
+    (void)state;
+    /* The growing-head nucleus search must agree with a full sort. */
+    enum { BIG = 5000 };
+    float *l = tk_malloc(BIG * sizeof *l);
+    for (int t = 0; t < BIG; t++) l[t] = (float)(sampler_uniform(77, (uint64_t)t) * 0.5);
+    tk_sampling p;
+    tk_sampling_default(&p);
+    p.temperature = 1.0f;
+    p.top_p = 0.9f;
+    p.n_logprobs = 20;
+    tk_sampler *s;
+    assert_int_equal(sampler_init(&p, BIG, &s), TK_OK);
+    float *c = tk_malloc(BIG * sizeof *c);
+    for (int i = 0; i < 200; i++) {
+        memcpy(c, l, BIG * sizeof *c);
+        tk_token_event ev;
+        int32_t t = sampler_sample(s, c, NULL, 0, &ev);
+        assert_true(t >= 0 && t < BIG);
+        assert_int_equal(ev.n_top, 20);
+        for (int k = 1; k < 20; k++) assert_true(ev.top_logprobs[k] <= ev.top_logprobs[k - 1]);
+    }
+    sampler_free(s);
+    tk_free(c);
+    tk_free(l);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sampler_rejects_bad_params),
+        cmocka_unit_test(test_sampler_greedy_and_logprobs),
+        cmocka_unit_test(test_sampler_bias_and_penalties),
+        cmocka_unit_test(test_sampler_seed_reproduces),
+        cmocka_unit_test(test_sampler_truncation),
+        cmocka_unit_test(test_sampler_large_vocab_top_p),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
