@@ -1,5 +1,5 @@
 /* Compute kernels. Three layers per kernel: *_ref.c is the plain-C definition,
- * x86/*_avx2.c and x86/*_avx512.c the fast versions with the same signatures,
+ * x86/<name>_avx2.c and x86/<name>_avx512.c the fast versions with the same signatures,
  * and dispatch.c fills one tk_kernels table from the CPU features once at start.
  * Kernels never create threads: callers split rows by (ith, nth).
  *

@@ -1,0 +1,195 @@
+/* Reference matrix-vector products, norms, activations and RoPE in plain C.
+ * Quantized dots sum integer products per block and scale once per block,
+ * which is what every SIMD version does too (only the float summation order
+ * differs). */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/kernels_ref.h"
+
+/* ---- row dots ------------------------------------------------------------------ */
+
+float kern_dot_f32_ref(const float *w, const float *x, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+
+float kern_dot_f16_ref(const tk_f16 *w, const float *x, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += tk_f16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+float kern_dot_bf16_ref(const tk_bf16 *w, const float *x, int64_t n) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += tk_bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+float kern_dot_q8_0_ref(const void *w, const void *xq, int64_t nb) {
+    const tk_block_q8_0 *a = w, *b = xq;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t acc = 0;
+        for (int j = 0; j < TK_QK8_0; j++) acc += (int32_t)a[i].qs[j] * b[i].qs[j];
+        s += tk_f16_to_f32(a[i].d) * tk_f16_to_f32(b[i].d) * (float)acc;
+    }
+    return s;
+}
+
+float kern_dot_q4_0_ref(const void *w, const void *xq, int64_t nb) {
+    const tk_block_q4_0 *a = w;
+    const tk_block_q8_0 *b = xq;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t acc = 0;
+        for (int j = 0; j < TK_QK4_0 / 2; j++) {
+            acc += ((a[i].qs[j] & 0x0f) - 8) * b[i].qs[j];
+            acc += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
+        }
+        s += tk_f16_to_f32(a[i].d) * tk_f16_to_f32(b[i].d) * (float)acc;
+    }
+    return s;
+}
+
+/* sum_j d*sc_j*dot(q_j, x_j) - dmin*m_j*sum(x_j), with sum(x_j) from bsums. */
+float kern_dot_q4_k_ref(const void *w, const void *xq, int64_t nb) {
+    const tk_block_q4_k *a = w;
+    const tk_block_q8_k *b = xq;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t dots = 0, mins = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            kern_q4_k_scale_min(j, a[i].scales, &sc, &m);
+            const uint8_t *q = a[i].qs + 32 * (j / 2);
+            const int8_t *x = b[i].qs + 32 * j;
+            int shift = (j & 1) * 4;
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++) dot += ((q[l] >> shift) & 0x0f) * x[l];
+            dots += sc * dot;
+            mins += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
+        s += b[i].d * (tk_f16_to_f32(a[i].d) * (float)dots - tk_f16_to_f32(a[i].dmin) * (float)mins);
+    }
+    return s;
+}
+
+float kern_dot_q6_k_ref(const void *w, const void *xq, int64_t nb) {
+    const tk_block_q6_k *a = w;
+    const tk_block_q8_k *b = xq;
+    float s = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t acc = 0;
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = a[i].ql + 64 * n, *qh = a[i].qh + 32 * n;
+            const int8_t *sc = a[i].scales + 8 * n, *x = b[i].qs + 128 * n;
+            for (int c = 0; c < 4; c++) {
+                for (int h = 0; h < 2; h++) {
+                    int32_t dot = 0;
+                    for (int l = 16 * h; l < 16 * h + 16; l++) {
+                        int lo = (ql[l + 32 * (c & 1)] >> (4 * (c >> 1))) & 0x0f;
+                        int q = (lo | (((qh[l] >> (2 * c)) & 3) << 4)) - 32;
+                        dot += q * x[32 * c + l];
+                    }
+                    acc += sc[2 * c + h] * dot;
+                }
+            }
+        }
+        s += b[i].d * tk_f16_to_f32(a[i].d) * (float)acc;
+    }
+    return s;
+}
+
+/* ---- gemv ------------------------------------------------------------------------ */
+
+void kern_gemv_f32_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                       int n_tok, float *y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < n_tok; t++)
+            y[t * ldy + r] = kern_dot_f32_ref((const float *)w + r * k,
+                                              (const float *)((const char *)xq + (size_t)t * xq_stride), k);
+}
+
+void kern_gemv_f16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                       int n_tok, float *y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < n_tok; t++)
+            y[t * ldy + r] = kern_dot_f16_ref((const tk_f16 *)w + r * k,
+                                              (const float *)((const char *)xq + (size_t)t * xq_stride), k);
+}
+
+void kern_gemv_bf16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < n_tok; t++)
+            y[t * ldy + r] = kern_dot_bf16_ref((const tk_bf16 *)w + r * k,
+                                               (const float *)((const char *)xq + (size_t)t * xq_stride), k);
+}
+
+typedef float (*dot_q_fn)(const void *w, const void *xq, int64_t nb);
+
+static void gemv_quant(dot_q_fn dot, size_t block_bytes, int64_t nb, const void *w, int64_t r0, int64_t r1,
+                       const void *xq, size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    size_t row_bytes = (size_t)nb * block_bytes;
+    for (int64_t r = r0; r < r1; r++)
+        for (int t = 0; t < n_tok; t++)
+            y[t * ldy + r] = dot((const char *)w + (size_t)r * row_bytes, (const char *)xq + (size_t)t * xq_stride, nb);
+}
+
+void kern_gemv_q8_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    gemv_quant(kern_dot_q8_0_ref, sizeof(tk_block_q8_0), k / TK_QK8_0, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+void kern_gemv_q4_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    gemv_quant(kern_dot_q4_0_ref, sizeof(tk_block_q4_0), k / TK_QK4_0, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+void kern_gemv_q4_k_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    gemv_quant(kern_dot_q4_k_ref, sizeof(tk_block_q4_k), k / TK_QK_K, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+void kern_gemv_q6_k_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    gemv_quant(kern_dot_q6_k_ref, sizeof(tk_block_q6_k), k / TK_QK_K, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+/* ---- norms, activations ------------------------------------------------------------ */
+
+void kern_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)(n > 0 ? n : 1) + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void kern_add_ref(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void kern_silu_mul_ref(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------- */
+
+void kern_rope(float *x, int n_head, int head_dim, int pos, const float *freqs, int neox) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* The angle in double: pos * freq reaches 1e5 at long contexts, where a
+         * float angle has lost the digits sin/cos need. */
+        double theta = (double)pos * (double)freqs[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + (size_t)h * (size_t)head_dim;
+            int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+    }
+}

@@ -1,0 +1,106 @@
+/* Internal: the plain-C reference kernels (the definitions) and the per-ISA
+ * entry points dispatch.c puts in its tables. Not for callers outside
+ * src/kernels/ and tests/kernels/: they go through tk_kernels. */
+#ifndef TK_KERNELS_REF_H
+#define TK_KERNELS_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* ---- reference (quant_ref.c) ------------------------------------------------ */
+void kern_dequant_f32_ref(const void *row, float *out, int64_t k);
+void kern_dequant_f16_ref(const void *row, float *out, int64_t k);
+void kern_dequant_bf16_ref(const void *row, float *out, int64_t k);
+void kern_dequant_q8_0_ref(const void *row, float *out, int64_t k);
+void kern_dequant_q4_0_ref(const void *row, float *out, int64_t k);
+void kern_dequant_q4_k_ref(const void *row, float *out, int64_t k);
+void kern_dequant_q6_k_ref(const void *row, float *out, int64_t k);
+void kern_dequant_q8_k_ref(const void *row, float *out, int64_t k);
+
+/* Activation quantizers: Q8_0 (d = absmax/127 stored as f16, q = round(x/d));
+ * Q8_K (d = absmax/127 as float, q = round(x/d), bsums = sums of 16 q's). */
+void kern_quant_q8_0_ref(const float *x, void *xq, int64_t k);
+void kern_quant_q8_k_ref(const float *x, void *xq, int64_t k);
+
+/* Q4_K sub-block j (0..7) scale and min, 6 bits each, from the packed 12 bytes. */
+void kern_q4_k_scale_min(int j, const uint8_t *scales, uint8_t *sc, uint8_t *m);
+
+/* ---- reference (gemv_ref.c) ------------------------------------------------- */
+/* Row dot products the SIMD files use for tails (n elements, any n). */
+float kern_dot_f32_ref(const float *w, const float *x, int64_t n);
+float kern_dot_f16_ref(const tk_f16 *w, const float *x, int64_t n);
+float kern_dot_bf16_ref(const tk_bf16 *w, const float *x, int64_t n);
+/* One quantized row (nb blocks) against one activation row. */
+float kern_dot_q8_0_ref(const void *w, const void *xq, int64_t nb);
+float kern_dot_q4_0_ref(const void *w, const void *xq, int64_t nb);
+float kern_dot_q4_k_ref(const void *w, const void *xq, int64_t nb);
+float kern_dot_q6_k_ref(const void *w, const void *xq, int64_t nb);
+
+void kern_gemv_f32_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                       int n_tok, float *y, int64_t ldy);
+void kern_gemv_f16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                       int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_k_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy);
+
+void kern_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps);
+void kern_add_ref(float *x, const float *y, int64_t n);
+void kern_silu_mul_ref(float *out, const float *gate, const float *up, int64_t n);
+
+/* ---- AVX2 + FMA + F16C (x86/<name>_avx2.c) ---------------------------------------- */
+void kern_gemv_f32_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy);
+void kern_gemv_f16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy);
+void kern_quant_q8_0_avx2(const float *x, void *xq, int64_t k);
+void kern_quant_q8_k_avx2(const float *x, void *xq, int64_t k);
+void kern_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
+void kern_add_avx2(float *x, const float *y, int64_t n);
+void kern_silu_mul_avx2(float *out, const float *gate, const float *up, int64_t n);
+void kern_dequant_f16_avx2(const void *row, float *out, int64_t k);
+void kern_dequant_bf16_avx2(const void *row, float *out, int64_t k);
+
+/* ---- AVX-512 F/BW/VL/VNNI (x86/<name>_avx512.c) ------------------------------------ */
+void kern_gemv_f32_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                          int n_tok, float *y, int64_t ldy);
+void kern_gemv_f16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                          int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+void kern_quant_q8_0_avx512(const float *x, void *xq, int64_t k);
+void kern_quant_q8_k_avx512(const float *x, void *xq, int64_t k);
+void kern_rmsnorm_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
+void kern_add_avx512(float *x, const float *y, int64_t n);
+void kern_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t n);
+void kern_dequant_f16_avx512(const void *row, float *out, int64_t k);
+void kern_dequant_bf16_avx512(const void *row, float *out, int64_t k);
+
+#endif

@@ -1,0 +1,289 @@
+/* Reference block formats: dequantization, activation quantizers and weight
+ * quantizers, exactly as GGML lays the blocks out (src/core/dtype.h). These
+ * are the definitions the SIMD files and the tests are measured against. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/kernels_ref.h"
+
+/* Round half to even, as the SIMD quantizers' cvtps/round instructions do, so
+ * every ISA produces the same activation bytes. */
+static inline int round_even(float v) { return (int)nearbyintf(v); }
+
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* ---- dequantization ----------------------------------------------------------- */
+
+void kern_dequant_f32_ref(const void *row, float *out, int64_t k) { memcpy(out, row, (size_t)k * sizeof(float)); }
+
+void kern_dequant_f16_ref(const void *row, float *out, int64_t k) {
+    const tk_f16 *h = row;
+    for (int64_t i = 0; i < k; i++) out[i] = tk_f16_to_f32(h[i]);
+}
+
+void kern_dequant_bf16_ref(const void *row, float *out, int64_t k) {
+    const tk_bf16 *b = row;
+    for (int64_t i = 0; i < k; i++) out[i] = tk_bf16_to_f32(b[i]);
+}
+
+void kern_dequant_q8_0_ref(const void *row, float *out, int64_t k) {
+    const tk_block_q8_0 *b = row;
+    for (int64_t i = 0; i < k / TK_QK8_0; i++) {
+        float d = tk_f16_to_f32(b[i].d);
+        for (int j = 0; j < TK_QK8_0; j++) out[i * TK_QK8_0 + j] = d * (float)b[i].qs[j];
+    }
+}
+
+/* qs[j] holds element j in its low nibble and element j + 16 in its high one. */
+void kern_dequant_q4_0_ref(const void *row, float *out, int64_t k) {
+    const tk_block_q4_0 *b = row;
+    for (int64_t i = 0; i < k / TK_QK4_0; i++) {
+        float d = tk_f16_to_f32(b[i].d);
+        float *o = out + i * TK_QK4_0;
+        for (int j = 0; j < TK_QK4_0 / 2; j++) {
+            o[j] = d * (float)((b[i].qs[j] & 0x0f) - 8);
+            o[j + 16] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+/* GGML's get_scale_min_k4: sub-blocks 0..3 keep scale and min in the low six
+ * bits of bytes j and j+4; sub-blocks 4..7 split theirs into a nibble of bytes
+ * 8..11 plus the top two bits of bytes 0..7. */
+void kern_q4_k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* Each 64 elements share 32 bytes of qs: the low nibbles are sub-block 2i, the
+ * high nibbles sub-block 2i+1; x = d * sc * q - dmin * m. */
+void kern_dequant_q4_k_ref(const void *row, float *out, int64_t k) {
+    const tk_block_q4_k *b = row;
+    for (int64_t i = 0; i < k / TK_QK_K; i++) {
+        float d = tk_f16_to_f32(b[i].d), dmin = tk_f16_to_f32(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        float *o = out + i * TK_QK_K;
+        for (int j = 0; j < 4; j++) {
+            uint8_t sc0, m0, sc1, m1;
+            kern_q4_k_scale_min(2 * j, b[i].scales, &sc0, &m0);
+            kern_q4_k_scale_min(2 * j + 1, b[i].scales, &sc1, &m1);
+            float d0 = d * sc0, d1 = d * sc1, mm0 = dmin * m0, mm1 = dmin * m1;
+            for (int l = 0; l < 32; l++) {
+                o[64 * j + l] = d0 * (float)(q[32 * j + l] & 0x0f) - mm0;
+                o[64 * j + 32 + l] = d1 * (float)(q[32 * j + l] >> 4) - mm1;
+            }
+        }
+    }
+}
+
+/* Each 128 elements use 64 bytes of ql and 32 of qh: element 32c + l (c = 0..3)
+ * takes the low (c even) or high (c odd) nibble of ql[l + 32 (c & 1)] and bits
+ * 2c..2c+1 of qh[l]; q - 32 is scaled by scales[element / 16]. */
+void kern_dequant_q6_k_ref(const void *row, float *out, int64_t k) {
+    const tk_block_q6_k *b = row;
+    for (int64_t i = 0; i < k / TK_QK_K; i++) {
+        float d = tk_f16_to_f32(b[i].d);
+        const uint8_t *ql = b[i].ql, *qh = b[i].qh;
+        const int8_t *sc = b[i].scales;
+        float *o = out + i * TK_QK_K;
+        for (int n = 0; n < TK_QK_K; n += 128) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                o[n + l] = d * (float)sc[is + 0] * (float)q1;
+                o[n + l + 32] = d * (float)sc[is + 2] * (float)q2;
+                o[n + l + 64] = d * (float)sc[is + 4] * (float)q3;
+                o[n + l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+            ql += 64;
+            qh += 32;
+            sc += 8;
+        }
+    }
+}
+
+void kern_dequant_q8_k_ref(const void *row, float *out, int64_t k) {
+    const tk_block_q8_k *b = row;
+    for (int64_t i = 0; i < k / TK_QK_K; i++)
+        for (int j = 0; j < TK_QK_K; j++) out[i * TK_QK_K + j] = b[i].d * (float)b[i].qs[j];
+}
+
+/* ---- activation quantizers ------------------------------------------------------ */
+
+void kern_quant_q8_0_ref(const float *x, void *xq, int64_t k) {
+    tk_block_q8_0 *b = xq;
+    for (int64_t i = 0; i < k / TK_QK8_0; i++) {
+        const float *v = x + i * TK_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < TK_QK8_0; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = tk_f32_to_f16(d);
+        for (int j = 0; j < TK_QK8_0; j++) b[i].qs[j] = (int8_t)clampi(round_even(v[j] * id), -127, 127);
+    }
+}
+
+void kern_quant_q8_k_ref(const float *x, void *xq, int64_t k) {
+    tk_block_q8_k *b = xq;
+    for (int64_t i = 0; i < k / TK_QK_K; i++) {
+        const float *v = x + i * TK_QK_K;
+        float amax = 0.0f;
+        for (int j = 0; j < TK_QK_K; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = d;
+        for (int j = 0; j < TK_QK_K; j++) b[i].qs[j] = (int8_t)clampi(round_even(v[j] * id), -127, 127);
+        for (int g = 0; g < TK_QK_K / 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += b[i].qs[16 * g + j];
+            b[i].bsums[g] = (int16_t)s;
+        }
+    }
+}
+
+/* ---- weight quantizers ----------------------------------------------------------- */
+
+/* GGML's q4_0: the signed value of largest magnitude maps to -8, so the full
+ * 4-bit range is used on that side. */
+static void quantize_q4_0(const float *x, tk_block_q4_0 *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        const float *v = x + i * TK_QK4_0;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < TK_QK4_0; j++)
+            if (fabsf(v[j]) > amax) {
+                amax = fabsf(v[j]);
+                max = v[j];
+            }
+        float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = tk_f32_to_f16(d);
+        for (int j = 0; j < TK_QK4_0 / 2; j++) {
+            int q0 = clampi((int)(v[j] * id + 8.5f), 0, 15);
+            int q1 = clampi((int)(v[j + 16] * id + 8.5f), 0, 15);
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* A plain min/max quantizer: each 32-element sub-block gets scale (max-min)/15
+ * and min -min(0, min); both are coded in 6 bits against the super-block's
+ * largest. Quality is below llama.cpp's search but the blocks are valid. */
+static void quantize_q4_k(const float *x, tk_block_q4_k *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        const float *v = x + i * TK_QK_K;
+        float scale[8], mins[8], max_scale = 0.0f, max_min = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            float mn = 0.0f, mx = -INFINITY;
+            for (int l = 0; l < 32; l++) {
+                mn = fminf(mn, v[32 * j + l]);
+                mx = fmaxf(mx, v[32 * j + l]);
+            }
+            scale[j] = fmaxf(mx - mn, 0.0f) / 15.0f;
+            mins[j] = -mn;
+            max_scale = fmaxf(max_scale, scale[j]);
+            max_min = fmaxf(max_min, mins[j]);
+        }
+        b[i].d = tk_f32_to_f16(max_scale / 63.0f);
+        b[i].dmin = tk_f32_to_f16(max_min / 63.0f);
+        float d = tk_f16_to_f32(b[i].d), dmin = tk_f16_to_f32(b[i].dmin);
+        uint8_t ls[8], lm[8];
+        for (int j = 0; j < 8; j++) {
+            ls[j] = (uint8_t)(d > 0.0f ? clampi(round_even(scale[j] / d), 0, 63) : 0);
+            lm[j] = (uint8_t)(dmin > 0.0f ? clampi(round_even(mins[j] / dmin), 0, 63) : 0);
+        }
+        memset(b[i].scales, 0, sizeof b[i].scales);
+        for (int j = 0; j < 8; j++) {
+            if (j < 4) {
+                b[i].scales[j] = ls[j];
+                b[i].scales[j + 4] = lm[j];
+            } else {
+                b[i].scales[j + 4] = (uint8_t)((ls[j] & 0x0f) | ((lm[j] & 0x0f) << 4));
+                b[i].scales[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+                b[i].scales[j] |= (uint8_t)((lm[j] >> 4) << 6);
+            }
+        }
+        uint8_t L[TK_QK_K];
+        for (int j = 0; j < 8; j++) {
+            float sc = d * ls[j], m = dmin * lm[j];
+            for (int l = 0; l < 32; l++)
+                L[32 * j + l] = (uint8_t)(sc > 0.0f ? clampi(round_even((v[32 * j + l] + m) / sc), 0, 15) : 0);
+        }
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) b[i].qs[32 * j + l] = (uint8_t)(L[64 * j + l] | (L[64 * j + 32 + l] << 4));
+    }
+}
+
+/* Symmetric per 16 elements: scale amax/31 coded in 8 signed bits against the
+ * super-block's largest; q in [-32, 31] stored with +32. */
+static void quantize_q6_k(const float *x, tk_block_q6_k *b, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        const float *v = x + i * TK_QK_K;
+        float scale[16], max_scale = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0.0f;
+            for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(v[16 * j + l]));
+            scale[j] = amax / 31.0f;
+            max_scale = fmaxf(max_scale, scale[j]);
+        }
+        b[i].d = tk_f32_to_f16(max_scale / 127.0f);
+        float d = tk_f16_to_f32(b[i].d);
+        uint8_t L[TK_QK_K];
+        for (int j = 0; j < 16; j++) {
+            int ls = d > 0.0f ? clampi(round_even(scale[j] / d), 0, 127) : 0;
+            b[i].scales[j] = (int8_t)ls;
+            float sc = d * (float)ls;
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = (uint8_t)(sc > 0.0f ? clampi(round_even(v[16 * j + l] / sc), -32, 31) + 32 : 32);
+        }
+        uint8_t *ql = b[i].ql, *qh = b[i].qh;
+        for (int n = 0; n < TK_QK_K; n += 128) {
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *q = L + n + l;
+                ql[l] = (uint8_t)((q[0] & 0x0f) | ((q[64] & 0x0f) << 4));
+                ql[l + 32] = (uint8_t)((q[32] & 0x0f) | ((q[96] & 0x0f) << 4));
+                qh[l] = (uint8_t)((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));
+            }
+            ql += 64;
+            qh += 32;
+        }
+    }
+}
+
+bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k) {
+    if (k < 0) return false;
+    switch (t) {
+    case TK_DTYPE_F32: memcpy(out, x, (size_t)k * sizeof(float)); return true;
+    case TK_DTYPE_F16:
+        for (int64_t i = 0; i < k; i++) ((tk_f16 *)out)[i] = tk_f32_to_f16(x[i]);
+        return true;
+    case TK_DTYPE_BF16:
+        for (int64_t i = 0; i < k; i++) ((tk_bf16 *)out)[i] = tk_f32_to_bf16(x[i]);
+        return true;
+    case TK_DTYPE_Q8_0:
+        if (k % TK_QK8_0) return false;
+        kern_quant_q8_0_ref(x, out, k);
+        return true;
+    case TK_DTYPE_Q4_0:
+        if (k % TK_QK4_0) return false;
+        quantize_q4_0(x, out, k / TK_QK4_0);
+        return true;
+    case TK_DTYPE_Q4_K:
+        if (k % TK_QK_K) return false;
+        quantize_q4_k(x, out, k / TK_QK_K);
+        return true;
+    case TK_DTYPE_Q6_K:
+        if (k % TK_QK_K) return false;
+        quantize_q6_k(x, out, k / TK_QK_K);
+        return true;
+    case TK_DTYPE_Q8_K:
+        if (k % TK_QK_K) return false;
+        kern_quant_q8_k_ref(x, out, k);
+        return true;
+    default: return false;
+    }
+}
