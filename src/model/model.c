@@ -1,0 +1,449 @@
+/* Loading a model: validate hyper-parameters, look up and check every tensor,
+ * convert what the forward pass needs in another form (norms to f32, GGUF llama
+ * Q/K rows un-permuted, optional repack of the matmul weights), and account for
+ * the bytes a decode token reads. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "model/model_internal.h"
+
+void tk_model_opts_default(tk_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->repack_dtype = -1;
+}
+
+const tk_hparams *model_hparams(const tk_model *m) { return &m->hp; }
+const struct tk_tokenizer *model_tokenizer(const tk_model *m) { return m->tok; }
+uint64_t model_decode_bytes(const tk_model *m) { return m->decode_bytes; }
+const char *model_weight_dtype(const tk_model *m) { return m->weight_dtype; }
+
+void tk_model_free(tk_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) tk_free_aligned(m->owned[i]);
+    tk_free(m->owned);
+    tk_free(m->layers);
+    tk_free(m->name);
+    tok_free(m->tok);
+    gguf_close(m->gguf);
+    if (m->src_close) m->src_close(m->src_handle);
+    tk_free(m);
+}
+
+/* An aligned zeroed buffer owned by the model (freed with it). */
+static void *model_own(tk_model *m, size_t n) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **p = tk_realloc(m->owned, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        m->owned = p;
+        m->cap_owned = cap;
+    }
+    void *b = tk_alloc_aligned(n ? n : 1, 64);
+    if (b) m->owned[m->n_owned++] = b;
+    return b;
+}
+
+/* ---- tensor lookup and checks --------------------------------------------------- */
+
+static void shape_str(const int64_t ne[4], char *buf, size_t n) {
+    int nd = 4;
+    while (nd > 1 && ne[nd - 1] == 1) nd--;
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, n - off, "[");
+    for (int i = 0; i < nd && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? ", " : "", (long long)ne[i]);
+    if (off < n) snprintf(buf + off, n - off, "]");
+}
+
+/* The tensor of a role, shape-checked; *t = NULL when absent and !required. */
+static tk_status find_role(const tk_model *m, const model_source *src, tk_role role, int layer, bool required,
+                           const tk_tensor **t) {
+    char name[128];
+    *t = NULL;
+    if (!arch_tensor_name(src->naming, role, layer, name, sizeof name)) {
+        if (required) return tk_fail(TK_ERR_INTERNAL, "model: no tensor name for role %d", (int)role);
+        return TK_OK;
+    }
+    const tk_tensor *x = src->find(src->ctx, name);
+    if (!x) {
+        if (required) return tk_fail(TK_ERR_FORMAT, "model: missing tensor %s", name);
+        return TK_OK;
+    }
+    int64_t ne[4];
+    arch_tensor_shape(&m->hp, role, ne);
+    if (x->ne[0] != ne[0] || x->ne[1] != ne[1] || x->ne[2] != ne[2] || x->ne[3] != ne[3]) {
+        char want[96], got[96];
+        shape_str(ne, want, sizeof want);
+        shape_str(x->ne, got, sizeof got);
+        return tk_fail(TK_ERR_FORMAT, "model: tensor %s has shape %s, expected %s for %s", name, got, want,
+                       arch_name(m->hp.arch));
+    }
+    *t = x;
+    return TK_OK;
+}
+
+/* Norms, biases and rope factors: small vectors converted to owned f32. */
+static tk_status load_vector(tk_model *m, const model_source *src, tk_role role, int layer, bool required,
+                             const float **out) {
+    const tk_tensor *t;
+    tk_status st = find_role(m, src, role, layer, required, &t);
+    *out = NULL;
+    if (st || !t) return st;
+    if (t->type != TK_DTYPE_F32 && t->type != TK_DTYPE_F16 && t->type != TK_DTYPE_BF16)
+        return tk_fail(TK_ERR_FORMAT, "model: tensor %s has type %s (expected f32, f16 or bf16)", t->name,
+                       dtype_name(t->type));
+    int64_t n = t->ne[0];
+    float *v = model_own(m, (size_t)n * sizeof(float));
+    if (!v) return tk_fail(TK_ERR_NOMEM, "model: out of memory for %s", t->name);
+    const uint8_t *p = t->data;
+    for (int64_t i = 0; i < n; i++) {
+        if (t->type == TK_DTYPE_F32) {
+            memcpy(&v[i], p + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            v[i] = t->type == TK_DTYPE_F16 ? tk_f16_to_f32(h) : tk_bf16_to_f32(h);
+        }
+    }
+    *out = v;
+    return TK_OK;
+}
+
+static tk_status row_bytes_of(const tk_tensor *t, tk_dtype type, uint64_t *rb) {
+    if (!dtype_row_bytes(type, (uint64_t)t->ne[0], rb))
+        return tk_fail(TK_ERR_FORMAT, "model: tensor %s rows of %lld are not whole %s blocks", t->name,
+                       (long long)t->ne[0], dtype_name(type));
+    return TK_OK;
+}
+
+void model_unpermute_rows(const void *src, void *dst, int n_head, int head_dim, size_t row_bytes) {
+    /* llama.cpp's converter stores HF row j*(hd/2)+i of a head at row 2i+j. */
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    int half = head_dim / 2;
+    for (int h = 0; h < n_head; h++)
+        for (int r = 0; r < head_dim; r++) {
+            int i = r % half, j = r / half;
+            size_t from = ((size_t)h * head_dim + (size_t)(2 * i + j)) * row_bytes;
+            size_t to = ((size_t)h * head_dim + (size_t)r) * row_bytes;
+            memcpy(d + to, s + from, row_bytes);
+        }
+}
+
+/* Convert every row of t to type `to` into an owned buffer (dequantize to f32,
+ * then quantize), so a BF16 file can run as Q8_0 ("W8A8"). */
+static tk_status repack(tk_model *m, tk_tensor *t, tk_dtype to) {
+    const tk_kernels *K = kernels_default();
+    if (!K->dequant_row[t->type])
+        return tk_fail(TK_ERR_UNSUPPORTED, "model: cannot read %s rows of %s", dtype_name(t->type), t->name);
+    uint64_t rb_from, rb_to, total;
+    tk_status st;
+    if ((st = row_bytes_of(t, t->type, &rb_from)) || (st = row_bytes_of(t, to, &rb_to))) return st;
+    int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+    if (!tk_mul_u64(rb_to, (uint64_t)rows, &total) || total > SIZE_MAX)
+        return tk_fail(TK_ERR_NOMEM, "model: repacked %s too large", t->name);
+    uint8_t *out = model_own(m, (size_t)total);
+    float *tmp = tk_malloc((size_t)t->ne[0] * sizeof(float));
+    if (!out || !tmp) {
+        tk_free(tmp);
+        return tk_fail(TK_ERR_NOMEM, "model: out of memory repacking %s", t->name);
+    }
+    const uint8_t *in = t->data;
+    int64_t k = t->ne[0];
+    for (int64_t r = 0; r < rows; r++) {
+        K->dequant_row[t->type](in + (size_t)r * rb_from, tmp, k);
+        void *dst = out + (size_t)r * rb_to;
+        bool ok = true;
+        if (to == TK_DTYPE_F32) {
+            memcpy(dst, tmp, (size_t)k * sizeof(float));
+        } else if (to == TK_DTYPE_F16 || to == TK_DTYPE_BF16) {
+            uint16_t *h = dst;
+            for (int64_t i = 0; i < k; i++) h[i] = to == TK_DTYPE_F16 ? tk_f32_to_f16(tmp[i]) : tk_f32_to_bf16(tmp[i]);
+        } else {
+            ok = kern_quantize_row(to, tmp, dst, k);
+        }
+        if (!ok) {
+            tk_free(tmp);
+            return tk_fail(TK_ERR_UNSUPPORTED, "model: cannot repack %s to %s", t->name, dtype_name(to));
+        }
+    }
+    tk_free(tmp);
+    t->type = to;
+    t->data = out;
+    t->nbytes = total;
+    return TK_OK;
+}
+
+/* A matmul weight: shape-checked, un-permuted for GGUF llama Q/K, repacked on request. */
+static tk_status load_matmul(tk_model *m, const model_source *src, const tk_model_opts *o, tk_role role, int layer,
+                             tk_tensor *out) {
+    const tk_tensor *t;
+    tk_status st = find_role(m, src, role, layer, true, &t);
+    if (st) return st;
+    *out = *t;
+    const tk_kernels *K = kernels_default();
+    if (!dtype_supported(t->type) || !K->gemv[t->type])
+        return tk_fail(TK_ERR_UNSUPPORTED, "model: tensor %s has type %s, which has no matmul kernel", t->name,
+                       dtype_name(t->type));
+    uint64_t rb;
+    if ((st = row_bytes_of(t, t->type, &rb))) return st;
+    if (src->naming == TK_NAMING_GGUF && m->hp.arch == TK_ARCH_LLAMA && (role == TK_ROLE_Q || role == TK_ROLE_K)) {
+        int nh = role == TK_ROLE_Q ? m->hp.n_head : m->hp.n_head_kv;
+        void *dst = model_own(m, (size_t)t->nbytes);
+        if (!dst) return tk_fail(TK_ERR_NOMEM, "model: out of memory un-permuting %s", t->name);
+        model_unpermute_rows(t->data, dst, nh, m->hp.head_dim, (size_t)rb);
+        out->data = dst;
+    }
+    if (o->repack_dtype >= 0 && (tk_dtype)o->repack_dtype != out->type) {
+        if ((st = repack(m, out, (tk_dtype)o->repack_dtype))) return st;
+        m->repacked = true;
+    }
+    return TK_OK;
+}
+
+static tk_status load_layer(tk_model *m, const model_source *src, const tk_model_opts *o, int l) {
+    tk_layer *L = &m->layers[l];
+    tk_status st;
+    if ((st = load_vector(m, src, TK_ROLE_ATTN_NORM, l, true, &L->attn_norm))) return st;
+    if ((st = load_matmul(m, src, o, TK_ROLE_Q, l, &L->wq))) return st;
+    if ((st = load_matmul(m, src, o, TK_ROLE_K, l, &L->wk))) return st;
+    if ((st = load_matmul(m, src, o, TK_ROLE_V, l, &L->wv))) return st;
+    if ((st = load_matmul(m, src, o, TK_ROLE_O, l, &L->wo))) return st;
+    bool bias = m->hp.qkv_bias;
+    if ((st = load_vector(m, src, TK_ROLE_Q_BIAS, l, bias, &L->bq))) return st;
+    if ((st = load_vector(m, src, TK_ROLE_K_BIAS, l, bias, &L->bk))) return st;
+    if ((st = load_vector(m, src, TK_ROLE_V_BIAS, l, bias, &L->bv))) return st;
+    if (m->hp.qk_norm) {
+        if ((st = load_vector(m, src, TK_ROLE_Q_NORM, l, true, &L->q_norm))) return st;
+        if ((st = load_vector(m, src, TK_ROLE_K_NORM, l, true, &L->k_norm))) return st;
+    }
+    if ((st = load_vector(m, src, TK_ROLE_FFN_NORM, l, true, &L->ffn_norm))) return st;
+    if ((st = load_matmul(m, src, o, TK_ROLE_GATE, l, &L->w_gate))) return st;
+    if ((st = load_matmul(m, src, o, TK_ROLE_UP, l, &L->w_up))) return st;
+    if ((st = load_matmul(m, src, o, TK_ROLE_DOWN, l, &L->w_down))) return st;
+    return TK_OK;
+}
+
+/* Inverse RoPE frequencies, theta^(-2i/d), divided by the scaling factor of
+ * each frequency. Llama-3 factors follow the HF converter (the same numbers as
+ * GGUF's rope_freqs.weight), rounded to float in both paths so HF and GGUF
+ * checkpoints rotate identically. */
+static tk_status rope_init(tk_model *m, const model_source *src) {
+    const tk_hparams *hp = &m->hp;
+    int half = hp->head_dim / 2;
+    m->rope_freqs = model_own(m, (size_t)half * sizeof(float));
+    if (!m->rope_freqs) return tk_fail(TK_ERR_NOMEM, "model: out of memory for rope frequencies");
+    const float *tensor_factors = NULL;
+    if (hp->rope_scaling == TK_ROPE_SCALING_LLAMA3 && src->naming == TK_NAMING_GGUF) {
+        tk_status st = load_vector(m, src, TK_ROLE_ROPE_FREQS, 0, true, &tensor_factors);
+        if (st) return st;
+    }
+    for (int i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)hp->rope_theta, (double)(2 * i) / hp->head_dim);
+        float factor = 1.0f;
+        if (hp->rope_scaling == TK_ROPE_SCALING_LINEAR) {
+            factor = hp->rope_factor;
+        } else if (tensor_factors) {
+            factor = tensor_factors[i];
+        } else if (hp->rope_scaling == TK_ROPE_SCALING_LLAMA3) {
+            double old = hp->rope_orig_ctx, lo = hp->rope_low_freq_factor, hi = hp->rope_high_freq_factor;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen < old / hi)
+                factor = 1.0f;
+            else if (wavelen > old / lo)
+                factor = hp->rope_factor;
+            else {
+                double smooth = (old / wavelen - lo) / (hi - lo);
+                factor = (float)(1.0 / ((1.0 - smooth) / hp->rope_factor + smooth));
+            }
+        }
+        if (!(factor > 0.0f) || !isfinite(factor))
+            return tk_fail(TK_ERR_FORMAT, "model: rope factor %d is %g (must be finite and > 0)", i, (double)factor);
+        m->rope_freqs[i] = (float)(f / (double)factor);
+    }
+    return TK_OK;
+}
+
+static uint64_t vec_bytes(int64_t n) { return (uint64_t)n * sizeof(float); }
+
+/* Bytes, parameters and the dominant type; decode_bytes = what one decode token reads. */
+static void model_account(tk_model *m) {
+    const tk_hparams *hp = &m->hp;
+    uint64_t by_type[TK_DTYPE_COUNT] = {0};
+    uint64_t layer_bytes = 0;
+    int64_t params = 0;
+    int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const tk_layer *L = &m->layers[l];
+        const tk_tensor *mm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            layer_bytes += mm[i]->nbytes;
+            by_type[mm[i]->type] += mm[i]->nbytes;
+            params += mm[i]->ne[0] * mm[i]->ne[1];
+        }
+        int64_t vec = 2 * (int64_t)hp->n_embd;
+        if (L->bq) vec += qd + 2 * kvd;
+        if (L->q_norm) vec += 2 * (int64_t)hp->head_dim;
+        layer_bytes += vec_bytes(vec);
+        params += vec;
+    }
+    uint64_t emb_row = m->tok_embd.nbytes / (uint64_t)hp->n_vocab;
+    params += (int64_t)hp->n_embd * hp->n_vocab + hp->n_embd; /* embeddings + output norm */
+    if (!hp->tied) params += (int64_t)hp->n_embd * hp->n_vocab;
+    m->n_params = params;
+    m->decode_bytes = layer_bytes + vec_bytes(hp->n_embd) + m->output.nbytes + emb_row;
+    m->weight_bytes = layer_bytes + vec_bytes(hp->n_embd) + m->tok_embd.nbytes;
+    if (m->output.data != m->tok_embd.data) m->weight_bytes += m->output.nbytes;
+    int best = 0;
+    for (int t = 1; t < TK_DTYPE_COUNT; t++)
+        if (by_type[t] > by_type[best]) best = t;
+    m->weight_dtype = dtype_name((uint32_t)best);
+}
+
+static tk_status model_build(tk_model *m, const model_source *src, const tk_model_opts *o) {
+    const tk_hparams *hp = &m->hp;
+    tk_status st = arch_hparams_validate(hp);
+    if (st) return st;
+    m->layers = tk_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return tk_fail(TK_ERR_NOMEM, "model: out of memory for %d layers", hp->n_layer);
+    for (int l = 0; l < hp->n_layer; l++)
+        if ((st = load_layer(m, src, o, l))) return st;
+
+    const tk_tensor *emb;
+    if ((st = find_role(m, src, TK_ROLE_TOK_EMBD, 0, true, &emb))) return st;
+    if (!dtype_supported(emb->type) || !kernels_default()->dequant_row[emb->type])
+        return tk_fail(TK_ERR_UNSUPPORTED, "model: tensor %s has unsupported type %s", emb->name,
+                       dtype_name(emb->type));
+    m->tok_embd = *emb;
+    if ((st = load_vector(m, src, TK_ROLE_OUTPUT_NORM, 0, true, &m->output_norm))) return st;
+    if (hp->tied) {
+        /* The output matrix is the embedding matrix; a repack gets its own copy
+         * so embedding lookups keep reading the file's rows. */
+        m->output = *emb;
+        if (!kernels_default()->gemv[emb->type])
+            return tk_fail(TK_ERR_UNSUPPORTED, "model: tied %s has type %s, which has no matmul kernel", emb->name,
+                           dtype_name(emb->type));
+        if (o->repack_dtype >= 0 && (tk_dtype)o->repack_dtype != emb->type) {
+            if ((st = repack(m, &m->output, (tk_dtype)o->repack_dtype))) return st;
+            m->repacked = true;
+        }
+    } else if ((st = load_matmul(m, src, o, TK_ROLE_OUTPUT, 0, &m->output))) {
+        return st;
+    }
+    if ((st = rope_init(m, src))) return st;
+    model_account(m);
+    return TK_OK;
+}
+
+tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_model_opts *o, tk_model **out) {
+    *out = NULL;
+    tk_model_opts def;
+    if (!o) {
+        tk_model_opts_default(&def);
+        o = &def;
+    }
+    if (o->repack_dtype >= 0 && !dtype_supported((uint32_t)o->repack_dtype))
+        return tk_fail(TK_ERR_INVALID, "model: repack type %d (%s) is not supported", o->repack_dtype,
+                       dtype_name((uint32_t)o->repack_dtype));
+    tk_model *m = tk_calloc(1, sizeof *m);
+    if (!m) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
+    m->hp = *hp;
+    tk_status st = model_build(m, src, o);
+    if (st) {
+        tk_model_free(m);
+        return st;
+    }
+    *out = m;
+    return TK_OK;
+}
+
+/* ---- GGUF ----------------------------------------------------------------------- */
+
+static const tk_tensor *gguf_source_find(void *ctx, const char *name) { return gguf_find_tensor(ctx, name); }
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s && s[1] ? s + 1 : path;
+}
+
+static tk_status model_open_gguf(const char *path, const tk_model_opts *o, tk_model **out) {
+    gguf_file *f;
+    tk_status st = gguf_open(path, &f);
+    if (st) return st;
+    tk_hparams hp;
+    if ((st = arch_hparams_gguf(f, &hp))) {
+        gguf_close(f);
+        return st;
+    }
+    model_source src = {TK_NAMING_GGUF, gguf_source_find, f};
+    tk_model *m;
+    if ((st = model_create(&hp, &src, o, &m))) {
+        gguf_close(f);
+        return st;
+    }
+    m->gguf = f;
+    gguf_str nm;
+    bool found = false;
+    if (gguf_get_str(f, "general.name", &nm, &found) == TK_OK && found)
+        m->name = tk_strndup(nm.ptr, (size_t)nm.len);
+    else
+        m->name = tk_strdup(base_name(path));
+    if (!m->name) {
+        tk_model_free(m);
+        return tk_fail(TK_ERR_NOMEM, "model: out of memory");
+    }
+    if (gguf_find(f, "tokenizer.ggml.tokens")) {
+        if ((st = tok_load_gguf(f, &m->tok))) {
+            tk_model_free(m);
+            return st;
+        }
+        if (tok_n_vocab(m->tok) > hp.n_vocab) {
+            int nv = tok_n_vocab(m->tok);
+            tk_model_free(m);
+            return tk_fail(TK_ERR_FORMAT, "model: tokenizer has %d tokens but the embedding only %d rows", nv,
+                           hp.n_vocab);
+        }
+    }
+    *out = m;
+    return TK_OK;
+}
+
+tk_status tk_model_open(const char *path, const tk_model_opts *opts, tk_model **out) {
+    if (!path || !out) return tk_fail(TK_ERR_INVALID, "model: NULL path or output");
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return tk_fail(TK_ERR_IO, "model: cannot open %s", path);
+    tk_status st = S_ISDIR(sb.st_mode) ? model_open_hf(path, opts, out) : model_open_gguf(path, opts, out);
+    if (st) tk_error_prefix("%s", path);
+    return st;
+}
+
+void tk_model_get_info(const tk_model *m, tk_model_info *out) {
+    const tk_hparams *hp = &m->hp;
+    memset(out, 0, sizeof *out);
+    out->arch = arch_name(hp->arch);
+    out->name = m->name ? m->name : "";
+    out->n_layer = hp->n_layer;
+    out->n_embd = hp->n_embd;
+    out->n_head = hp->n_head;
+    out->n_head_kv = hp->n_head_kv;
+    out->head_dim = hp->head_dim;
+    out->n_ff = hp->n_ff;
+    out->n_vocab = hp->n_vocab;
+    out->n_ctx_train = hp->n_ctx_train;
+    out->n_params = m->n_params;
+    out->weight_bytes = m->weight_bytes;
+    out->decode_bytes = m->decode_bytes;
+    /* K and V, every layer, f16 elements. */
+    out->kv_bytes_per_token = 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * 2ull;
+    out->weight_dtype = m->weight_dtype;
+    out->tied_embeddings = hp->tied;
+}

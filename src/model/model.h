@@ -1,0 +1,23 @@
+/* Internal accessors over a loaded model for the engine, bench and CLI. The
+ * struct itself stays in model_internal.h (src/model/ and its tests only).
+ * Every accessor is thread-safe: a tk_model is immutable after tk_model_open. */
+#ifndef TK_MODEL_MODEL_H
+#define TK_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "model/arch.h"
+#include "tokamak.h"
+
+struct tk_tokenizer;
+
+const tk_hparams *model_hparams(const tk_model *m);
+/* NULL when the model file carries no vocabulary. */
+const struct tk_tokenizer *model_tokenizer(const tk_model *m);
+/* Bytes of weights one decode token reads: every matmul weight, the norms, the
+ * output matrix and one embedding row. */
+uint64_t model_decode_bytes(const tk_model *m);
+/* The dominant matmul weight type as held in memory (after any repack), e.g. "q8_0". */
+const char *model_weight_dtype(const tk_model *m);
+
+#endif
