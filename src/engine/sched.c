@@ -1,0 +1,270 @@
+#include "engine/sched.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+typedef struct seq_list {
+    sched_seq *head, *tail;
+    int n;
+} seq_list;
+
+struct sched {
+    sched_opts o;
+    sched_blocks b;
+    seq_list running; /* ascending arrival order */
+    seq_list waiting; /* ascending arrival order: preempted ones are older than any new arrival */
+    sched_plan plan;
+    int blocks_used, blocks_peak;
+    uint64_t preemptions;
+    int n_no_blocks, n_behind, n_preempted_waiting;
+};
+
+/* ---- lists ------------------------------------------------------------------ */
+
+static void list_unlink(seq_list *l, sched_seq *q) {
+    if (q->prev) q->prev->next = q->next;
+    else l->head = q->next;
+    if (q->next) q->next->prev = q->prev;
+    else l->tail = q->prev;
+    q->prev = q->next = NULL;
+    l->n--;
+}
+
+/* Insert keeping ascending order; new arrivals land at the tail in O(1). */
+static void list_insert_sorted(seq_list *l, sched_seq *q) {
+    sched_seq *after = l->tail;
+    while (after && after->order > q->order) after = after->prev;
+    q->prev = after;
+    q->next = after ? after->next : l->head;
+    if (q->next) q->next->prev = q;
+    else l->tail = q;
+    if (after) after->next = q;
+    else l->head = q;
+    l->n++;
+}
+
+/* ---- setup ------------------------------------------------------------------ */
+
+int sched_max_step_tokens(const sched_opts *o) { return o->no_chunking ? o->step_tokens + o->ctx : o->step_tokens; }
+
+int sched_blocks_for(const sched *s, int n) { return (n + s->o.block_size - 1) / s->o.block_size; }
+
+tk_status sched_init(const sched_opts *o, const sched_blocks *blocks, sched **out) {
+    if (!out || !o || !blocks) return tk_fail(TK_ERR_INVALID, "sched_init: NULL argument");
+    *out = NULL;
+    int bs = o->block_size;
+    if (bs != 16 && bs != 32 && bs != 64 && bs != 128 && bs != 256)
+        return tk_fail(TK_ERR_INVALID, "sched: block size %d, expected 16, 32, 64, 128 or 256", bs);
+    if (o->ctx <= 0 || o->ctx > (1 << 24))
+        return tk_fail(TK_ERR_INVALID, "sched: context %d, expected 1..%d", o->ctx, 1 << 24);
+    if (o->max_batch <= 0 || o->max_batch > 4096)
+        return tk_fail(TK_ERR_INVALID, "sched: max_batch %d, expected 1..4096", o->max_batch);
+    if (o->step_tokens < o->max_batch || o->step_tokens > (1 << 20))
+        return tk_fail(TK_ERR_INVALID, "sched: step budget %d tokens must be >= max_batch %d (every running decode fits) and <= %d",
+                       o->step_tokens, o->max_batch, 1 << 20);
+    int need = (o->ctx + bs - 1) / bs;
+    if (o->n_blocks < need)
+        return tk_fail(TK_ERR_NOMEM, "sched: the KV pool holds %d blocks of %d tokens; one sequence of context %d needs %d",
+                       o->n_blocks, bs, o->ctx, need);
+    sched *s = tk_calloc(1, sizeof *s);
+    if (!s) return tk_fail(TK_ERR_NOMEM, "sched: out of memory");
+    s->o = *o;
+    s->b = *blocks;
+    s->plan.items = tk_calloc((size_t)o->max_batch, sizeof *s->plan.items);
+    if (!s->plan.items) {
+        tk_free(s);
+        return tk_fail(TK_ERR_NOMEM, "sched: out of memory");
+    }
+    *out = s;
+    return TK_OK;
+}
+
+void sched_free(sched *s) {
+    if (!s) return;
+    /* Whatever is still queued gives its blocks back: the pool must end full. */
+    while (s->running.head) sched_remove(s, s->running.head);
+    while (s->waiting.head) sched_remove(s, s->waiting.head);
+    tk_free(s->plan.items);
+    tk_free(s);
+}
+
+tk_status sched_add(sched *s, sched_seq *seq, uint64_t order) {
+    if (seq->n_tokens <= 0 || seq->n_tokens > s->o.ctx)
+        return tk_fail(TK_ERR_RANGE, "sched: sequence of %d tokens, context is %d", seq->n_tokens, s->o.ctx);
+    int cap = sched_blocks_for(s, s->o.ctx);
+    seq->bt = tk_calloc((size_t)cap, sizeof *seq->bt);
+    if (!seq->bt) return tk_fail(TK_ERR_NOMEM, "sched: out of memory for a block table of %d", cap);
+    seq->bt_cap = cap;
+    seq->order = order;
+    seq->n_computed = 0;
+    seq->n_blocks = 0;
+    seq->state = SCHED_WAITING;
+    seq->cause = SCHED_CAUSE_NONE;
+    seq->preempted = false;
+    seq->n_preempted = 0;
+    seq->prev = seq->next = NULL;
+    list_insert_sorted(&s->waiting, seq);
+    return TK_OK;
+}
+
+static void release_blocks(sched *s, sched_seq *seq) {
+    for (int i = seq->n_blocks - 1; i >= 0; i--) s->b.free(s->b.ctx, seq->bt[i]);
+    s->blocks_used -= seq->n_blocks;
+    seq->n_blocks = 0;
+}
+
+void sched_remove(sched *s, sched_seq *seq) {
+    if (!seq || seq->state == SCHED_FREE) return;
+    release_blocks(s, seq);
+    list_unlink(seq->state == SCHED_RUNNING ? &s->running : &s->waiting, seq);
+    seq->state = SCHED_FREE;
+    tk_free(seq->bt);
+    seq->bt = NULL;
+    seq->bt_cap = 0;
+}
+
+/* Grow seq's table to cover n positions; false (nothing taken) if the pool is short. */
+static bool reserve(sched *s, sched_seq *seq, int n) {
+    int need = sched_blocks_for(s, n) - seq->n_blocks;
+    if (need <= 0) return true;
+    if (need > s->b.n_free(s->b.ctx)) return false;
+    for (int i = 0; i < need; i++) {
+        int blk = s->b.alloc(s->b.ctx);
+        if (blk < 0) return false; /* n_free lied; the caller treats it as a shortage */
+        seq->bt[seq->n_blocks++] = blk;
+        s->blocks_used++;
+    }
+    if (s->blocks_used > s->blocks_peak) s->blocks_peak = s->blocks_used;
+    return true;
+}
+
+static void preempt(sched *s, sched_seq *seq) {
+    release_blocks(s, seq);
+    list_unlink(&s->running, seq);
+    seq->state = SCHED_WAITING;
+    seq->n_computed = 0;
+    seq->preempted = true;
+    seq->n_preempted++;
+    s->preemptions++;
+    s->plan.n_preempted++;
+    list_insert_sorted(&s->waiting, seq);
+}
+
+static void plan_add(sched *s, sched_seq *seq, int n) {
+    sched_item *it = &s->plan.items[s->plan.n_items++];
+    it->seq = seq;
+    it->pos0 = seq->n_computed;
+    it->n = n;
+    it->want_logits = seq->n_computed + n == seq->n_tokens;
+    s->plan.n_tok += n;
+}
+
+/* How much of seq's remaining prefill goes in this step (0: none). */
+static int prefill_chunk(const sched *s, const sched_seq *seq, int budget, bool prefill_added) {
+    int rem = seq->n_tokens - seq->n_computed;
+    if (!s->o.no_chunking) return rem < budget ? rem : budget;
+    /* Whole prompts only; one may exceed the budget so a long prompt still runs. */
+    if (rem <= budget || !prefill_added) return rem;
+    return 0;
+}
+
+const sched_plan *sched_plan_step(sched *s) {
+    sched_plan *p = &s->plan;
+    p->n_items = p->n_tok = p->n_decode = p->n_preempted = 0;
+
+    /* 1. Blocks for every running sequence's known tokens; preempt the newest
+     * until they fit (it may be the one asking). */
+    for (;;) {
+        int need = 0;
+        for (sched_seq *q = s->running.head; q; q = q->next) {
+            int d = sched_blocks_for(s, q->n_tokens) - q->n_blocks;
+            if (d > 0) need += d;
+        }
+        if (need <= s->b.n_free(s->b.ctx) || !s->running.tail) break;
+        preempt(s, s->running.tail);
+    }
+    for (sched_seq *q = s->running.head; q;) {
+        sched_seq *next = q->next;
+        if (!reserve(s, q, q->n_tokens)) preempt(s, q); /* only if the allocator misreports */
+        q = next;
+    }
+
+    /* 2. Decodes, then 3. prefill chunks, oldest first. */
+    int budget = s->o.step_tokens;
+    bool prefill_added = false;
+    for (sched_seq *q = s->running.head; q && budget > 0; q = q->next) {
+        if (q->n_tokens - q->n_computed != 1) continue;
+        plan_add(s, q, 1);
+        p->n_decode++;
+        budget--;
+    }
+    for (sched_seq *q = s->running.head; q; q = q->next) {
+        if (q->n_tokens - q->n_computed <= 1) continue;
+        int c = prefill_chunk(s, q, budget, prefill_added);
+        if (c <= 0) continue;
+        plan_add(s, q, c);
+        budget -= c;
+        if (budget < 0) budget = 0;
+        prefill_added = true;
+    }
+
+    /* 4. Admission, first come first served: the head blocks everyone behind it. */
+    int stop_cause = SCHED_CAUSE_BEHIND_PREFILL;
+    bool may_admit = !s->o.static_batching || s->running.n == 0;
+    while (s->waiting.head && may_admit) {
+        sched_seq *q = s->waiting.head;
+        if (s->running.n >= s->o.max_batch) break;
+        int rem = q->n_tokens;
+        if (!s->o.static_batching) {
+            if (budget <= 0) break;
+            if (s->o.no_chunking && rem > budget && prefill_added) break;
+        }
+        if (!reserve(s, q, q->n_tokens)) {
+            stop_cause = SCHED_CAUSE_NO_BLOCKS;
+            break;
+        }
+        list_unlink(&s->waiting, q);
+        q->state = SCHED_RUNNING;
+        q->preempted = false;
+        q->cause = SCHED_CAUSE_NONE;
+        list_insert_sorted(&s->running, q);
+        int c = budget > 0 ? prefill_chunk(s, q, budget, prefill_added) : 0;
+        if (c > 0) {
+            plan_add(s, q, c);
+            budget -= c;
+            if (budget < 0) budget = 0;
+            prefill_added = true;
+        }
+    }
+
+    s->n_no_blocks = s->n_behind = s->n_preempted_waiting = 0;
+    for (sched_seq *q = s->waiting.head; q; q = q->next) {
+        q->cause = q->preempted ? SCHED_CAUSE_PREEMPTED : q == s->waiting.head ? stop_cause : SCHED_CAUSE_BEHIND_PREFILL;
+        if (q->cause == SCHED_CAUSE_NO_BLOCKS) s->n_no_blocks++;
+        else if (q->cause == SCHED_CAUSE_PREEMPTED) s->n_preempted_waiting++;
+        else s->n_behind++;
+    }
+    return p;
+}
+
+void sched_advance(sched *s, const sched_plan *p) {
+    (void)s;
+    for (int i = 0; i < p->n_items; i++) p->items[i].seq->n_computed += p->items[i].n;
+}
+
+void sched_counts_get(const sched *s, sched_counts *out) {
+    memset(out, 0, sizeof *out);
+    out->running = s->running.n;
+    out->waiting = s->waiting.n;
+    out->waiting_no_blocks = s->n_no_blocks;
+    out->waiting_behind_prefill = s->n_behind;
+    out->waiting_preempted = s->n_preempted_waiting;
+    out->blocks_total = s->o.n_blocks;
+    out->blocks_used = s->blocks_used;
+    out->blocks_peak = s->blocks_peak;
+    out->preemptions = s->preemptions;
+}
+
+bool sched_busy(const sched *s) { return s->running.n > 0 || s->waiting.n > 0; }

@@ -1,0 +1,103 @@
+/* The scheduler: pure bookkeeping, no model. It owns the running set and the
+ * waiting FIFO, reserves KV blocks, and turns them into one step's plan:
+ *   1. every running sequence gets the blocks its next tokens need; when the
+ *      pool cannot cover them, the newest running sequence is preempted (its
+ *      blocks freed, its tokens recomputed when it is admitted again);
+ *   2. all running decodes (one token each);
+ *   3. prefill chunks of running sequences, oldest first, within the budget;
+ *   4. waiting sequences admitted first-come-first-served while a batch slot,
+ *      budget and the blocks of their whole known sequence are free.
+ * The engine loop thread owns a sched; nothing here locks or allocates per step. */
+#ifndef TK_ENGINE_SCHED_H
+#define TK_ENGINE_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tokamak.h"
+
+/* Where blocks come from (the KV pool in the engine, a counter in tests). */
+typedef struct sched_blocks {
+    void *ctx;
+    int (*alloc)(void *ctx);          /* a block id, or -1 when none is free */
+    void (*free)(void *ctx, int block);
+    int (*n_free)(void *ctx);
+} sched_blocks;
+
+typedef struct sched_opts {
+    int block_size;
+    int ctx;             /* most positions of one sequence */
+    int n_blocks;        /* blocks in the pool */
+    int max_batch;       /* running sequences */
+    int step_tokens;     /* token budget of a step (>= max_batch) */
+    bool no_chunking;    /* a prompt is prefilled whole, in one step */
+    bool static_batching;/* admit only when nothing runs */
+} sched_opts;
+
+enum { SCHED_FREE = 0, SCHED_WAITING, SCHED_RUNNING };
+enum { SCHED_CAUSE_NONE = 0, SCHED_CAUSE_NO_BLOCKS, SCHED_CAUSE_BEHIND_PREFILL, SCHED_CAUSE_PREEMPTED };
+
+/* One sequence, embedded by the engine in its request. Fields are read-only
+ * outside sched.c except n_tokens, which the owner raises as tokens are sampled. */
+typedef struct sched_seq {
+    uint64_t order;      /* arrival number: FCFS, and "newest" for preemption */
+    int n_tokens;        /* tokens known so far (prompt + output) */
+    int n_computed;      /* tokens whose K/V are in the cache */
+    int n_blocks;        /* blocks held */
+    int32_t *bt;         /* (bt_cap) block table: ids in position order */
+    int bt_cap;          /* ceil(ctx / block_size) */
+    int state;           /* SCHED_FREE/WAITING/RUNNING */
+    int cause;           /* why it waits (SCHED_CAUSE_*) after the last plan */
+    bool preempted;      /* waiting to be recomputed */
+    int n_preempted;     /* times preempted */
+    struct sched_seq *prev, *next;
+} sched_seq;
+
+typedef struct sched_item {
+    sched_seq *seq;
+    int pos0;            /* first position fed this step (= n_computed) */
+    int n;               /* tokens fed */
+    bool want_logits;    /* the chunk reaches the end of the known tokens */
+} sched_item;
+
+typedef struct sched_plan {
+    int n_items;
+    int n_tok;           /* sum of items[].n */
+    int n_decode;        /* items that are single-token decodes */
+    int n_preempted;     /* preemptions made while planning this step */
+    sched_item *items;   /* (max_batch) owned by the sched */
+} sched_plan;
+
+typedef struct sched_counts {
+    int running, waiting;
+    int waiting_no_blocks, waiting_behind_prefill, waiting_preempted;
+    int blocks_total, blocks_used, blocks_peak;
+    uint64_t preemptions;
+} sched_counts;
+
+typedef struct sched sched;
+
+/* Validates the options (block size, budget >= max_batch, a pool that holds
+ * at least one full context) with messages naming both numbers. */
+tk_status sched_init(const sched_opts *o, const sched_blocks *blocks, sched **out);
+void sched_free(sched *s);
+/* Most tokens one plan can hold (the forward's max_tokens): step_tokens, or
+ * step_tokens + ctx without chunking (a whole prompt goes in one step). */
+int sched_max_step_tokens(const sched_opts *o);
+/* Blocks that cover n positions. */
+int sched_blocks_for(const sched *s, int n);
+
+/* Queue seq (n_tokens > 0 and <= ctx set by the caller) at the back of the
+ * waiting FIFO with arrival number order. Allocates its block table. */
+tk_status sched_add(sched *s, sched_seq *seq, uint64_t order);
+/* Take seq out (finished or cancelled): its blocks go back to the pool at once. */
+void sched_remove(sched *s, sched_seq *seq);
+/* Plan one step. The plan stays valid until the next sched_* call. */
+const sched_plan *sched_plan_step(sched *s);
+/* The plan ran: every item's n_computed += n. */
+void sched_advance(sched *s, const sched_plan *p);
+void sched_counts_get(const sched *s, sched_counts *out);
+/* True while anything is running or waiting. */
+bool sched_busy(const sched *s);
+
+#endif
