@@ -1,0 +1,127 @@
+/* `tokamak synth` GGUF output: metadata and vocabulary as llama.cpp writes
+ * them, then the tensors, generated and quantized one row block at a time. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/synth.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/error.h"
+#include "format/gguf.h"
+#include "kernels/kernels.h"
+
+#define ROW_BLOCK_FLOATS (1 << 20) /* generate ~4 MB of floats at a time */
+
+static tk_status write_meta(gguf_writer *w, const synth_cfg *c, const synth_vocab *v) {
+    const tk_preset *p = &c->p;
+    char key[128], name[128];
+    tk_status st = TK_OK;
+#define K(suffix) (snprintf(key, sizeof key, "%s.%s", p->arch, suffix), key)
+#define CHK(call)                                                                                                  \
+    do {                                                                                                           \
+        if ((st = (call)) != TK_OK) return st;                                                                     \
+    } while (0)
+    if (!strcmp(p->name, "tiny")) snprintf(name, sizeof name, "synth-tiny-%s", p->arch);
+    else snprintf(name, sizeof name, "synth-%s", p->name);
+    CHK(gguf_w_str(w, "general.architecture", p->arch));
+    CHK(gguf_w_str(w, "general.name", name));
+    CHK(gguf_w_u32(w, "general.alignment", 32));
+    CHK(gguf_w_u32(w, "general.file_type", synth_file_type(c->quant)));
+    CHK(gguf_w_u32(w, "general.quantization_version", 2));
+    CHK(gguf_w_u32(w, K("block_count"), (uint32_t)p->n_layer));
+    CHK(gguf_w_u32(w, K("context_length"), (uint32_t)p->n_ctx));
+    CHK(gguf_w_u32(w, K("embedding_length"), (uint32_t)p->n_embd));
+    CHK(gguf_w_u32(w, K("feed_forward_length"), (uint32_t)p->n_ff));
+    CHK(gguf_w_u32(w, K("attention.head_count"), (uint32_t)p->n_head));
+    CHK(gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+    CHK(gguf_w_u32(w, K("attention.key_length"), (uint32_t)p->head_dim));
+    CHK(gguf_w_u32(w, K("attention.value_length"), (uint32_t)p->head_dim));
+    CHK(gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)p->head_dim));
+    CHK(gguf_w_f32(w, K("rope.freq_base"), (float)p->rope_theta));
+    CHK(gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), (float)p->rms_eps));
+    CHK(gguf_w_u32(w, K("vocab_size"), (uint32_t)p->n_vocab));
+    if (p->rope_factor > 0) {
+        /* llama.cpp encodes Llama-3 scaling as the rope_freqs.weight tensor; these
+         * keys describe it for readers that want the parameters. */
+        CHK(gguf_w_str(w, K("rope.scaling.type"), "llama3"));
+        CHK(gguf_w_f32(w, K("rope.scaling.factor"), (float)p->rope_factor));
+        CHK(gguf_w_u32(w, K("rope.scaling.original_context_length"), (uint32_t)p->rope_orig_ctx));
+        CHK(gguf_w_f32(w, K("rope.scaling.low_freq_factor"), (float)p->rope_low_freq));
+        CHK(gguf_w_f32(w, K("rope.scaling.high_freq_factor"), (float)p->rope_high_freq));
+    }
+    CHK(gguf_w_str(w, "tokenizer.ggml.model", "gpt2"));
+    CHK(gguf_w_str(w, "tokenizer.ggml.pre", "qwen2"));
+    CHK(gguf_w_arr_str(w, "tokenizer.ggml.tokens", v->pieces, v->piece_lens, (uint64_t)v->n_tokens));
+    CHK(gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_I32, v->types, (uint64_t)v->n_tokens));
+    CHK(gguf_w_arr_str(w, "tokenizer.ggml.merges", v->merges, v->merge_lens, (uint64_t)v->n_merges));
+    CHK(gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos_id));
+    CHK(gguf_w_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)v->pad_id));
+    CHK(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos_id));
+    CHK(gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false));
+    if (v->chat_template) CHK(gguf_w_str(w, "tokenizer.chat_template", v->chat_template));
+#undef K
+#undef CHK
+    return st;
+}
+
+/* One tensor: rows generated in blocks into f32, quantized per row into the
+ * tensor's buffer, written in one call (the writer takes whole tensors). */
+static tk_status write_tensor(gguf_writer *w, const synth_cfg *c, const synth_tensor *t, float *fbuf, int64_t fcap) {
+    uint64_t row_bytes, nbytes;
+    int64_t cols = t->ne[0], rows = t->ne[1];
+    if (!dtype_row_bytes(t->gguf_type, (uint64_t)cols, &row_bytes) || !tk_mul_u64(row_bytes, (uint64_t)rows, &nbytes) ||
+        nbytes > SIZE_MAX)
+        return tk_fail(TK_ERR_RANGE, "synth: tensor %s size overflows", t->gguf_name);
+    uint8_t *data = tk_alloc_aligned((size_t)nbytes, 64);
+    if (!data) return tk_fail(TK_ERR_NOMEM, "synth: out of memory for tensor %s (%llu bytes)", t->gguf_name,
+                              (unsigned long long)nbytes);
+    int64_t block = fcap / cols;
+    if (block < 1) block = 1;
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        int64_t n = rows - r0 < block ? rows - r0 : block;
+        synth_gen_rows(c, t, r0, n, true, fbuf);
+        for (int64_t r = 0; r < n; r++) {
+            if (!kern_quantize_row(t->gguf_type, fbuf + r * cols, data + (uint64_t)(r0 + r) * row_bytes, cols)) {
+                tk_free_aligned(data);
+                return tk_fail(TK_ERR_UNSUPPORTED, "synth: cannot quantize tensor %s to %s", t->gguf_name,
+                               dtype_name(t->gguf_type));
+            }
+        }
+    }
+    tk_status st = gguf_w_tensor_data(w, data, nbytes);
+    tk_free_aligned(data);
+    return st;
+}
+
+tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char *path) {
+    synth_tensor *ts = NULL;
+    int nt = 0;
+    gguf_writer *w = NULL;
+    float *fbuf = NULL;
+    tk_status st = synth_plan(c, &ts, &nt);
+    if (st != TK_OK) return st;
+    if ((st = gguf_writer_init(32, &w)) != TK_OK) goto done;
+    if ((st = write_meta(w, c, v)) != TK_OK) goto done;
+    for (int i = 0; i < nt; i++) {
+        if ((st = gguf_w_tensor_info(w, ts[i].gguf_name, ts[i].gguf_type, ts[i].n_dims, ts[i].ne)) != TK_OK)
+            goto done;
+    }
+    int64_t fcap = ROW_BLOCK_FLOATS;
+    for (int i = 0; i < nt; i++)
+        if (ts[i].ne[0] > fcap) fcap = ts[i].ne[0];
+    fbuf = tk_malloc((size_t)fcap * sizeof *fbuf);
+    if (!fbuf) {
+        st = tk_fail(TK_ERR_NOMEM, "synth: out of memory");
+        goto done;
+    }
+    if ((st = gguf_w_begin(w, path)) != TK_OK) goto done;
+    for (int i = 0; i < nt; i++)
+        if ((st = write_tensor(w, c, &ts[i], fbuf, fcap)) != TK_OK) goto done;
+    st = gguf_w_finish(w);
+done:
+    if (st != TK_OK) tk_error_prefix("%s", path);
+    tk_free(fbuf);
+    gguf_writer_free(w);
+    tk_free(ts);
+    return st;
+}
