@@ -31,13 +31,15 @@ typedef struct gguf_str {
 typedef struct gguf_kv {
     gguf_str key;
     gguf_vtype type;
-    /* scalars (by type): */
+    /* scalars (by type): u for U8..U64, i for I8..I64, f for F32/F64, b, s */
     union { uint64_t u; int64_t i; double f; bool b; gguf_str s; } v;
-    /* arrays: element type, count, raw element bytes (unaligned; numeric only) */
+    /* arrays: element type, count, raw element bytes (unaligned, little-endian).
+     * For arrays of arrays (legal, validated) there are no element accessors. */
     gguf_vtype arr_type;
     uint64_t arr_n;
     const void *arr_data;
-    const uint64_t *arr_str_off; /* string arrays: offset of each string's length prefix */
+    const uint64_t *arr_str_off; /* (arr_n) string arrays: offset of each string's length
+                                  * prefix, relative to arr_data; NULL otherwise */
 } gguf_kv;
 
 typedef struct gguf_file gguf_file;
@@ -60,7 +62,8 @@ const gguf_kv *gguf_find(const gguf_file *f, const char *key); /* NULL on a miss
 /* Typed lookups. _require fails on a miss (naming the key); _get returns def on
  * a miss. Both fail on a wrong type or a value that does not fit, naming the key,
  * the expected and the actual type. Integer getters accept any integer type whose
- * value fits. */
+ * value fits. Status: a miss in _require is TK_ERR_NOT_FOUND, a wrong type
+ * TK_ERR_FORMAT, a value that does not fit (or an index past the end) TK_ERR_RANGE. */
 tk_status gguf_require_u32(const gguf_file *f, const char *key, uint32_t *out);
 tk_status gguf_get_u32(const gguf_file *f, const char *key, uint32_t def, uint32_t *out);
 tk_status gguf_get_i64(const gguf_file *f, const char *key, int64_t def, int64_t *out);
