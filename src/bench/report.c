@@ -1,0 +1,466 @@
+#include "bench/report.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+static const char *kv_str(tk_kv_type t) {
+    switch (t) {
+    case TK_KV_F32: return "f32";
+    case TK_KV_F16: return "f16";
+    case TK_KV_BF16: return "bf16";
+    case TK_KV_INT8: return "int8";
+    }
+    return "?";
+}
+
+static const char *finish_str(tk_finish f) {
+    switch (f) {
+    case TK_FINISH_NONE: return "none";
+    case TK_FINISH_STOP: return "stop";
+    case TK_FINISH_LENGTH: return "length";
+    case TK_FINISH_CANCELLED: return "cancelled";
+    case TK_FINISH_ERROR: return "error";
+    }
+    return "?";
+}
+
+/* ---- markdown -------------------------------------------------------------- */
+
+void report_probe(const bench_info *in, FILE *f) {
+    fprintf(f, "- machine: %s, %d cores, ISA %s (%s)\n", in->cpu_brand, in->n_cores, in->isa,
+            in->cpu_features[0] ? in->cpu_features : "no SIMD features");
+    fprintf(f, "- probe (%d threads): read bandwidth %.1f GB/s, peak fp32 %.1f GFLOP/s, peak int8 %.1f GOP/s\n",
+            in->probe_threads, in->read_bw_gbs, in->peak_gflops_f32, in->peak_gops_int8);
+}
+
+static void md_cell(FILE *f, double v, int prec) {
+    if (isnan(v))
+        fprintf(f, " - |");
+    else
+        fprintf(f, " %.*f |", prec, v);
+}
+
+static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
+    const tk_engine_stats *e = &s->engine;
+    fprintf(f, "\n## %s\n\nweights %s, KV %s%s, %s kernels, %s batching, %s prefill, block %d, step budget %d, "
+               "max batch %d, %d threads\n\n",
+            s->label, s->weight_dtype[0] ? s->weight_dtype : "?", kv_str(e->kv_type),
+            e->kv_type == TK_KV_INT8 ? (e->kv_scale == TK_KV_SCALE_TOKEN ? " (per-token scales)" : " (per-head scales)")
+                                     : "",
+            e->unfused ? "unfused" : "fused", e->static_batching ? "static" : "continuous",
+            e->no_chunking ? "whole" : "chunked", e->block_size, e->step_tokens, e->max_batch, e->n_threads);
+    bool rate = r->opts.n_rates > 0;
+    fprintf(f, "| %s | TTFT mean | TTFT P50 | TTFT P95 | TTFT P99 | TPOT mean | TPOT P50 | TPOT P95 | TPOT P99 | "
+               "ITL P50 | ITL P95 | ITL P99 | E2E mean | E2E P99 | out tok/s | total tok/s | req/s | out len | "
+               "KV peak MB | decode GB/s | roofline %% |\n",
+            rate ? "rate (req/s)" : "concurrency");
+    fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    bool any_short = false;
+    for (int i = 0; i < s->n_points; i++) {
+        const bench_point *p = &s->points[i];
+        const double *m = p->med;
+        if (rate)
+            fprintf(f, "| %g |", p->rate);
+        else
+            fprintf(f, "| %d |", p->concurrency);
+        static const bench_metric lat[] = {BM_TTFT_MEAN, BM_TTFT_P50, BM_TTFT_P95, BM_TTFT_P99, BM_TPOT_MEAN,
+                                           BM_TPOT_P50,  BM_TPOT_P95, BM_TPOT_P99, BM_ITL_P50,  BM_ITL_P95,
+                                           BM_ITL_P99,   BM_E2E_MEAN, BM_E2E_P99};
+        for (size_t k = 0; k < sizeof lat / sizeof lat[0]; k++) md_cell(f, m[lat[k]], 2);
+        md_cell(f, m[BM_OUT_TOK_S], 1);
+        md_cell(f, m[BM_TOTAL_TOK_S], 1);
+        md_cell(f, m[BM_REQ_S], 3);
+        fprintf(f, " %.1f%s |", m[BM_MEAN_OUT_LEN], p->out_len_short ? " !" : "");
+        any_short |= p->out_len_short;
+        md_cell(f, m[BM_KV_PEAK_MB], 1);
+        md_cell(f, m[BM_STEP_GBS], 2);
+        md_cell(f, m[BM_ROOF_PCT], 1);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "\nLatencies in ms. Roofline: bytes the decode steps read (weights + KV) / their time, as a share of "
+               "the %.1f GB/s read bandwidth probed by this run.\n",
+            r->info.read_bw_gbs);
+    if (any_short)
+        fprintf(f, "\n**!** some request produced a different number of tokens than --out %d: its level's "
+                   "throughput and TPOT are not comparable.\n",
+                r->opts.n_out);
+    if (r->opts.repeat > 1) {
+        fprintf(f, "\nSpread over %d repeats (median, min-max):\n\n| %s | TTFT P50 | TPOT P50 | TPOT P99 | out tok/s "
+                   "| roofline %% |\n|---:|---:|---:|---:|---:|---:|\n",
+                r->opts.repeat, rate ? "rate" : "concurrency");
+        static const bench_metric sp[] = {BM_TTFT_P50, BM_TPOT_P50, BM_TPOT_P99, BM_OUT_TOK_S, BM_ROOF_PCT};
+        for (int i = 0; i < s->n_points; i++) {
+            const bench_point *p = &s->points[i];
+            if (rate)
+                fprintf(f, "| %g |", p->rate);
+            else
+                fprintf(f, "| %d |", p->concurrency);
+            for (size_t k = 0; k < sizeof sp / sizeof sp[0]; k++)
+                fprintf(f, " %.2f (%.2f-%.2f) |", p->med[sp[k]], p->lo[sp[k]], p->hi[sp[k]]);
+            fprintf(f, "\n");
+        }
+    }
+}
+
+static const bench_point *point_at_level(const bench_series *s, bool want_max, int *level) {
+    const bench_point *best = NULL;
+    for (int i = 0; i < s->n_points; i++) {
+        const bench_point *p = &s->points[i];
+        if (p->n_rep == 0 || p->concurrency <= 0) continue;
+        if (!best || (want_max ? p->concurrency > best->concurrency : p->concurrency < best->concurrency)) best = p;
+    }
+    if (best) *level = best->concurrency;
+    return best;
+}
+
+bool report_rung_summary(const bench_result *r, int s, report_rung *o) {
+    if (s < 0 || s >= r->n_series || r->n_series < 1) return false;
+    int lo0, hi0;
+    const bench_point *l0 = point_at_level(&r->series[0], false, &lo0);
+    const bench_point *h0 = point_at_level(&r->series[0], true, &hi0);
+    const bench_point *l = point_at_level(&r->series[s], false, &o->lo_level);
+    const bench_point *h = point_at_level(&r->series[s], true, &o->hi_level);
+    if (!l0 || !h0 || !l || !h) return false;
+    o->tpot_lo_ms = l->med[BM_TPOT_P50];
+    o->thr_hi = h->med[BM_OUT_TOK_S];
+    o->tpot_p99_hi_ms = h->med[BM_TPOT_P99];
+    /* Speed-ups: the time ratios are inverted so that > 1 always means better. */
+    o->tpot_lo_x = l0->med[BM_TPOT_P50] / o->tpot_lo_ms;
+    o->thr_hi_x = o->thr_hi / h0->med[BM_OUT_TOK_S];
+    o->tpot_p99_hi_x = h0->med[BM_TPOT_P99] / o->tpot_p99_hi_ms;
+    return true;
+}
+
+void report_markdown(const bench_result *r, FILE *f) {
+    const bench_info *in = &r->info;
+    const bench_opts *o = &r->opts;
+    const tk_engine_opts *e = &o->engine;
+    fprintf(f, "# tokamak bench%s\n\n", o->ablation ? " --ablation" : "");
+    report_probe(in, f);
+    fprintf(f, "- model: %s (%s, %s, %s weights, %.3f B params, %.1f MB; a decode token reads %.1f MB of weights + "
+               "%.1f KB of f16 KV per context token)\n",
+            in->model_path, in->model_name, in->model_arch, in->model_dtype, (double)in->n_params / 1e9,
+            (double)in->weight_bytes / 1e6, (double)in->decode_bytes / 1e6, (double)in->kv_bytes_per_token / 1e3);
+    fprintf(f, "- options: --in %d --out %d, %d requests per level%s, warmup %d, repeat %d, seed %llu; engine: "
+               "threads %d%s, ctx %d, block %d, max batch %d, step budget %d, KV %s\n",
+            o->n_in, o->n_out, o->requests, o->requests ? "" : " (0: 2 x level)", o->warmup, o->repeat,
+            (unsigned long long)o->seed, e->n_threads, e->pin_threads ? " pinned" : "", e->ctx, e->block_size,
+            e->max_batch, e->step_tokens, kv_str(e->kv_type));
+    fprintf(f, "- commit %s, %s\n", in->git_commit, in->date);
+    for (int i = 0; i < r->n_series; i++) md_series(r, &r->series[i], f);
+    if (o->ablation && r->n_series > 0) {
+        fprintf(f, "\n## Ablation (speed-up against rung 1; > 1 is better)\n\n| rung | TPOT P50 @%s (ms) | x | out tok/s "
+                   "@%s | x | TPOT P99 @%s (ms) | x |\n|---|---:|---:|---:|---:|---:|---:|\n",
+                "lo", "hi", "hi");
+        for (int s = 0; s < r->n_series; s++) {
+            report_rung g;
+            if (!report_rung_summary(r, s, &g)) continue;
+            fprintf(f, "| %s | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f |\n", r->series[s].label, g.tpot_lo_ms,
+                    g.tpot_lo_x, g.thr_hi, g.thr_hi_x, g.tpot_p99_hi_ms, g.tpot_p99_hi_x);
+        }
+        report_rung g;
+        if (report_rung_summary(r, 0, &g))
+            fprintf(f, "\nlo = concurrency %d, hi = concurrency %d.\n", g.lo_level, g.hi_level);
+    }
+}
+
+/* ---- JSON ------------------------------------------------------------------ */
+
+/* JSON has no NaN: missing values are null. */
+static void js_num(cJSON *o, const char *k, double v) {
+    if (isfinite(v))
+        cJSON_AddNumberToObject(o, k, v);
+    else
+        cJSON_AddNullToObject(o, k);
+}
+
+static cJSON *js_summary(const stats_summary *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "n", (double)s->n);
+    js_num(o, "mean", s->mean);
+    js_num(o, "min", s->min);
+    js_num(o, "p50", s->p50);
+    js_num(o, "p90", s->p90);
+    js_num(o, "p95", s->p95);
+    js_num(o, "p99", s->p99);
+    js_num(o, "max", s->max);
+    return o;
+}
+
+static cJSON *js_metrics(const double *m) {
+    cJSON *o = cJSON_CreateObject();
+    for (int k = 0; k < BM_COUNT; k++) js_num(o, bench_metric_name((bench_metric)k), m[k]);
+    return o;
+}
+
+static cJSON *js_level(const bench_level *l) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "metrics", js_metrics(l->m));
+    cJSON_AddItemToObject(o, "ttft_s", js_summary(&l->s_ttft));
+    cJSON_AddItemToObject(o, "tpot_s", js_summary(&l->s_tpot));
+    cJSON_AddItemToObject(o, "itl_s", js_summary(&l->s_itl));
+    cJSON_AddItemToObject(o, "e2e_s", js_summary(&l->s_e2e));
+    cJSON_AddBoolToObject(o, "output_length_mismatch", l->out_len_short);
+    cJSON_AddNumberToObject(o, "asked_output_len", l->n_asked_out);
+    js_num(o, "duration_s", l->t_end - l->t_start);
+    cJSON_AddNumberToObject(o, "kv_blocks_peak", l->kv_blocks_peak);
+    cJSON_AddNumberToObject(o, "kv_blocks_total", l->kv_blocks_total);
+    cJSON_AddNumberToObject(o, "block_size", l->block_size);
+    cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)l->kv_bytes_per_token);
+    js_num(o, "read_bw_gbs", l->read_bw_gbs);
+    cJSON *reqs = cJSON_AddArrayToObject(o, "requests");
+    for (int i = 0; i < l->n_requests; i++) {
+        const bench_request *q = &l->req[i];
+        cJSON *j = cJSON_CreateObject();
+        js_num(j, "t_submit_s", q->t_submit);
+        js_num(j, "t_first_s", q->t_first);
+        js_num(j, "t_last_s", q->t_last);
+        js_num(j, "ttft_s", q->ttft);
+        js_num(j, "tpot_s", q->tpot);
+        js_num(j, "e2e_s", q->e2e);
+        cJSON_AddNumberToObject(j, "n_prompt", q->n_prompt);
+        cJSON_AddNumberToObject(j, "n_output", q->n_output);
+        cJSON_AddNumberToObject(j, "n_preempted", q->n_preempted);
+        cJSON_AddStringToObject(j, "finish", finish_str(q->finish));
+        cJSON *itl = cJSON_AddArrayToObject(j, "itl_s");
+        int n_itl = q->n_output > 1 ? q->n_output - 1 : 0;
+        for (int k = 0; k < n_itl && q->itl_off + (size_t)k < l->n_itl; k++)
+            cJSON_AddItemToArray(itl, cJSON_CreateNumber(l->itl[q->itl_off + (size_t)k]));
+        cJSON_AddItemToArray(reqs, j);
+    }
+    cJSON *steps = cJSON_AddArrayToObject(o, "decode_steps");
+    for (size_t i = 0; i < l->n_steps; i++) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "t_s", l->steps[i].t);
+        cJSON_AddNumberToObject(j, "bytes", (double)l->steps[i].bytes);
+        cJSON_AddNumberToObject(j, "time_s", l->steps[i].time);
+        cJSON_AddNumberToObject(j, "running", l->steps[i].running);
+        cJSON_AddItemToArray(steps, j);
+    }
+    return o;
+}
+
+static cJSON *js_engine(const bench_series *s) {
+    const tk_engine_stats *e = &s->engine;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "weight_dtype", s->weight_dtype);
+    cJSON_AddStringToObject(o, "kv_type", kv_str(e->kv_type));
+    cJSON_AddStringToObject(o, "kv_scale", e->kv_scale == TK_KV_SCALE_TOKEN ? "token" : "head");
+    cJSON_AddBoolToObject(o, "unfused", e->unfused);
+    cJSON_AddBoolToObject(o, "static_batching", e->static_batching);
+    cJSON_AddBoolToObject(o, "no_chunking", e->no_chunking);
+    cJSON_AddNumberToObject(o, "step_tokens", e->step_tokens);
+    cJSON_AddNumberToObject(o, "max_batch", e->max_batch);
+    cJSON_AddNumberToObject(o, "n_threads", e->n_threads);
+    cJSON_AddNumberToObject(o, "block_size", e->block_size);
+    cJSON_AddNumberToObject(o, "kv_blocks_total", e->kv_blocks_total);
+    cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)e->kv_bytes_per_token);
+    return o;
+}
+
+static cJSON *js_result(const bench_result *r) {
+    const bench_info *in = &r->info;
+    const bench_opts *o = &r->opts;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "tool", "tokamak bench");
+    cJSON_AddStringToObject(root, "version", TK_VERSION);
+    cJSON_AddStringToObject(root, "git_commit", in->git_commit);
+    cJSON_AddStringToObject(root, "date", in->date);
+    cJSON *mc = cJSON_AddObjectToObject(root, "machine");
+    cJSON_AddStringToObject(mc, "cpu", in->cpu_brand);
+    cJSON_AddStringToObject(mc, "features", in->cpu_features);
+    cJSON_AddStringToObject(mc, "isa", in->isa);
+    cJSON_AddNumberToObject(mc, "n_cores", in->n_cores);
+    cJSON *pr = cJSON_AddObjectToObject(mc, "probe");
+    cJSON_AddNumberToObject(pr, "threads", in->probe_threads);
+    js_num(pr, "read_bw_gbs", in->read_bw_gbs);
+    js_num(pr, "peak_gflops_f32", in->peak_gflops_f32);
+    js_num(pr, "peak_gops_int8", in->peak_gops_int8);
+    cJSON *md = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(md, "path", in->model_path);
+    cJSON_AddStringToObject(md, "name", in->model_name);
+    cJSON_AddStringToObject(md, "arch", in->model_arch);
+    cJSON_AddStringToObject(md, "weight_dtype", in->model_dtype);
+    cJSON_AddNumberToObject(md, "n_params", (double)in->n_params);
+    cJSON_AddNumberToObject(md, "weight_bytes", (double)in->weight_bytes);
+    cJSON_AddNumberToObject(md, "decode_bytes", (double)in->decode_bytes);
+    cJSON_AddNumberToObject(md, "kv_bytes_per_token_f16", (double)in->kv_bytes_per_token);
+    cJSON *op = cJSON_AddObjectToObject(root, "options");
+    cJSON_AddNumberToObject(op, "in", o->n_in);
+    cJSON_AddNumberToObject(op, "out", o->n_out);
+    cJSON *lv = cJSON_AddArrayToObject(op, "batch");
+    for (int i = 0; i < o->n_levels && o->n_rates == 0; i++) cJSON_AddItemToArray(lv, cJSON_CreateNumber(o->levels[i]));
+    cJSON *rt = cJSON_AddArrayToObject(op, "rate");
+    for (int i = 0; i < o->n_rates; i++) cJSON_AddItemToArray(rt, cJSON_CreateNumber(o->rates[i]));
+    cJSON_AddNumberToObject(op, "requests", o->requests);
+    cJSON_AddNumberToObject(op, "warmup", o->warmup);
+    cJSON_AddNumberToObject(op, "repeat", o->repeat);
+    cJSON_AddNumberToObject(op, "seed", (double)o->seed);
+    cJSON_AddBoolToObject(op, "ablation", o->ablation);
+    cJSON_AddNumberToObject(op, "threads", o->engine.n_threads);
+    cJSON_AddBoolToObject(op, "pin_threads", o->engine.pin_threads);
+    cJSON_AddNumberToObject(op, "ctx", o->engine.ctx);
+    cJSON_AddNumberToObject(op, "block_size", o->engine.block_size);
+    cJSON_AddNumberToObject(op, "max_batch", o->engine.max_batch);
+    cJSON_AddNumberToObject(op, "step_tokens", o->engine.step_tokens);
+    cJSON_AddNumberToObject(op, "kv_mem", (double)o->engine.kv_mem);
+    cJSON *ser = cJSON_AddArrayToObject(root, "series");
+    for (int s = 0; s < r->n_series; s++) {
+        const bench_series *sr = &r->series[s];
+        cJSON *js = cJSON_CreateObject();
+        cJSON_AddStringToObject(js, "label", sr->label);
+        cJSON_AddNumberToObject(js, "repack_dtype", sr->repack_dtype);
+        cJSON_AddItemToObject(js, "engine", js_engine(sr));
+        cJSON *pts = cJSON_AddArrayToObject(js, "points");
+        for (int i = 0; i < sr->n_points; i++) {
+            const bench_point *p = &sr->points[i];
+            cJSON *jp = cJSON_CreateObject();
+            cJSON_AddNumberToObject(jp, "concurrency", p->concurrency);
+            cJSON_AddNumberToObject(jp, "rate", p->rate);
+            cJSON_AddBoolToObject(jp, "output_length_mismatch", p->out_len_short);
+            cJSON_AddItemToObject(jp, "median", js_metrics(p->med));
+            cJSON_AddItemToObject(jp, "min", js_metrics(p->lo));
+            cJSON_AddItemToObject(jp, "max", js_metrics(p->hi));
+            cJSON *runs = cJSON_AddArrayToObject(jp, "runs");
+            for (int k = 0; k < p->n_rep; k++) cJSON_AddItemToArray(runs, js_level(&p->rep[k]));
+            cJSON_AddItemToArray(pts, jp);
+        }
+        cJSON_AddItemToArray(ser, js);
+    }
+    if (o->ablation) {
+        cJSON *ab = cJSON_AddArrayToObject(root, "ablation");
+        for (int s = 0; s < r->n_series; s++) {
+            report_rung g;
+            if (!report_rung_summary(r, s, &g)) continue;
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "rung", r->series[s].label);
+            cJSON_AddNumberToObject(j, "lo_concurrency", g.lo_level);
+            cJSON_AddNumberToObject(j, "hi_concurrency", g.hi_level);
+            js_num(j, "tpot_p50_lo_ms", g.tpot_lo_ms);
+            js_num(j, "tpot_p50_lo_speedup", g.tpot_lo_x);
+            js_num(j, "output_tok_s_hi", g.thr_hi);
+            js_num(j, "output_tok_s_hi_speedup", g.thr_hi_x);
+            js_num(j, "tpot_p99_hi_ms", g.tpot_p99_hi_ms);
+            js_num(j, "tpot_p99_hi_speedup", g.tpot_p99_hi_x);
+            cJSON_AddItemToArray(ab, j);
+        }
+    }
+    return root;
+}
+
+static tk_status write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return tk_fail(TK_ERR_IO, "bench: cannot write %s: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    bool ok = fwrite(text, 1, n, f) == n;
+    ok &= fclose(f) == 0;
+    return ok ? TK_OK : tk_fail(TK_ERR_IO, "bench: writing %s failed", path);
+}
+
+tk_status report_json_write(const bench_result *r, const char *path) {
+    cJSON *root = js_result(r);
+    char *text = root ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) return tk_fail(TK_ERR_NOMEM, "bench: cannot build the JSON report");
+    tk_status st = write_text(path, text);
+    cJSON_free(text);
+    return st;
+}
+
+/* ---- CSV ------------------------------------------------------------------- */
+
+tk_status report_csv_write(const bench_result *r, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return tk_fail(TK_ERR_IO, "bench: cannot write %s: %s", path, strerror(errno));
+    fprintf(f, "series,weight_dtype,kv_type,unfused,static_batching,no_chunking,concurrency,rate,repeat,"
+               "output_length_mismatch");
+    for (int k = 0; k < BM_COUNT; k++) fprintf(f, ",%s", bench_metric_name((bench_metric)k));
+    fprintf(f, "\n");
+    for (int s = 0; s < r->n_series; s++) {
+        const bench_series *sr = &r->series[s];
+        for (int i = 0; i < sr->n_points; i++) {
+            const bench_point *p = &sr->points[i];
+            for (int k = 0; k < p->n_rep; k++) {
+                const bench_level *l = &p->rep[k];
+                /* Labels hold commas: quote them. */
+                fprintf(f, "\"%s\",%s,%s,%d,%d,%d,%d,%g,%d,%d", sr->label, sr->weight_dtype,
+                        kv_str(sr->engine.kv_type), sr->engine.unfused, sr->engine.static_batching,
+                        sr->engine.no_chunking, p->concurrency, p->rate, k + 1, l->out_len_short);
+                for (int j = 0; j < BM_COUNT; j++) {
+                    if (isnan(l->m[j]))
+                        fprintf(f, ",");
+                    else
+                        fprintf(f, ",%.6g", l->m[j]);
+                }
+                fprintf(f, "\n");
+            }
+        }
+    }
+    bool ok = !ferror(f);
+    ok &= fclose(f) == 0;
+    return ok ? TK_OK : tk_fail(TK_ERR_IO, "bench: writing %s failed", path);
+}
+
+/* ---- plot ------------------------------------------------------------------ */
+
+tk_status report_plot_write(const bench_result *r, const char *path) {
+    if (strchr(path, '"') || strchr(path, '\n'))
+        return tk_fail(TK_ERR_INVALID, "bench: plot path %s holds a quote or newline", path);
+    char script[] = "/tmp/tokamak-plot-XXXXXX";
+    int fd = mkstemp(script);
+    if (fd < 0) return tk_fail(TK_ERR_IO, "bench: cannot create a gnuplot script: %s", strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        unlink(script);
+        return tk_fail(TK_ERR_IO, "bench: cannot open the gnuplot script");
+    }
+    bool rate = r->opts.n_rates > 0;
+    /* pngcairo looks better; plain png (libgd) exists in more gnuplot builds. */
+    fprintf(f, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1400,560 } "
+               "else { set terminal png size 1400,560 }\n");
+    fprintf(f, "set output \"%s\"\nset datafile missing 'nan'\nset grid\nset key top left\n", path);
+    if (!rate) fprintf(f, "set logscale x 2\n");
+    for (int s = 0; s < r->n_series; s++) {
+        fprintf(f, "$s%d << EOD\n", s);
+        const bench_series *sr = &r->series[s];
+        for (int i = 0; i < sr->n_points; i++) {
+            const bench_point *p = &sr->points[i];
+            fprintf(f, "%g %g %g %g\n", rate ? p->rate : (double)p->concurrency, p->med[BM_TPOT_P50],
+                    p->med[BM_TPOT_P99], p->med[BM_OUT_TOK_S]);
+        }
+        fprintf(f, "EOD\n");
+    }
+    const char *xl = rate ? "arrival rate (req/s)" : "concurrency";
+    fprintf(f, "set multiplot layout 1,2 title \"tokamak bench: %s, in %d / out %d (commit %s)\"\n",
+            r->info.model_name, r->opts.n_in, r->opts.n_out, r->info.git_commit);
+    fprintf(f, "set xlabel '%s'\nset ylabel 'TPOT (ms)'\nset title 'TPOT P50 / P99'\nplot ", xl);
+    for (int s = 0; s < r->n_series; s++)
+        fprintf(f, "%s$s%d using 1:2 with linespoints lw 2 title \"%s P50\", $s%d using 1:3 with linespoints dt 2 "
+                   "title \"%s P99\"",
+                s ? ", " : "", s, r->series[s].label, s, r->series[s].label);
+    fprintf(f, "\nset ylabel 'output tokens/s'\nset title 'Throughput'\nplot ");
+    for (int s = 0; s < r->n_series; s++)
+        fprintf(f, "%s$s%d using 1:4 with linespoints lw 2 title \"%s\"", s ? ", " : "", s, r->series[s].label);
+    fprintf(f, "\nunset multiplot\n");
+    bool ok = !ferror(f);
+    ok &= fclose(f) == 0;
+    if (!ok) {
+        unlink(script);
+        return tk_fail(TK_ERR_IO, "bench: writing the gnuplot script failed");
+    }
+    char cmd[sizeof script + 64];
+    snprintf(cmd, sizeof cmd, "gnuplot %s 2>&1", script);
+    int rc = system(cmd);
+    unlink(script);
+    if (rc != 0) return tk_fail(TK_ERR_IO, "bench: gnuplot failed (exit %d) writing %s", rc, path);
+    if (access(path, F_OK) != 0) return tk_fail(TK_ERR_IO, "bench: gnuplot wrote no %s", path);
+    return TK_OK;
+}
