@@ -5,9 +5,9 @@
 
 #include "kernels/kernels_ref.h"
 
-#define REF_DEQUANT                                                                                          \
-    [TK_DTYPE_F32] = kern_dequant_f32_ref, [TK_DTYPE_F16] = kern_dequant_f16_ref,                             \
-    [TK_DTYPE_BF16] = kern_dequant_bf16_ref, [TK_DTYPE_Q8_0] = kern_dequant_q8_0_ref,                         \
+/* The reference dequantizers for the block types; F16 and BF16 vary per ISA. */
+#define DEQUANT_BLOCKS                                                                                       \
+    [TK_DTYPE_F32] = kern_dequant_f32_ref, [TK_DTYPE_Q8_0] = kern_dequant_q8_0_ref,                           \
     [TK_DTYPE_Q4_0] = kern_dequant_q4_0_ref, [TK_DTYPE_Q4_K] = kern_dequant_q4_k_ref,                         \
     [TK_DTYPE_Q6_K] = kern_dequant_q6_k_ref, [TK_DTYPE_Q8_K] = kern_dequant_q8_k_ref
 
@@ -22,10 +22,10 @@ static const tk_kernels KERNELS_SCALAR = {
     .rmsnorm = kern_rmsnorm_ref,
     .add = kern_add_ref,
     .silu_mul = kern_silu_mul_ref,
-    .dequant_row = {REF_DEQUANT},
+    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_ref, [TK_DTYPE_BF16] = kern_dequant_bf16_ref},
 };
 
-#if 0 /* SIMD tables land with x86/ */
+#if defined(__x86_64__)
 static const tk_kernels KERNELS_AVX2 = {
     .isa = TK_ISA_AVX2,
     .gemv = {[TK_DTYPE_F32] = kern_gemv_f32_avx2, [TK_DTYPE_F16] = kern_gemv_f16_avx2,
@@ -37,7 +37,7 @@ static const tk_kernels KERNELS_AVX2 = {
     .rmsnorm = kern_rmsnorm_avx2,
     .add = kern_add_avx2,
     .silu_mul = kern_silu_mul_avx2,
-    .dequant_row = {REF_DEQUANT, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},
+    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},
 };
 
 static const tk_kernels KERNELS_AVX512 = {
@@ -51,31 +51,10 @@ static const tk_kernels KERNELS_AVX512 = {
     .rmsnorm = kern_rmsnorm_avx512,
     .add = kern_add_avx512,
     .silu_mul = kern_silu_mul_avx512,
-    .dequant_row = {REF_DEQUANT, [TK_DTYPE_F16] = kern_dequant_f16_avx512,
+    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,
                     [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},
 };
 #endif
-
-static const tk_kernels KERNELS_AVX2_TMP = {
-    .isa = TK_ISA_AVX2,
-    .gemv = {[TK_DTYPE_F32] = kern_gemv_f32_ref, [TK_DTYPE_F16] = kern_gemv_f16_ref,
-             [TK_DTYPE_BF16] = kern_gemv_bf16_ref, [TK_DTYPE_Q8_0] = kern_gemv_q8_0_ref,
-             [TK_DTYPE_Q4_0] = kern_gemv_q4_0_ref, [TK_DTYPE_Q4_K] = kern_gemv_q4_k_ref,
-             [TK_DTYPE_Q6_K] = kern_gemv_q6_k_ref},
-    .quant_q8_0 = kern_quant_q8_0_ref, .quant_q8_k = kern_quant_q8_k_ref, .rmsnorm = kern_rmsnorm_ref,
-    .add = kern_add_ref, .silu_mul = kern_silu_mul_ref, .dequant_row = {REF_DEQUANT},
-};
-static const tk_kernels KERNELS_AVX512_TMP = {
-    .isa = TK_ISA_AVX512,
-    .gemv = {[TK_DTYPE_F32] = kern_gemv_f32_ref, [TK_DTYPE_F16] = kern_gemv_f16_ref,
-             [TK_DTYPE_BF16] = kern_gemv_bf16_ref, [TK_DTYPE_Q8_0] = kern_gemv_q8_0_ref,
-             [TK_DTYPE_Q4_0] = kern_gemv_q4_0_ref, [TK_DTYPE_Q4_K] = kern_gemv_q4_k_ref,
-             [TK_DTYPE_Q6_K] = kern_gemv_q6_k_ref},
-    .quant_q8_0 = kern_quant_q8_0_ref, .quant_q8_k = kern_quant_q8_k_ref, .rmsnorm = kern_rmsnorm_ref,
-    .add = kern_add_ref, .silu_mul = kern_silu_mul_ref, .dequant_row = {REF_DEQUANT},
-};
-#define KERNELS_AVX2 KERNELS_AVX2_TMP
-#define KERNELS_AVX512 KERNELS_AVX512_TMP
 
 const tk_kernels *kernels_get(tk_isa isa) {
 #if defined(__x86_64__)

@@ -1,0 +1,16 @@
+/* AVX2 + FMA + F16C kernels: the shared bodies in simd_body.h with the
+ * maddubs/madd sign-trick int8 dot. */
+#include "kernels/kernels_ref.h"
+
+#include <immintrin.h>
+
+#define KFN(name) kern_##name##_avx2
+
+/* maddubs needs an unsigned operand: |w| times x carrying w's sign. Pairs
+ * saturate at 2 * 128 * 127 < 32767, so no overflow is possible. */
+static inline __attribute__((always_inline)) __m256i dot_s8(__m256i aw, __m256i w, __m256i x) {
+    __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+#include "kernels/x86/simd_body.h"

@@ -1,0 +1,14 @@
+/* AVX-512 (F/BW/VL/VNNI) kernels: the shared bodies in simd_body.h with a
+ * VNNI int8 dot (one vpdpbusd instead of maddubs + madd), compiled with the
+ * AVX-512 flags so the compiler also gets 32 vector registers. */
+#include "kernels/kernels_ref.h"
+
+#include <immintrin.h>
+
+#define KFN(name) kern_##name##_avx512
+
+static inline __attribute__((always_inline)) __m256i dot_s8(__m256i aw, __m256i w, __m256i x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w));
+}
+
+#include "kernels/x86/simd_body.h"

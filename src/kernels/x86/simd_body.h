@@ -1,0 +1,515 @@
+/* The x86 kernel bodies, shared by gemv_avx2.c and gemv_avx512.c. Each of
+ * those files defines, before including this one:
+ *   KFN(name)            the exported name, e.g. kern_name_avx2
+ *   dot_s8(aw, w, x)     8 int32 lanes that sum to dot(w, x) over 32 int8
+ *                        pairs, given aw = |w| (the sign trick)
+ * and is compiled with its own target flags, so the same source becomes two
+ * binaries: the AVX2 one is what the tests run here, the AVX-512 one differs
+ * only in dot_s8 (VNNI) and in the wider register file the compiler gets.
+ *
+ * gemv layout: rows in groups of 4 (activation blocks are loaded once per
+ * group), tokens in tiles of 2 inside a group, so a group's weights stay in L1
+ * while every token tile reads them: each weight byte comes from memory once
+ * per call. Accumulators stay in registers; horizontal sums happen once per
+ * output. Not thread-aware: callers split [r0, r1) across threads. */
+#ifndef KFN
+#error "define KFN and dot_s8 before including simd_body.h"
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* ---- small helpers ---------------------------------------------------------------- */
+
+AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Four horizontal sums at once: lane i of the result is the sum of a_i. */
+AI __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
+    __m256 s = _mm256_hadd_ps(s01, s23);
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+AI float f16_to_f32(tk_f16 h) { return _cvtsh_ss(h); }
+
+/* Write the NR x NT tile of sums; rows are contiguous in y for one token. */
+AI void store_tile(__m256 acc[4][2], int nr, int nt, float *y, int64_t ldy, int64_t r) {
+#pragma GCC unroll 2
+    for (int t = 0; t < nt; t++) {
+        if (nr == 4) {
+            _mm_storeu_ps(y + t * ldy + r, hsum8x4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        } else {
+#pragma GCC unroll 4
+            for (int i = 0; i < nr; i++) y[t * ldy + r + i] = hsum8(acc[i][t]);
+        }
+    }
+}
+
+/* Runs the NR x NT tiles over [r0, r1) x [0, n_tok) with NR in {4, 1} and NT
+ * in {2, 1}, each a compile-time constant after inlining. */
+#define GEMV_DRIVE(TILE, ...)                                                                               \
+    do {                                                                                                    \
+        int64_t r_ = r0;                                                                                    \
+        for (; r_ + 4 <= r1; r_ += 4) {                                                                     \
+            int t_ = 0;                                                                                     \
+            for (; t_ + 2 <= n_tok; t_ += 2) TILE(__VA_ARGS__, r_, t_, 4, 2);                               \
+            if (t_ < n_tok) TILE(__VA_ARGS__, r_, t_, 4, 1);                                                \
+        }                                                                                                   \
+        for (; r_ < r1; r_++) {                                                                             \
+            int t_ = 0;                                                                                     \
+            for (; t_ + 2 <= n_tok; t_ += 2) TILE(__VA_ARGS__, r_, t_, 1, 2);                               \
+            if (t_ < n_tok) TILE(__VA_ARGS__, r_, t_, 1, 1);                                                \
+        }                                                                                                   \
+    } while (0)
+
+/* ---- float weights (f32, f16, bf16) x f32 activations --------------------------------- */
+
+enum { WT_F32, WT_F16, WT_BF16 };
+
+AI __m256 load8_w(const void *w, int64_t i, int wt) {
+    if (wt == WT_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (wt == WT_F16) return _mm256_cvtph_ps(h);
+    /* bf16 is the top half of an f32: widen and shift into place */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+AI float dot_tail(int wt, const void *w, const float *x, int64_t n) {
+    if (wt == WT_F32) return kern_dot_f32_ref(w, x, n);
+    if (wt == WT_F16) return kern_dot_f16_ref(w, x, n);
+    return kern_dot_bf16_ref(w, x, n);
+}
+
+/* With one token a row has a single FMA chain; two accumulators per row (k in
+ * steps of 16) hide the FMA latency. With two tokens the tile has 8 chains. */
+AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
+                   int t0, int nr, int nt) {
+    const size_t esz = wt == WT_F32 ? 4 : 2;
+    const int u = nt == 1 ? 2 : 1;
+    const char *wr[4];
+    const float *xt[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++) wr[i] = (const char *)w + (size_t)(r + i) * (size_t)k * esz;
+#pragma GCC unroll 2
+    for (int t = 0; t < nt; t++) xt[t] = (const float *)((const char *)x + (size_t)(t0 + t) * xs);
+    __m256 acc[2][4][2];
+#pragma GCC unroll 2
+    for (int uu = 0; uu < u; uu++)
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++)
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_setzero_ps();
+    const int64_t step = 8 * u, kv = k / step * step;
+    for (int64_t j = 0; j < kv; j += step) {
+#pragma GCC unroll 2
+        for (int uu = 0; uu < u; uu++) {
+            __m256 xv[2];
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) xv[t] = _mm256_loadu_ps(xt[t] + j + 8 * uu);
+#pragma GCC unroll 4
+            for (int i = 0; i < nr; i++) {
+                __m256 wv = load8_w(wr[i], j + 8 * uu, wt);
+#pragma GCC unroll 2
+                for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_fmadd_ps(wv, xv[t], acc[uu][i][t]);
+            }
+        }
+    }
+    if (u == 2)
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++)
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) acc[0][i][t] = _mm256_add_ps(acc[0][i][t], acc[1][i][t]);
+    store_tile(acc[0], nr, nt, y, ldy, r);
+    if (kv < k)
+        for (int t = 0; t < nt; t++)
+            for (int i = 0; i < nr; i++)
+                y[t * ldy + r + i] += dot_tail(wt, wr[i] + (size_t)kv * esz, xt[t] + kv, k - kv);
+}
+
+#define FLOAT_TILE(wt, k, w, x, xs, y, ldy, r, t, nr, nt) float_tile(wt, k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+
+void KFN(gemv_f32)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
+                   float *y, int64_t ldy) {
+    GEMV_DRIVE(FLOAT_TILE, WT_F32, k, w, xq, xq_stride, y, ldy);
+}
+
+void KFN(gemv_f16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
+                   float *y, int64_t ldy) {
+    GEMV_DRIVE(FLOAT_TILE, WT_F16, k, w, xq, xq_stride, y, ldy);
+}
+
+void KFN(gemv_bf16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
+                    float *y, int64_t ldy) {
+    GEMV_DRIVE(FLOAT_TILE, WT_BF16, k, w, xq, xq_stride, y, ldy);
+}
+
+/* ---- Q8_0 and Q4_0 weights x Q8_0 activations ------------------------------------------ */
+
+/* 32 signed weights of a block: Q8_0 as stored, Q4_0 unpacked to q - 8. */
+AI __m256i load_q8_0(const void *row, int64_t b) {
+    return _mm256_loadu_si256((const __m256i *)((const tk_block_q8_0 *)row)[b].qs);
+}
+
+AI __m256i load_q4_0(const void *row, int64_t b) {
+    __m128i q = _mm_loadu_si128((const __m128i *)((const tk_block_q4_0 *)row)[b].qs);
+    /* low nibbles are elements 0..15, high nibbles 16..31 */
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
+                int t0, int nr, int nt) {
+    const size_t rb = (size_t)nb * (q4 ? sizeof(tk_block_q4_0) : sizeof(tk_block_q8_0));
+    const char *wr[4];
+    const tk_block_q8_0 *xt[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++) wr[i] = (const char *)w + (size_t)(r + i) * rb;
+#pragma GCC unroll 2
+    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)(t0 + t) * xs);
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i xv[2];
+        float dx[2];
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) {
+            xv[t] = _mm256_loadu_si256((const __m256i *)xt[t][b].qs);
+            dx[t] = f16_to_f32(xt[t][b].d);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            __m256i wv = q4 ? load_q4_0(wr[i], b) : load_q8_0(wr[i], b);
+            __m256i aw = _mm256_sign_epi8(wv, wv);
+            float dw = q4 ? f16_to_f32(((const tk_block_q4_0 *)wr[i])[b].d)
+                          : f16_to_f32(((const tk_block_q8_0 *)wr[i])[b].d);
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) {
+                __m256 p = _mm256_cvtepi32_ps(dot_s8(aw, wv, xv[t]));
+                acc[i][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * dx[t]), acc[i][t]);
+            }
+        }
+    }
+    store_tile(acc, nr, nt, y, ldy, r);
+}
+
+#define Q8_TILE(q4, nb, w, x, xs, y, ldy, r, t, nr, nt) q8_tile(q4, nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+
+void KFN(gemv_q8_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
+                    float *y, int64_t ldy) {
+    GEMV_DRIVE(Q8_TILE, 0, k / TK_QK8_0, w, xq, xq_stride, y, ldy);
+}
+
+void KFN(gemv_q4_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
+                    float *y, int64_t ldy) {
+    GEMV_DRIVE(Q8_TILE, 1, k / TK_QK4_0, w, xq, xq_stride, y, ldy);
+}
+
+/* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
+
+/* Shuffle masks that spread 16-bit lane s of a 128-bit vector over all eight lanes. */
+AI __m256i spread_i16(__m256i v, int s) {
+    const __m256i m = _mm256_set1_epi16((short)((2 * s) | ((2 * s + 1) << 8)));
+    return _mm256_shuffle_epi8(v, m);
+}
+
+/* Sub-block scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K block, as GGML
+ * unpacks them: four 32-bit moves instead of sixteen bit-field extractions. */
+AI __m128i q4_k_scales_mins(const uint8_t *scales) {
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    uint32_t a = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = a;
+    u[0] &= m1;
+    return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);
+}
+
+/* Pairwise sums of a Q8_K block's 16 bsums: the activation sum of each
+ * 32-element sub-block, as 8 int16. */
+AI __m128i q8_k_sums32(const tk_block_q8_k *xb) {
+    __m128i lo = _mm_loadu_si128((const __m128i *)xb->bsums), hi = _mm_loadu_si128((const __m128i *)xb->bsums + 1);
+    return _mm_hadd_epi16(lo, hi);
+}
+
+AI void q4_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r, int t0,
+                  int nr, int nt) {
+    const size_t rb = (size_t)nb * sizeof(tk_block_q4_k);
+    const tk_block_q4_k *wr[4];
+    const tk_block_q8_k *xt[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++) wr[i] = (const tk_block_q4_k *)((const char *)w + (size_t)(r + i) * rb);
+#pragma GCC unroll 2
+    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_k *)((const char *)x + (size_t)(t0 + t) * xs);
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        __m128i xsum[2];
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) xsum[t] = q8_k_sums32(&xt[t][b]);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const tk_block_q4_k *wb = &wr[i][b];
+            __m128i sm8 = q4_k_scales_mins(wb->scales);
+            __m256i sm = _mm256_cvtepu8_epi16(sm8); /* 8 scales, then 8 mins, int16 */
+            __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);
+            __m128i mins = _mm256_extracti128_si256(sm, 1);
+            __m256i isum[2];
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * j));
+                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                __m256i sl = spread_i16(sc, 2 * j), sh = spread_i16(sc, 2 * j + 1);
+#pragma GCC unroll 2
+                for (int t = 0; t < nt; t++) {
+                    const int8_t *xqs = xt[t][b].qs + 64 * j;
+                    __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xqs));
+                    __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xqs + 32)));
+                    pl = _mm256_madd_epi16(pl, sl);
+                    ph = _mm256_madd_epi16(ph, sh);
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
+                }
+            }
+            float d = f16_to_f32(wb->d), dmin = f16_to_f32(wb->dmin);
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) {
+                float dx = xt[t][b].d;
+                acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(isum[t]), acc[i][t]);
+                /* the mins term, in the low four lanes (the upper ones add 0) */
+                __m128 mf = _mm_cvtepi32_ps(_mm_madd_epi16(mins, xsum[t]));
+                acc[i][t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_zextps128_ps256(mf), acc[i][t]);
+            }
+        }
+    }
+    store_tile(acc, nr, nt, y, ldy, r);
+}
+
+#define Q4_K_TILE(nb, w, x, xs, y, ldy, r, t, nr, nt) q4_k_tile(nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+
+void KFN(gemv_q4_k)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
+                    float *y, int64_t ldy) {
+    GEMV_DRIVE(Q4_K_TILE, k / TK_QK_K, w, xq, xq_stride, y, ldy);
+}
+
+/* Q6_K: q - 32 is split as q * x - 32 * x; the second part is sum over
+ * sub-blocks of scale * bsum, one madd per block instead of four maddubs. */
+AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r, int t0,
+                  int nr, int nt) {
+    const size_t rb = (size_t)nb * sizeof(tk_block_q6_k);
+    const tk_block_q6_k *wr[4];
+    const tk_block_q8_k *xt[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++) wr[i] = (const tk_block_q6_k *)((const char *)w + (size_t)(r + i) * rb);
+#pragma GCC unroll 2
+    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_k *)((const char *)x + (size_t)(t0 + t) * xs);
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const tk_block_q6_k *wb = &wr[i][b];
+            __m128i sc8 = _mm_loadu_si128((const __m128i *)wb->scales);
+            __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+            __m256i isum[2];
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) {
+                __m256i bs = _mm256_loadu_si256((const __m256i *)xt[t][b].bsums);
+                isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64 * h));
+                __m256i l2 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(wb->qh + 32 * h));
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l2, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    /* scales 8h + 2c (first 16 elements) and 8h + 2c + 1 (next 16) */
+                    int s = 8 * h + 2 * c;
+                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(wb->scales[s + 1]), _mm_set1_epi16(wb->scales[s]));
+#pragma GCC unroll 2
+                    for (int t = 0; t < nt; t++) {
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(xt[t][b].qs + 128 * h + 32 * c));
+                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[c], xv), scv);
+                        isum[t] = _mm256_add_epi32(isum[t], p);
+                    }
+                }
+            }
+            float d = f16_to_f32(wb->d);
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++)
+                acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xt[t][b].d), _mm256_cvtepi32_ps(isum[t]), acc[i][t]);
+        }
+    }
+    store_tile(acc, nr, nt, y, ldy, r);
+}
+
+#define Q6_K_TILE(nb, w, x, xs, y, ldy, r, t, nr, nt) q6_k_tile(nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+
+void KFN(gemv_q6_k)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
+                    float *y, int64_t ldy) {
+    GEMV_DRIVE(Q6_K_TILE, k / TK_QK_K, w, xq, xq_stride, y, ldy);
+}
+
+/* ---- activation quantizers ------------------------------------------------------------- */
+
+/* Same arithmetic as the reference (absmax, d = amax / 127, id = 1 / d, round
+ * half to even), so the bytes match it exactly. */
+AI float absmax_n(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 floats times id, rounded, packed to 32 int8 in order. */
+AI __m256i quant32(const float *x, float id) {
+    const __m256 v = _mm256_set1_ps(id);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), v));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), v));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), v));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), v));
+    i0 = _mm256_packs_epi32(i0, i1);
+    i2 = _mm256_packs_epi32(i2, i3);
+    i0 = _mm256_packs_epi16(i0, i2);
+    /* the packs work per 128-bit lane; this puts the 4-byte groups back in order */
+    i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    return _mm256_max_epi8(i0, _mm256_set1_epi8(-127));
+}
+
+void KFN(quant_q8_0)(const float *x, void *xq, int64_t k) {
+    tk_block_q8_0 *b = xq;
+    for (int64_t i = 0; i < k / TK_QK8_0; i++) {
+        const float *v = x + i * TK_QK8_0;
+        float d = absmax_n(v, TK_QK8_0) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = (tk_f16)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_si256((__m256i *)b[i].qs, quant32(v, id));
+    }
+}
+
+void KFN(quant_q8_k)(const float *x, void *xq, int64_t k) {
+    tk_block_q8_k *b = xq;
+    for (int64_t i = 0; i < k / TK_QK_K; i++) {
+        const float *v = x + i * TK_QK_K;
+        float d = absmax_n(v, TK_QK_K) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = d;
+        for (int j = 0; j < TK_QK_K; j += 32) {
+            __m256i q = quant32(v + j, id);
+            _mm256_storeu_si256((__m256i *)(b[i].qs + j), q);
+            /* two bsums per 32: widen to int16 and sum each 16 by madd + hadd */
+            __m256i s = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16(1));
+            __m256i s2 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16(1));
+            __m256i h = _mm256_hadd_epi32(s, s2); /* [s01 s23 t01 t23 | s45 s67 t45 t67] */
+            h = _mm256_hadd_epi32(h, h);          /* [s0-3 t0-3 .. | s4-7 t4-7 ..] */
+            __m128i tot = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            b[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(tot);
+            b[i].bsums[j / 16 + 1] = (int16_t)_mm_extract_epi32(tot, 1);
+        }
+    }
+}
+
+/* ---- norms, activations, dequantization --------------------------------------------------- */
+
+void KFN(rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    double ss = hsum8(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)(n > 0 ? n : 1) + eps));
+    const __m256 s = _mm256_set1_ps(scale);
+    i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void KFN(add)(float *x, const float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) kern_add_ref(x + i, y + i, n - i);
+}
+
+/* exp(x) for x in [-87, 88] to about 2 ulp: 2^n * p(r) with r = x - n ln2 in
+ * [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf coefficients). */
+AI __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void KFN(silu_mul)(float *out, const float *gate, const float *up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_xor_ps(g, neg));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) kern_silu_mul_ref(out + i, gate + i, up + i, n - i);
+}
+
+void KFN(dequant_f16)(const void *row, float *out, int64_t k) {
+    const tk_f16 *h = row;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(out + i, load8_w(h, i, WT_F16));
+    if (i < k) kern_dequant_f16_ref(h + i, out + i, k - i);
+}
+
+void KFN(dequant_bf16)(const void *row, float *out, int64_t k) {
+    const tk_bf16 *h = row;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(out + i, load8_w(h, i, WT_BF16));
+    if (i < k) kern_dequant_bf16_ref(h + i, out + i, k - i);
+}
+
+#undef AI

@@ -1,0 +1,243 @@
+/* Every SIMD kernel against its reference, for every ISA level this CPU has
+ * (so the AVX-512 tables run wherever the machine has AVX-512): random shapes
+ * with ragged row ranges and tails, n_tok 1..9, and a stated tolerance.
+ *
+ * Tolerances: gemv outputs differ from the reference only by the order of
+ * float additions (integer block dots are exact), so NMSE <= 1e-9 for every
+ * weight type; activation quantizers and f16/bf16 dequantization must match
+ * the reference bit for bit; rmsnorm and silu_mul within 1e-5 relative. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kern_util.h"
+#include "kernels/kernels_ref.h"
+
+#define GEMV_TOL 1e-9
+
+static int isa_levels(tk_isa out[2]) {
+    tk_cpu c;
+    cpu_detect(&c);
+    tk_isa best = cpu_best_isa(&c);
+    int n = 0;
+    for (int i = TK_ISA_AVX2; i <= (int)best; i++) out[n++] = (tk_isa)i;
+    return n;
+}
+
+static int64_t pick_k(kt_rng *r, tk_dtype t) {
+    int be = dtype_block_elems(t);
+    if (be == 1) return kt_int(r, 0, 3) == 0 ? 1024 : kt_int(r, 1, 300);
+    if (be == 32) return 32 * kt_int(r, 1, 12);
+    return 256 * kt_int(r, 1, 4);
+}
+
+/* One random gemv case: weights from Gaussian rows, activations quantized by
+ * the reference, y prefilled with NaN to catch writes outside [r0, r1). */
+static void gemv_case(const tk_kernels *K, tk_dtype t, int n_tok, kt_rng *r) {
+    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
+    int64_t k = pick_k(r, t);
+    int64_t rows = kt_int(r, 1, 23);
+    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows);
+    if (kt_int(r, 0, 7) == 0) r1 = r0; /* an empty range writes nothing */
+    int64_t ldy = rows + kt_int(r, 0, 5);
+    uint64_t rb;
+    assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
+    size_t xb = kern_act_row_bytes(t, k) + (size_t)kt_int(r, 0, 3) * 4; /* padded stride */
+    float *wf = malloc((size_t)k * sizeof *wf), *xf = malloc((size_t)k * sizeof *xf);
+    char *wq = malloc((size_t)(rows * rb)), *xq = malloc(xb * (size_t)n_tok);
+    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y), *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
+    for (int64_t i = 0; i < rows; i++) {
+        kt_fill(r, wf, k, 0.5f);
+        assert_true(kern_quantize_row(t, wf, wq + i * rb, k));
+    }
+    for (int i = 0; i < n_tok; i++) {
+        kt_fill(r, xf, k, 2.0f);
+        kern_quant_act(R, t, xf, xq + (size_t)i * xb, k);
+    }
+    for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
+    R->gemv[t](k, wq, r0, r1, xq, xb, n_tok, want, ldy);
+    K->gemv[t](k, wq, r0, r1, xq, xb, n_tok, y, ldy);
+    double num = 0, den = 0;
+    for (int tt = 0; tt < n_tok; tt++)
+        for (int64_t i = 0; i < ldy; i++) {
+            float a = y[tt * ldy + i], b = want[tt * ldy + i];
+            if (i < r0 || i >= r1) {
+                if (!isnan(a)) fail_msg("%s %s wrote outside rows: t %d row %lld", cpu_isa_name(K->isa),
+                                        dtype_name(t), tt, (long long)i);
+                continue;
+            }
+            num += ((double)a - b) * ((double)a - b);
+            den += (double)b * b;
+        }
+    double e = den > 0 ? num / den : num;
+    if (!(e <= GEMV_TOL))
+        fail_msg("%s gemv %s k %lld rows [%lld,%lld) n_tok %d: nmse %.3g > %.3g", cpu_isa_name(K->isa),
+                 dtype_name(t), (long long)k, (long long)r0, (long long)r1, n_tok, e, GEMV_TOL);
+    free(wf);
+    free(xf);
+    free(wq);
+    free(xq);
+    free(y);
+    free(want);
+}
+
+static void test_simd_gemv(void **state) {
+    (void)state;
+    static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
+                                     TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    tk_isa levels[2];
+    int nl = isa_levels(levels);
+    if (nl == 0) print_message("no SIMD level on this CPU: nothing to compare\n");
+    kt_rng r = {1234};
+    for (int l = 0; l < nl; l++) {
+        const tk_kernels *K = kernels_get(levels[l]);
+        print_message("gemv at %s\n", cpu_isa_name(levels[l]));
+        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++)
+            for (int n_tok = 1; n_tok <= 9; n_tok++)
+                for (int rep = 0; rep < 4; rep++) gemv_case(K, types[c], n_tok, &r);
+    }
+}
+
+/* Qwen3-0.6B-like shapes with a full row range, the decode case. */
+static void test_simd_gemv_model_shapes(void **state) {
+    (void)state;
+    tk_isa levels[2];
+    int nl = isa_levels(levels);
+    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
+    kt_rng r = {99};
+    const int64_t k = 1024, rows = 64;
+    static const tk_dtype types[] = {TK_DTYPE_BF16, TK_DTYPE_Q8_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    float *wf = malloc(k * sizeof *wf), *xf = malloc(k * sizeof *xf);
+    for (int l = 0; l < nl; l++) {
+        const tk_kernels *K = kernels_get(levels[l]);
+        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+            tk_dtype t = types[c];
+            uint64_t rb;
+            assert_true(dtype_row_bytes(t, k, &rb));
+            size_t xb = kern_act_row_bytes(t, k);
+            char *wq = malloc(rows * rb), *xq = malloc(xb * 4);
+            for (int64_t i = 0; i < rows; i++) {
+                kt_fill(&r, wf, k, 0.05f);
+                assert_true(kern_quantize_row(t, wf, wq + i * rb, k));
+            }
+            for (int i = 0; i < 4; i++) {
+                kt_fill(&r, xf, k, 1.0f);
+                kern_quant_act(K, t, xf, xq + i * xb, k);
+            }
+            float y[4 * 64], want[4 * 64];
+            for (int n_tok = 1; n_tok <= 4; n_tok += 3) {
+                R->gemv[t](k, wq, 0, rows, xq, xb, n_tok, want, rows);
+                K->gemv[t](k, wq, 0, rows, xq, xb, n_tok, y, rows);
+                double e = kt_nmse(y, want, rows * n_tok);
+                if (!(e <= GEMV_TOL)) fail_msg("%s %s n_tok %d nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), n_tok, e);
+            }
+            free(wq);
+            free(xq);
+        }
+    }
+    free(wf);
+    free(xf);
+}
+
+static void test_simd_quant_act_exact(void **state) {
+    (void)state;
+    tk_isa levels[2];
+    int nl = isa_levels(levels);
+    const int64_t k = 1024;
+    float *x = malloc(k * sizeof *x);
+    void *a = malloc(k * 2), *b = malloc(k * 2);
+    kt_rng r = {5};
+    for (int l = 0; l < nl; l++) {
+        const tk_kernels *K = kernels_get(levels[l]);
+        for (int rep = 0; rep < 6; rep++) {
+            kt_fill(&r, x, k, rep == 0 ? 1e-3f : 3.0f);
+            if (rep == 1) memset(x, 0, 256 * sizeof *x); /* zero blocks: d = 0 */
+            if (rep == 2)                                /* exact halves: ties round to even */
+                for (int64_t i = 0; i < k; i++) x[i] = (float)((int)(i % 255) - 127) * 0.5f;
+            if (rep == 3) x[17] = 1e30f;                 /* one huge value */
+            kern_quant_q8_0_ref(x, a, k);
+            K->quant_q8_0(x, b, k);
+            assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q8_0, k));
+            kern_quant_q8_k_ref(x, a, k);
+            K->quant_q8_k(x, b, k);
+            assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q4_K, k));
+        }
+    }
+    free(x);
+    free(a);
+    free(b);
+}
+
+static void test_simd_elementwise(void **state) {
+    (void)state;
+    tk_isa levels[2];
+    int nl = isa_levels(levels);
+    kt_rng r = {11};
+    float x[300], w[300], u[300], a[300], b[300];
+    tk_f16 h[300];
+    tk_bf16 bf[300];
+    for (int l = 0; l < nl; l++) {
+        const tk_kernels *K = kernels_get(levels[l]);
+        for (int rep = 0; rep < 20; rep++) {
+            int64_t n = kt_int(&r, 1, 300);
+            kt_fill(&r, x, n, rep % 2 ? 30.0f : 1.0f); /* large gates reach the exp clamps */
+            kt_fill(&r, w, n, 1.0f);
+            kt_fill(&r, u, n, 1.0f);
+            kern_rmsnorm_ref(a, x, w, n, 1e-6f);
+            K->rmsnorm(b, x, w, n, 1e-6f);
+            for (int64_t i = 0; i < n; i++) assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (fabsf(a[i]) + 1e-3f));
+            memcpy(b, x, n * sizeof *b);
+            K->rmsnorm(b, b, w, n, 1e-6f); /* in place */
+            for (int64_t i = 0; i < n; i++) assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (fabsf(a[i]) + 1e-3f));
+            kern_silu_mul_ref(a, x, u, n);
+            K->silu_mul(b, x, u, n);
+            for (int64_t i = 0; i < n; i++)
+                if (!(fabsf(a[i] - b[i]) <= 1e-5f * fabsf(a[i]) + 1e-30f))
+                    fail_msg("silu_mul %s: x %g: %g vs %g", cpu_isa_name(K->isa), x[i], b[i], a[i]);
+            memcpy(a, x, n * sizeof *a);
+            memcpy(b, x, n * sizeof *b);
+            kern_add_ref(a, u, n);
+            K->add(b, u, n);
+            assert_memory_equal(a, b, n * sizeof *a);
+            for (int64_t i = 0; i < n; i++) {
+                h[i] = tk_f32_to_f16(x[i]);
+                bf[i] = tk_f32_to_bf16(x[i]);
+            }
+            kern_dequant_f16_ref(h, a, n);
+            K->dequant_row[TK_DTYPE_F16](h, b, n);
+            assert_memory_equal(a, b, n * sizeof *a);
+            kern_dequant_bf16_ref(bf, a, n);
+            K->dequant_row[TK_DTYPE_BF16](bf, b, n);
+            assert_memory_equal(a, b, n * sizeof *a);
+        }
+    }
+}
+
+static void test_simd_tables_complete(void **state) {
+    (void)state;
+    static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
+                                     TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    for (int isa = 0; isa <= (int)TK_ISA_AVX512; isa++) {
+        const tk_kernels *K = kernels_get((tk_isa)isa);
+        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+            assert_non_null(K->gemv[types[c]]);
+            assert_non_null(K->dequant_row[types[c]]);
+        }
+        assert_non_null(K->dequant_row[TK_DTYPE_Q8_K]);
+        assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_simd_tables_complete),   cmocka_unit_test(test_simd_gemv),
+        cmocka_unit_test(test_simd_gemv_model_shapes), cmocka_unit_test(test_simd_quant_act_exact),
+        cmocka_unit_test(test_simd_elementwise),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
