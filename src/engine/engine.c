@@ -1,0 +1,720 @@
+/* The engine: a loop thread that owns every mutable thing (scheduler, KV
+ * blocks, samplers, detokenizers) and a mutex-protected inbox through which
+ * other threads submit and cancel. Each loop turn: take the inbox, finish the
+ * cancelled (their blocks return before the step), plan, run one forward pass,
+ * sample, fire callbacks. */
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/sampler.h"
+#include "engine/sched.h"
+#include "engine/stop.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#define STOP_MAX_LEN 4096 /* longest stop string (stop.c enforces it) */
+
+typedef struct eng_req {
+    sched_seq seq;            /* first member: plan items point here */
+    uint64_t id;
+    int32_t *tokens;          /* (cap) prompt, then output */
+    int cap;
+    int n_prompt, n_output;
+    int max_tokens;           /* 0: until the context limit */
+    tk_sampling sampling;     /* logit_bias points at bias */
+    tk_logit_bias *bias;      /* (sampling.n_logit_bias) owned copy */
+    tk_sampler *sampler;      /* made at first schedule, so the queue holds no vocab-sized buffers */
+    char *stops[TK_MAX_STOP]; /* owned copies */
+    int n_stops;
+    int32_t *stop_tokens;     /* (n_stop_tokens) owned copy */
+    int n_stop_tokens;
+    bool ignore_eos, need_text;
+    tok_stream *ts;
+    stop_matcher *sm;
+    tk_on_token on_token;
+    tk_on_finish on_finish;
+    void *user;
+    tk_request_times times;
+    bool in_sched, cancel;    /* cancel: under the engine mutex */
+    struct eng_req *lprev, *lnext; /* live list (under the mutex) */
+    struct eng_req *inext;         /* inbox (under the mutex) */
+    struct eng_req *cnext;         /* the loop's list of cancelled ones to finish */
+} eng_req;
+
+struct tk_engine {
+    engine_backend be;
+    tk_engine_opts o;          /* resolved options */
+    sched *sc;
+    sched_opts so;
+    pthread_t thread;
+    bool thread_started;
+
+    pthread_mutex_t mu;        /* guards everything down to stats */
+    pthread_cond_t cv;
+    bool stopping;
+    uint64_t next_id;
+    eng_req *live;             /* every accepted, unfinished request */
+    int n_live, n_running_seen;
+    eng_req *inbox_head, *inbox_tail;
+    int cancel_pending;        /* cancel flags set since the loop last looked */
+
+    pthread_mutex_t stats_mu;
+    tk_engine_stats stats;
+
+    /* loop-thread scratch, sized at create */
+    int32_t *b_tokens;         /* (max step tokens) */
+    int32_t *b_n, *b_pos0;     /* (max_batch) */
+    const int32_t **b_bt;      /* (max_batch) */
+    uint8_t *b_want;           /* (max_batch) */
+    float *logits;             /* (max_batch, n_vocab) */
+    char *tbuf;                /* (tok bound) detokenized bytes of one token */
+    char *obuf;                /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
+    size_t tbound;
+};
+
+/* ---- defaults ---------------------------------------------------------------- */
+
+void tk_engine_opts_default(tk_engine_opts *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->n_threads = 0;
+    o->ctx = 4096;
+    o->block_size = 128;
+    o->kv_type = TK_KV_F16;
+    o->kv_scale = TK_KV_SCALE_HEAD;
+    o->max_batch = 32;
+    o->max_queue = 1024;
+}
+
+void tk_request_default(tk_request *r) {
+    if (!r) return;
+    memset(r, 0, sizeof *r);
+    tk_sampling_default(&r->sampling);
+}
+
+/* 256 tokens: room for every decode of a full batch (32) plus a prefill chunk
+ * of ~224, small enough that a step carrying a chunk costs a few decode steps,
+ * not a whole prompt: that is what holds the TPOT tail under long prompts. */
+int engine_default_step_tokens(int max_batch) { return max_batch + 224 > 256 ? max_batch + 224 : 256; }
+
+/* ---- request lifetime ---------------------------------------------------------- */
+
+static void req_free(eng_req *q) {
+    if (!q) return;
+    tk_free(q->tokens);
+    tk_free(q->bias);
+    sampler_free(q->sampler);
+    for (int i = 0; i < q->n_stops; i++) tk_free(q->stops[i]);
+    tk_free(q->stop_tokens);
+    tok_stream_free(q->ts);
+    stop_free(q->sm);
+    tk_free(q);
+}
+
+static void live_unlink(tk_engine *e, eng_req *q) {
+    if (q->lprev) q->lprev->lnext = q->lnext;
+    else e->live = q->lnext;
+    if (q->lnext) q->lnext->lprev = q->lprev;
+    q->lprev = q->lnext = NULL;
+    e->n_live--;
+}
+
+/* Release the text still held (detokenizer tail, stop-string candidates) into
+ * buf; returns its length. */
+static size_t req_flush_text(tk_engine *e, eng_req *q, char *buf) {
+    if (!q->need_text || !q->ts) return 0;
+    size_t n = tok_stream_flush(q->ts, e->tbuf, e->tbound);
+    size_t out = 0;
+    if (q->sm) {
+        if (stop_push(q->sm, e->tbuf, n, buf, &out)) return out;
+        out += stop_flush(q->sm, buf + out);
+    } else {
+        memcpy(buf, e->tbuf, n);
+        out = n;
+    }
+    return out;
+}
+
+/* The one place a request ends: blocks back, live list left, one callback. */
+static void req_finish(tk_engine *e, eng_req *q, tk_finish reason, const char *message) {
+    if (q->in_sched) sched_remove(e->sc, &q->seq);
+    q->in_sched = false;
+    /* After a stop-string match the matcher releases nothing more: "" here. */
+    size_t tl = reason == TK_FINISH_ERROR ? 0 : req_flush_text(e, q, e->obuf);
+    e->obuf[tl] = 0;
+    q->times.finished = tk_now_s();
+    q->times.n_output = q->n_output;
+    q->times.n_preempted = q->seq.n_preempted;
+    pthread_mutex_lock(&e->mu);
+    live_unlink(e, q);
+    pthread_mutex_unlock(&e->mu);
+    if (q->on_finish) {
+        tk_finish_event ev = {.id = q->id, .reason = reason, .message = reason == TK_FINISH_ERROR ? message : NULL,
+                              .text = e->obuf, .text_len = tl, .times = q->times};
+        q->on_finish(q->user, &ev);
+    }
+    req_free(q);
+    /* Counted after the callback returned: a reader that sees the count also
+     * sees everything the callback did. */
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.requests_finished++;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+/* ---- submit / cancel (any thread) ----------------------------------------------- */
+
+static tk_status req_build(tk_engine *e, const tk_request *r, eng_req **out) {
+    const int V = e->be.n_vocab, ctx = e->o.ctx;
+    if (!r->prompt || r->n_prompt <= 0)
+        return tk_fail(TK_ERR_INVALID, "submit: empty prompt (n_prompt %d)", r->n_prompt);
+    if (r->n_prompt > ctx)
+        return tk_fail(TK_ERR_RANGE, "submit: prompt of %d tokens is longer than the context of %d", r->n_prompt, ctx);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= V)
+            return tk_fail(TK_ERR_RANGE, "submit: prompt token %d at %d outside the vocabulary [0, %d)",
+                           (int)r->prompt[i], i, V);
+    if (r->max_tokens < 0) return tk_fail(TK_ERR_INVALID, "submit: max_tokens %d must be >= 0", r->max_tokens);
+    tk_status st = sampler_check(&r->sampling, V);
+    if (st != TK_OK) return st;
+    int n_stops = 0;
+    while (n_stops < TK_MAX_STOP && r->stop[n_stops]) {
+        size_t l = strlen(r->stop[n_stops]);
+        if (l == 0 || l > STOP_MAX_LEN)
+            return tk_fail(TK_ERR_INVALID, "submit: stop string %d has %zu bytes, expected 1..%d", n_stops, l,
+                           STOP_MAX_LEN);
+        n_stops++;
+    }
+    if (r->n_stop_tokens < 0 || (r->n_stop_tokens > 0 && !r->stop_tokens))
+        return tk_fail(TK_ERR_INVALID, "submit: n_stop_tokens %d without ids", r->n_stop_tokens);
+    for (int i = 0; i < r->n_stop_tokens; i++)
+        if (r->stop_tokens[i] < 0 || r->stop_tokens[i] >= V)
+            return tk_fail(TK_ERR_RANGE, "submit: stop token %d outside the vocabulary [0, %d)", (int)r->stop_tokens[i], V);
+    bool need_text = r->want_text || n_stops > 0;
+    if (need_text && !e->be.tok)
+        return tk_fail(TK_ERR_INVALID, "submit: %s needs a tokenizer and this model has none",
+                       n_stops ? "a stop string" : "want_text");
+
+    eng_req *q = tk_calloc(1, sizeof *q);
+    if (!q) return tk_fail(TK_ERR_NOMEM, "submit: out of memory");
+    /* Room for the prompt and every output token that can still be fed. */
+    int64_t cap = (int64_t)ctx + 1;
+    if (r->max_tokens > 0 && (int64_t)r->n_prompt + r->max_tokens < cap) cap = (int64_t)r->n_prompt + r->max_tokens;
+    q->cap = (int)cap;
+    q->tokens = tk_calloc((size_t)cap, sizeof *q->tokens);
+    if (!q->tokens) goto nomem;
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+    q->n_prompt = r->n_prompt;
+    q->max_tokens = r->max_tokens;
+    q->sampling = r->sampling;
+    if (r->sampling.n_logit_bias > 0) {
+        q->bias = tk_calloc((size_t)r->sampling.n_logit_bias, sizeof *q->bias);
+        if (!q->bias) goto nomem;
+        memcpy(q->bias, r->sampling.logit_bias, (size_t)r->sampling.n_logit_bias * sizeof *q->bias);
+    }
+    q->sampling.logit_bias = q->bias;
+    for (int i = 0; i < n_stops; i++) {
+        q->stops[i] = tk_strdup(r->stop[i]);
+        if (!q->stops[i]) goto nomem;
+        q->n_stops = i + 1;
+    }
+    if (r->n_stop_tokens > 0) {
+        q->stop_tokens = tk_calloc((size_t)r->n_stop_tokens, sizeof *q->stop_tokens);
+        if (!q->stop_tokens) goto nomem;
+        memcpy(q->stop_tokens, r->stop_tokens, (size_t)r->n_stop_tokens * sizeof *q->stop_tokens);
+        q->n_stop_tokens = r->n_stop_tokens;
+    }
+    q->ignore_eos = r->ignore_eos;
+    q->need_text = need_text;
+    if (need_text) {
+        st = tok_stream_init(e->be.tok, false, &q->ts);
+        if (st != TK_OK) goto fail;
+        if (n_stops) {
+            st = stop_init((const char *const *)q->stops, n_stops, e->tbound, &q->sm);
+            if (st != TK_OK) goto fail;
+        }
+    }
+    q->on_token = r->on_token;
+    q->on_finish = r->on_finish;
+    q->user = r->user;
+    q->seq.n_tokens = r->n_prompt;
+    q->times.n_prompt = r->n_prompt;
+    *out = q;
+    return TK_OK;
+nomem:
+    st = tk_fail(TK_ERR_NOMEM, "submit: out of memory");
+fail:
+    req_free(q);
+    return st;
+}
+
+tk_status tk_engine_submit(tk_engine *e, const tk_request *r, uint64_t *id) {
+    if (!e || !r) return tk_fail(TK_ERR_INVALID, "submit: NULL engine or request");
+    eng_req *q = NULL;
+    tk_status st = req_build(e, r, &q);
+    if (st != TK_OK) return st;
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(q);
+        return tk_fail(TK_ERR_INVALID, "submit: the engine is shutting down");
+    }
+    int waiting = e->n_live - e->n_running_seen;
+    if (waiting >= e->o.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(q);
+        return tk_fail(TK_ERR_FULL, "submit: %d requests waiting, the queue holds %d", waiting, e->o.max_queue);
+    }
+    q->id = ++e->next_id;
+    q->times.queued = tk_now_s();
+    q->lnext = e->live;
+    if (e->live) e->live->lprev = q;
+    e->live = q;
+    e->n_live++;
+    if (e->inbox_tail) e->inbox_tail->inext = q;
+    else e->inbox_head = q;
+    e->inbox_tail = q;
+    if (id) *id = q->id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.requests_submitted++;
+    pthread_mutex_unlock(&e->stats_mu);
+    return TK_OK;
+}
+
+tk_status tk_engine_cancel(tk_engine *e, uint64_t id) {
+    if (!e) return tk_fail(TK_ERR_INVALID, "cancel: NULL engine");
+    pthread_mutex_lock(&e->mu);
+    eng_req *q = e->live;
+    while (q && q->id != id) q = q->lnext;
+    if (!q) {
+        pthread_mutex_unlock(&e->mu);
+        return tk_fail(TK_ERR_NOT_FOUND, "cancel: request %llu is not live (finished or never submitted)",
+                       (unsigned long long)id);
+    }
+    if (!q->cancel) {
+        q->cancel = true;
+        e->cancel_pending++;
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return TK_OK;
+}
+
+/* ---- one step ---------------------------------------------------------------- */
+
+static bool is_stop_token(tk_engine *e, const eng_req *q, int32_t tok) {
+    for (int i = 0; i < q->n_stop_tokens; i++)
+        if (q->stop_tokens[i] == tok) return true;
+    return !q->ignore_eos && e->be.tok && tok_is_eog(e->be.tok, tok);
+}
+
+/* Take the sampled token: callbacks, then finish if it ends the request. */
+static void req_accept_token(tk_engine *e, eng_req *q, int32_t tok, tk_token_event *ev) {
+    if (q->n_output == 0) q->times.first_token = ev->t;
+    if (is_stop_token(e, q, tok)) {
+        /* Stop ids and EOS are not output; text held before them is flushed at finish. */
+        req_finish(e, q, TK_FINISH_STOP, NULL);
+        return;
+    }
+    q->tokens[q->n_prompt + q->n_output] = tok;
+    q->n_output++;
+    q->seq.n_tokens++;
+    bool hit = false;
+    size_t tl = 0;
+    if (q->need_text) {
+        size_t n = tok_stream_push(q->ts, tok, e->tbuf, e->tbound);
+        if (q->sm) hit = stop_push(q->sm, e->tbuf, n, e->obuf, &tl);
+        else {
+            memcpy(e->obuf, e->tbuf, n);
+            tl = n;
+        }
+    }
+    e->obuf[tl] = 0;
+    ev->id = q->id;
+    ev->text = e->obuf;
+    ev->text_len = tl;
+    if (q->on_token) q->on_token(q->user, ev);
+    if (hit) req_finish(e, q, TK_FINISH_STOP, NULL);
+    else if (q->max_tokens > 0 && q->n_output >= q->max_tokens) req_finish(e, q, TK_FINISH_LENGTH, NULL);
+    /* The new token sits at position n_prompt + n_output - 1; it can be fed only below ctx. */
+    else if (q->n_prompt + q->n_output - 1 >= e->o.ctx) req_finish(e, q, TK_FINISH_LENGTH, NULL);
+    else if (q->n_output >= q->cap - q->n_prompt + 1) req_finish(e, q, TK_FINISH_LENGTH, NULL);
+}
+
+static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t prompt_tok, uint64_t out_tok) {
+    sched_counts c;
+    sched_counts_get(e->sc, &c);
+    pthread_mutex_lock(&e->mu);
+    e->n_running_seen = c.running;
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&e->stats_mu);
+    tk_engine_stats *s = &e->stats;
+    if (p) {
+        s->steps++;
+        s->step_time_last = dt;
+        s->decode_bytes_last = e->be.last_bytes ? e->be.last_bytes(e->be.ctx) : 0;
+    }
+    s->prompt_tokens += prompt_tok;
+    s->output_tokens += out_tok;
+    s->preemptions = c.preemptions;
+    s->running = c.running;
+    s->waiting = c.waiting;
+    s->waiting_no_blocks = c.waiting_no_blocks;
+    s->waiting_behind_prefill = c.waiting_behind_prefill;
+    s->waiting_preempted = c.waiting_preempted;
+    s->kv_blocks_total = c.blocks_total;
+    s->kv_blocks_used = c.blocks_used;
+    s->kv_blocks_peak = c.blocks_peak;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+static void run_step(tk_engine *e) {
+    const sched_plan *p = sched_plan_step(e->sc);
+    if (p->n_items == 0) {
+        publish_stats(e, NULL, 0, 0, 0);
+        return;
+    }
+    double now = tk_now_s();
+    int nt = 0, n_want = 0;
+    uint64_t prompt_tok = 0;
+    for (int i = 0; i < p->n_items; i++) {
+        const sched_item *it = &p->items[i];
+        eng_req *q = (eng_req *)it->seq;
+        if (q->times.scheduled == 0) q->times.scheduled = now;
+        memcpy(e->b_tokens + nt, q->tokens + it->pos0, (size_t)it->n * sizeof *e->b_tokens);
+        nt += it->n;
+        e->b_n[i] = it->n;
+        e->b_pos0[i] = it->pos0;
+        e->b_bt[i] = it->seq->bt;
+        e->b_want[i] = it->want_logits;
+        n_want += it->want_logits;
+        /* Prompt tokens processed (recomputation after preemption included). */
+        if (it->n > 1 || it->pos0 < q->n_prompt) prompt_tok += (uint64_t)it->n;
+    }
+    tk_batch b = {.n_seq = p->n_items, .n_tok = nt, .tokens = e->b_tokens, .n = e->b_n, .pos0 = e->b_pos0,
+                  .bt = e->b_bt, .want_logits = e->b_want};
+    double t0 = tk_now_s();
+    tk_status st = e->be.step(e->be.ctx, &b, e->logits);
+    double t1 = tk_now_s();
+    if (st != TK_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "forward: %s", tk_last_error());
+        tk_log_error("engine: step failed: %s", msg);
+        for (int i = 0; i < p->n_items; i++) req_finish(e, (eng_req *)p->items[i].seq, TK_FINISH_ERROR, msg);
+        publish_stats(e, p, t1 - t0, 0, 0);
+        return;
+    }
+    sched_advance(e->sc, p);
+    uint64_t out_tok = 0;
+    int k = 0;
+    for (int i = 0; i < p->n_items; i++) {
+        if (!p->items[i].want_logits) continue;
+        eng_req *q = (eng_req *)p->items[i].seq;
+        float *lg = e->logits + (size_t)k++ * (size_t)e->be.n_vocab;
+        if (!q->sampler) {
+            if (sampler_init(&q->sampling, e->be.n_vocab, &q->sampler) != TK_OK) {
+                req_finish(e, q, TK_FINISH_ERROR, "sampler: out of memory");
+                continue;
+            }
+            sampler_set_n_prompt(q->sampler, q->n_prompt);
+        }
+        tk_token_event ev;
+        memset(&ev, 0, sizeof ev);
+        int32_t tok = sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
+        ev.t = tk_now_s();
+        if (tok < 0) {
+            req_finish(e, q, TK_FINISH_ERROR, "sampler: no token has a finite logit");
+            continue;
+        }
+        out_tok++;
+        req_accept_token(e, q, tok, &ev);
+    }
+    (void)n_want;
+    publish_stats(e, p, t1 - t0, prompt_tok, out_tok);
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+static void *engine_loop(void *arg) {
+    tk_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stopping && !e->inbox_head && !e->cancel_pending && !sched_busy(e->sc))
+            pthread_cond_wait(&e->cv, &e->mu);
+        eng_req *in = e->inbox_head;
+        e->inbox_head = e->inbox_tail = NULL;
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+
+        for (eng_req *q = in; q;) {
+            eng_req *next = q->inext;
+            q->inext = NULL;
+            if (sched_add(e->sc, &q->seq, q->id) == TK_OK) q->in_sched = true;
+            else req_finish(e, q, TK_FINISH_ERROR, "engine: out of memory for a block table");
+            q = next;
+        }
+        /* Collect the cancelled under the lock, finish them outside it (callbacks
+         * may call tk_engine_cancel). Only this thread frees requests, so the
+         * collected pointers stay valid. */
+        eng_req *cancels = NULL;
+        pthread_mutex_lock(&e->mu);
+        if (e->cancel_pending) {
+            for (eng_req *q = e->live; q; q = q->lnext)
+                if (q->cancel && q->in_sched) {
+                    q->cnext = cancels;
+                    cancels = q;
+                }
+            e->cancel_pending = 0;
+        }
+        pthread_mutex_unlock(&e->mu);
+        for (eng_req *q = cancels; q;) {
+            eng_req *next = q->cnext;
+            req_finish(e, q, TK_FINISH_CANCELLED, NULL);
+            q = next;
+        }
+        if (stopping) {
+            for (;;) {
+                pthread_mutex_lock(&e->mu);
+                eng_req *q = e->live;
+                pthread_mutex_unlock(&e->mu);
+                if (!q) break;
+                req_finish(e, q, TK_FINISH_CANCELLED, NULL);
+            }
+            publish_stats(e, NULL, 0, 0, 0);
+            return NULL;
+        }
+        if (sched_busy(e->sc)) run_step(e);
+    }
+}
+
+/* ---- create / free ----------------------------------------------------------------- */
+
+static int be_sched_alloc(void *c) {
+    tk_engine *e = c;
+    return e->be.block_alloc(e->be.ctx);
+}
+static void be_sched_free(void *c, int b) {
+    tk_engine *e = c;
+    e->be.block_free(e->be.ctx, b);
+}
+static int be_sched_n_free(void *c) {
+    tk_engine *e = c;
+    return e->be.blocks_free(e->be.ctx);
+}
+
+static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
+    tk_engine_opts d;
+    tk_engine_opts_default(&d);
+    *o = in ? *in : d;
+    if (o->ctx == 0) o->ctx = d.ctx;
+    if (o->block_size == 0) o->block_size = d.block_size;
+    if (o->max_batch == 0) o->max_batch = d.max_batch;
+    if (o->max_queue == 0) o->max_queue = d.max_queue;
+    if (o->max_seqs == 0) o->max_seqs = o->max_batch;
+    if (o->step_tokens == 0) o->step_tokens = engine_default_step_tokens(o->max_batch > 0 ? o->max_batch : 0);
+    if (o->ctx < 1 || o->ctx > (1 << 24)) return tk_fail(TK_ERR_INVALID, "engine: ctx %d, expected 1..%d", o->ctx, 1 << 24);
+    if (o->max_batch < 1 || o->max_batch > 4096)
+        return tk_fail(TK_ERR_INVALID, "engine: max_batch %d, expected 1..4096", o->max_batch);
+    if (o->max_seqs < 1) return tk_fail(TK_ERR_INVALID, "engine: max_seqs %d must be >= 1", o->max_seqs);
+    if (o->max_queue < 1) return tk_fail(TK_ERR_INVALID, "engine: max_queue %d must be >= 1", o->max_queue);
+    if (o->n_threads < 0) return tk_fail(TK_ERR_INVALID, "engine: n_threads %d must be >= 0", o->n_threads);
+    if ((unsigned)o->kv_type > TK_KV_INT8) return tk_fail(TK_ERR_INVALID, "engine: unknown kv_type %d", (int)o->kv_type);
+    if ((unsigned)o->kv_scale > TK_KV_SCALE_TOKEN)
+        return tk_fail(TK_ERR_INVALID, "engine: unknown kv_scale %d", (int)o->kv_scale);
+    return TK_OK;
+}
+
+tk_status engine_create_backend(const engine_backend *be, const tk_engine_opts *opts, tk_engine **out) {
+    if (!out || !be) {
+        if (be && be->destroy) be->destroy(be->ctx);
+        return tk_fail(TK_ERR_INVALID, "engine: NULL argument");
+    }
+    *out = NULL;
+    tk_engine_opts o;
+    tk_status st = resolve_opts(opts, &o);
+    if (st != TK_OK) {
+        if (be->destroy) be->destroy(be->ctx);
+        return st;
+    }
+    tk_engine *e = tk_calloc(1, sizeof *e);
+    if (!e) {
+        if (be->destroy) be->destroy(be->ctx);
+        return tk_fail(TK_ERR_NOMEM, "engine: out of memory");
+    }
+    e->be = *be;
+    e->o = o;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
+    e->so = (sched_opts){.block_size = o.block_size, .ctx = o.ctx, .n_blocks = be->n_blocks, .max_batch = o.max_batch,
+                         .step_tokens = o.step_tokens, .no_chunking = o.no_chunking,
+                         .static_batching = o.static_batching};
+    sched_blocks sb = {e, be_sched_alloc, be_sched_free, be_sched_n_free};
+    st = sched_init(&e->so, &sb, &e->sc);
+    if (st != TK_OK) goto fail;
+    int max_tok = sched_max_step_tokens(&e->so);
+    e->tbound = be->tok ? tok_stream_bound(be->tok) : 0;
+    if (e->tbound < 8) e->tbound = 8;
+    size_t ob = 2 * (STOP_MAX_LEN + e->tbound) + 1;
+    e->b_tokens = tk_calloc((size_t)max_tok, sizeof *e->b_tokens);
+    e->b_n = tk_calloc((size_t)o.max_batch, sizeof *e->b_n);
+    e->b_pos0 = tk_calloc((size_t)o.max_batch, sizeof *e->b_pos0);
+    e->b_bt = tk_calloc((size_t)o.max_batch, sizeof *e->b_bt);
+    e->b_want = tk_calloc((size_t)o.max_batch, sizeof *e->b_want);
+    e->logits = tk_calloc((size_t)o.max_batch * (size_t)be->n_vocab, sizeof *e->logits);
+    e->tbuf = tk_malloc(e->tbound + 1);
+    e->obuf = tk_malloc(ob);
+    if (!e->b_tokens || !e->b_n || !e->b_pos0 || !e->b_bt || !e->b_want || !e->logits || !e->tbuf || !e->obuf) {
+        st = tk_fail(TK_ERR_NOMEM, "engine: out of memory for step buffers (batch %d, vocab %d)", o.max_batch,
+                     be->n_vocab);
+        goto fail;
+    }
+    tk_engine_stats *s = &e->stats;
+    s->block_size = o.block_size;
+    s->kv_bytes_per_token = be->kv_bytes_per_token;
+    s->kv_type = o.kv_type;
+    s->kv_scale = o.kv_scale;
+    s->unfused = o.unfused;
+    s->static_batching = o.static_batching;
+    s->no_chunking = o.no_chunking;
+    s->step_tokens = o.step_tokens;
+    s->max_batch = o.max_batch;
+    s->n_threads = be->n_threads;
+    s->weight_dtype = be->weight_dtype;
+    s->kv_blocks_total = be->n_blocks;
+    if (pthread_create(&e->thread, NULL, engine_loop, e) != 0) {
+        st = tk_fail(TK_ERR_NOMEM, "engine: cannot start the loop thread");
+        goto fail;
+    }
+    e->thread_started = true;
+    *out = e;
+    return TK_OK;
+fail:
+    tk_engine_free(e);
+    return st;
+}
+
+void tk_engine_free(tk_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stopping = true;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    sched_free(e->sc);
+    if (e->be.destroy) e->be.destroy(e->be.ctx);
+    tk_free(e->b_tokens);
+    tk_free(e->b_n);
+    tk_free(e->b_pos0);
+    tk_free(e->b_bt);
+    tk_free(e->b_want);
+    tk_free(e->logits);
+    tk_free(e->tbuf);
+    tk_free(e->obuf);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->stats_mu);
+    tk_free(e);
+}
+
+tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
+    if (!e || !out) return tk_fail(TK_ERR_INVALID, "stats: NULL argument");
+    pthread_mutex_lock(&e->stats_mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->stats_mu);
+    return TK_OK;
+}
+
+/* ---- the model backend: kv.h blocks + forward.h steps on a pool ---------------------- */
+
+typedef struct model_be {
+    tk_pool *pool;
+    tk_kv *kv;
+    fwd_ctx *fwd;
+} model_be;
+
+static int mb_alloc(void *c) { return kv_block_alloc(((model_be *)c)->kv); }
+static void mb_free(void *c, int b) { kv_block_free(((model_be *)c)->kv, b); }
+static int mb_n_free(void *c) { return kv_blocks_free(((model_be *)c)->kv); }
+static tk_status mb_step(void *c, const tk_batch *b, float *logits) { return fwd_step(((model_be *)c)->fwd, b, logits); }
+static uint64_t mb_bytes(void *c) { return fwd_last_bytes(((model_be *)c)->fwd); }
+static void mb_destroy(void *c) {
+    model_be *m = c;
+    if (!m) return;
+    fwd_free(m->fwd);
+    kv_free(m->kv);
+    pool_free(m->pool);
+    tk_free(m);
+}
+
+tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_engine **out) {
+    if (!out) return tk_fail(TK_ERR_INVALID, "engine: out is NULL");
+    *out = NULL;
+    if (!m) return tk_fail(TK_ERR_INVALID, "engine: model is NULL");
+    tk_engine_opts o;
+    tk_status st = resolve_opts(opts, &o);
+    if (st != TK_OK) return st;
+    const tk_hparams *hp = model_hparams(m);
+    tk_kv_opts ko = {.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                     .block_size = o.block_size, .type = o.kv_type, .scale = o.kv_scale};
+    size_t bb = kv_block_bytes(&ko);
+    int per_seq = (o.ctx + o.block_size - 1) / o.block_size;
+    uint64_t nb;
+    if (o.kv_mem > 0) {
+        nb = bb ? o.kv_mem / bb : 0;
+    } else if (!tk_mul_u64((uint64_t)o.max_seqs, (uint64_t)per_seq, &nb)) {
+        nb = UINT64_MAX;
+    }
+    if (nb > (1u << 30))
+        return tk_fail(TK_ERR_RANGE, "engine: KV pool of %llu blocks is too large", (unsigned long long)nb);
+    if (nb < (uint64_t)per_seq)
+        return tk_fail(TK_ERR_NOMEM, "engine: kv_mem %zu bytes holds %llu blocks of %d tokens (%zu bytes each); "
+                                     "one sequence of context %d needs %d",
+                       o.kv_mem, (unsigned long long)nb, o.block_size, bb, o.ctx, per_seq);
+    ko.n_blocks = (int)nb;
+    model_be *mb = tk_calloc(1, sizeof *mb);
+    if (!mb) return tk_fail(TK_ERR_NOMEM, "engine: out of memory");
+    st = pool_init(o.n_threads, o.pin_threads, &mb->pool);
+    if (st == TK_OK) st = kv_init(&ko, &mb->kv);
+    if (st == TK_OK) {
+        fwd_opts fo = {.max_tokens = sched_max_step_tokens(&(sched_opts){.step_tokens = o.step_tokens, .ctx = o.ctx,
+                                                                           .no_chunking = o.no_chunking}),
+                       .max_seqs = o.max_batch,
+                       .max_ctx = o.ctx,
+                       .unfused = o.unfused};
+        st = fwd_init(m, mb->kv, mb->pool, &fo, &mb->fwd);
+    }
+    if (st != TK_OK) {
+        tk_error_prefix("engine");
+        mb_destroy(mb);
+        return st;
+    }
+    engine_backend be = {.ctx = mb,
+                         .n_vocab = hp->n_vocab,
+                         .tok = model_tokenizer(m),
+                         .n_blocks = ko.n_blocks,
+                         .kv_bytes_per_token = kv_bytes_per_token(&ko),
+                         .weight_dtype = model_weight_dtype(m),
+                         .n_threads = pool_size(mb->pool),
+                         .block_alloc = mb_alloc,
+                         .block_free = mb_free,
+                         .blocks_free = mb_n_free,
+                         .step = mb_step,
+                         .last_bytes = mb_bytes,
+                         .destroy = mb_destroy};
+    return engine_create_backend(&be, &o, out);
+}

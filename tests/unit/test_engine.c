@@ -1,0 +1,580 @@
+/* The real engine loop (scheduler, sampler, callbacks, threads) over a fake
+ * forward pass. The fake keeps a token "KV cache" in the engine's blocks and
+ * makes each sequence's logits a hash of everything its block table holds, so
+ * any mix-up of blocks, positions or preemption recompute changes the output:
+ * batch invariance here tests the engine's bookkeeping exactly. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+
+#define FV 97       /* vocabulary */
+#define FBS_MAX 256
+
+typedef struct fake {
+    int bs, n_blocks, n_free;
+    int *free_ids;   /* (n_blocks) */
+    uint8_t *used;   /* (n_blocks) */
+    int32_t *store;  /* (n_blocks, bs) token written at each slot, -1 if none */
+    uint64_t steps;
+    int max_seqs_seen;
+    bool fail;       /* a bad batch was seen */
+    _Atomic int slow_us; /* sleep per step, to hold requests live */
+} fake;
+
+static int f_alloc(void *c) {
+    fake *f = c;
+    if (!f->n_free) return -1;
+    int b = f->free_ids[--f->n_free];
+    if (f->used[b]) f->fail = true;
+    f->used[b] = 1;
+    for (int i = 0; i < f->bs; i++) f->store[(size_t)b * f->bs + i] = -1; /* stale data must never be read */
+    return b;
+}
+static void f_free(void *c, int b) {
+    fake *f = c;
+    if (b < 0 || b >= f->n_blocks || !f->used[b]) f->fail = true;
+    else {
+        f->used[b] = 0;
+        f->free_ids[f->n_free++] = b;
+    }
+}
+static int f_n_free(void *c) { return ((fake *)c)->n_free; }
+
+static tk_status f_step(void *c, const tk_batch *b, float *logits) {
+    fake *f = c;
+    f->steps++;
+    if (f->slow_us) {
+        struct timespec ts = {0, (long)f->slow_us * 1000L};
+        nanosleep(&ts, NULL);
+    }
+    if (b->n_seq > f->max_seqs_seen) f->max_seqs_seen = b->n_seq;
+    int t = 0, k = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        const int32_t *bt = b->bt[s];
+        for (int j = 0; j < b->n[s]; j++, t++) {
+            int pos = b->pos0[s] + j;
+            int blk = bt[pos / f->bs];
+            if (blk < 0 || blk >= f->n_blocks || !f->used[blk]) {
+                f->fail = true;
+                return tk_fail(TK_ERR_INVALID, "fake: bad block");
+            }
+            f->store[(size_t)blk * f->bs + pos % f->bs] = b->tokens[t];
+        }
+        if (!b->want_logits[s]) continue;
+        /* Logits from the whole cached history, read through the block table. */
+        uint64_t h = 1469598103934665603ULL;
+        int last = b->pos0[s] + b->n[s];
+        for (int p = 0; p < last; p++) {
+            int32_t v = f->store[(size_t)bt[p / f->bs] * f->bs + p % f->bs];
+            if (v < 0) f->fail = true;
+            h = (h ^ (uint64_t)(v + 1)) * 1099511628211ULL;
+        }
+        float *l = logits + (size_t)k++ * FV;
+        for (int v = 0; v < FV; v++) l[v] = (float)(sampler_uniform(h, (uint64_t)v) * 8.0);
+    }
+    return TK_OK;
+}
+
+static void f_destroy(void *c) {
+    fake *f = c;
+    tk_free(f->free_ids);
+    tk_free(f->used);
+    tk_free(f->store);
+    tk_free(f);
+}
+
+/* The fake pool's state survives the engine for the final checks. */
+typedef struct fake_view {
+    int n_free, n_blocks;
+    bool fail;
+} fake_view;
+
+static fake *g_last_fake; /* test-only: the fake of the engine made last */
+
+static tk_engine *mk_engine(int bs, int n_blocks, const tk_engine_opts *o_in) {
+    fake *f = tk_calloc(1, sizeof *f);
+    f->bs = bs;
+    f->n_blocks = f->n_free = n_blocks;
+    f->free_ids = tk_calloc((size_t)n_blocks, sizeof *f->free_ids);
+    f->used = tk_calloc((size_t)n_blocks, 1);
+    f->store = tk_calloc((size_t)n_blocks * (size_t)bs, sizeof *f->store);
+    for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
+    engine_backend be = {.ctx = f, .n_vocab = FV, .n_blocks = n_blocks, .kv_bytes_per_token = 4,
+                         .weight_dtype = "fake", .n_threads = 1, .block_alloc = f_alloc, .block_free = f_free,
+                         .blocks_free = f_n_free, .step = f_step, .destroy = NULL};
+    tk_engine_opts o;
+    if (o_in) o = *o_in;
+    else {
+        tk_engine_opts_default(&o);
+        o.ctx = 256;
+    }
+    o.block_size = bs;
+    tk_engine *e = NULL;
+    tk_status st = engine_create_backend(&be, &o, &e);
+    if (st != TK_OK) print_error("%s\n", tk_last_error());
+    assert_int_equal(st, TK_OK);
+    g_last_fake = f;
+    return e;
+}
+
+/* ---- collecting callbacks ----------------------------------------------------------- */
+
+#define MAXOUT 300
+typedef struct rec {
+    pthread_mutex_t mu;
+    int32_t out[MAXOUT];
+    int n_out;
+    int n_finish;
+    tk_finish reason;
+    tk_request_times times;
+    int bad_order; /* a token after finish */
+} rec;
+
+static void on_tok(void *u, const tk_token_event *ev) {
+    rec *r = u;
+    pthread_mutex_lock(&r->mu);
+    if (r->n_finish) r->bad_order++;
+    if (r->n_out < MAXOUT) r->out[r->n_out] = ev->token;
+    r->n_out++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void on_fin(void *u, const tk_finish_event *ev) {
+    rec *r = u;
+    pthread_mutex_lock(&r->mu);
+    r->n_finish++;
+    r->reason = ev->reason;
+    r->times = ev->times;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void rec_init(rec *r) {
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void wait_finished(tk_engine *e, uint64_t n) {
+    for (int i = 0; i < 200000; i++) {
+        tk_engine_stats s;
+        tk_engine_stats_get(e, &s);
+        if (s.requests_finished >= n) return;
+        sleep_ms(1);
+    }
+    fail_msg("engine did not finish %llu requests", (unsigned long long)n);
+}
+
+static void mk_prompt(int32_t *p, int n, uint64_t seed) {
+    for (int i = 0; i < n; i++) p[i] = (int32_t)(sampler_uniform(seed, (uint64_t)i) * FV);
+}
+
+static uint64_t submit(tk_engine *e, rec *r, const int32_t *p, int n, int max_tokens, const tk_sampling *s) {
+    tk_request q;
+    tk_request_default(&q);
+    q.prompt = p;
+    q.n_prompt = n;
+    q.max_tokens = max_tokens;
+    if (s) q.sampling = *s;
+    q.on_token = on_tok;
+    q.on_finish = on_fin;
+    q.user = r;
+    uint64_t id = 0;
+    tk_status st = tk_engine_submit(e, &q, &id);
+    if (st != TK_OK) print_error("%s\n", tk_last_error());
+    assert_int_equal(st, TK_OK);
+    return id;
+}
+
+/* ---- tests -------------------------------------------------------------------------- */
+
+static void test_engine_single_request(void **state) {
+    (void)state;
+    tk_engine *e = mk_engine(16, 64, NULL);
+    fake *f = g_last_fake;
+    rec r;
+    rec_init(&r);
+    int32_t p[40];
+    mk_prompt(p, 40, 1);
+    submit(e, &r, p, 40, 12, NULL);
+    wait_finished(e, 1);
+    assert_int_equal(r.n_finish, 1);
+    assert_int_equal(r.reason, TK_FINISH_LENGTH);
+    assert_int_equal(r.n_out, 12);
+    assert_int_equal(r.times.n_output, 12);
+    assert_int_equal(r.times.n_prompt, 40);
+    assert_true(r.times.queued > 0 && r.times.scheduled >= r.times.queued);
+    assert_true(r.times.first_token >= r.times.scheduled && r.times.finished >= r.times.first_token);
+    tk_engine_stats s;
+    tk_engine_stats_get(e, &s);
+    assert_int_equal(s.output_tokens, 12);
+    assert_int_equal(s.prompt_tokens, 40);
+    assert_int_equal(s.kv_blocks_used, 0);
+    assert_int_equal(s.kv_blocks_total, 64);
+    assert_int_equal(s.block_size, 16);
+    assert_int_equal(s.step_tokens, engine_default_step_tokens(32));
+    assert_string_equal(s.weight_dtype, "fake");
+    assert_false(f->fail);
+    assert_int_equal(f->n_free, 64);
+    tk_engine_free(e);
+    f_destroy(f);
+}
+
+static void test_engine_rejects_bad_requests(void **state) {
+    (void)state;
+    tk_engine_opts o;
+    tk_engine_opts_default(&o);
+    o.ctx = 64;
+    tk_engine *e = mk_engine(16, 16, &o);
+    fake *f = g_last_fake;
+    int32_t p[100];
+    mk_prompt(p, 100, 2);
+    tk_request q;
+    tk_request_default(&q);
+    q.prompt = p;
+    q.n_prompt = 65;
+    uint64_t id;
+    assert_int_equal(tk_engine_submit(e, &q, &id), TK_ERR_RANGE);
+    assert_non_null(strstr(tk_last_error(), "65"));
+    assert_non_null(strstr(tk_last_error(), "64"));
+    q.n_prompt = 0;
+    assert_int_equal(tk_engine_submit(e, &q, &id), TK_ERR_INVALID);
+    q.n_prompt = 3;
+    p[1] = FV;
+    assert_int_equal(tk_engine_submit(e, &q, &id), TK_ERR_RANGE);
+    p[1] = 0;
+    q.sampling.top_p = 0;
+    assert_int_equal(tk_engine_submit(e, &q, &id), TK_ERR_INVALID);
+    tk_sampling_default(&q.sampling);
+    q.stop[0] = "x"; /* no tokenizer */
+    assert_int_equal(tk_engine_submit(e, &q, &id), TK_ERR_INVALID);
+    q.stop[0] = NULL;
+    assert_int_equal(tk_engine_cancel(e, 12345), TK_ERR_NOT_FOUND);
+    tk_engine_stats s;
+    tk_engine_stats_get(e, &s);
+    assert_int_equal(s.requests_submitted, 0);
+    tk_engine_free(e);
+    f_destroy(f);
+
+    /* Options: a pool too small for one context names both numbers; a budget below max_batch. */
+    fake *g = tk_calloc(1, sizeof *g);
+    engine_backend be = {.ctx = g, .n_vocab = FV, .n_blocks = 3, .block_alloc = f_alloc, .block_free = f_free,
+                         .blocks_free = f_n_free, .step = f_step, .destroy = f_destroy};
+    tk_engine_opts_default(&o);
+    o.ctx = 64;
+    o.block_size = 16;
+    assert_int_equal(engine_create_backend(&be, &o, &e), TK_ERR_NOMEM); /* destroys g */
+    assert_non_null(strstr(tk_last_error(), "needs 4"));
+    g = tk_calloc(1, sizeof *g);
+    be.ctx = g;
+    be.n_blocks = 8;
+    o.step_tokens = 8;
+    assert_int_equal(engine_create_backend(&be, &o, &e), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "max_batch"));
+}
+
+/* Run a set of requests alone, one at a time, and record their outputs. */
+#define NREQ 32
+typedef struct work {
+    int32_t prompt[NREQ][200];
+    int n_prompt[NREQ];
+    int max_out[NREQ];
+    int32_t solo[NREQ][MAXOUT];
+    int n_solo[NREQ];
+} work;
+
+static void work_make(work *w, uint64_t seed) {
+    for (int i = 0; i < NREQ; i++) {
+        w->n_prompt[i] = 1 + (int)(sampler_uniform(seed, (uint64_t)i) * 180);
+        w->max_out[i] = 5 + (int)(sampler_uniform(seed + 1, (uint64_t)i) * 60);
+        mk_prompt(w->prompt[i], w->n_prompt[i], seed * 1000 + (uint64_t)i);
+    }
+}
+
+static void run_solo(work *w, const tk_sampling *s) {
+    tk_engine *e = mk_engine(16, 64, NULL);
+    fake *f = g_last_fake;
+    for (int i = 0; i < NREQ; i++) {
+        rec r;
+        rec_init(&r);
+        submit(e, &r, w->prompt[i], w->n_prompt[i], w->max_out[i], s);
+        wait_finished(e, (uint64_t)i + 1);
+        assert_int_equal(r.n_finish, 1);
+        memcpy(w->solo[i], r.out, sizeof r.out);
+        w->n_solo[i] = r.n_out;
+    }
+    assert_false(f->fail);
+    tk_engine_free(e);
+    f_destroy(f);
+}
+
+/* n concurrent, staggered arrivals; every output must equal its solo run. */
+static uint64_t run_batched(const work *w, int n, int bs, int n_blocks, const tk_sampling *s, int max_batch) {
+    tk_engine_opts o;
+    tk_engine_opts_default(&o);
+    o.ctx = 256;
+    o.max_batch = max_batch;
+    o.step_tokens = 48 > max_batch ? 48 : max_batch; /* small: many chunked prefills */
+    tk_engine *e = mk_engine(bs, n_blocks, &o);
+    fake *f = g_last_fake;
+    static rec r[NREQ];
+    for (int i = 0; i < n; i++) {
+        rec_init(&r[i]);
+        submit(e, &r[i], w->prompt[i], w->n_prompt[i], w->max_out[i], s);
+        if (i % 3 == 2) sleep_ms(1);
+    }
+    wait_finished(e, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(r[i].n_finish, 1);
+        assert_int_equal(r[i].bad_order, 0);
+        assert_int_equal(r[i].n_out, w->n_solo[i]);
+        assert_memory_equal(r[i].out, w->solo[i], (size_t)w->n_solo[i] * sizeof(int32_t));
+    }
+    tk_engine_stats st;
+    tk_engine_stats_get(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_false(f->fail);
+    assert_int_equal(f->n_free, n_blocks);
+    tk_engine_free(e);
+    f_destroy(f);
+    return st.preemptions;
+}
+
+static void test_engine_batch_invariance(void **state) {
+    (void)state;
+    static work w;
+    work_make(&w, 11);
+    run_solo(&w, NULL);
+    int ns[] = {1, 4, 16, 32};
+    for (int i = 0; i < 4; i++) run_batched(&w, ns[i], 16, 512, NULL, 32);
+    run_batched(&w, 32, 256, 64, NULL, 32);
+    /* A pool of 20 blocks of 16 for 32 requests of up to ~250 tokens: preemption. */
+    uint64_t pre = run_batched(&w, 32, 16, 20, NULL, 32);
+    print_message("preemptions with a 20-block pool: %llu\n", (unsigned long long)pre);
+    assert_true(pre > 0);
+}
+
+static void test_engine_seeded_sampling_invariance(void **state) {
+    (void)state;
+    static work w;
+    work_make(&w, 23);
+    tk_sampling s;
+    tk_sampling_default(&s);
+    s.temperature = 0.8f;
+    s.top_p = 0.9f;
+    s.seed = 42;
+    run_solo(&w, &s);
+    run_batched(&w, 32, 16, 512, &s, 8);
+    uint64_t pre = run_batched(&w, 32, 16, 20, &s, 32);
+    assert_true(pre > 0);
+}
+
+static void test_engine_static_and_no_chunking(void **state) {
+    (void)state;
+    static work w;
+    work_make(&w, 5);
+    run_solo(&w, NULL);
+    for (int mode = 0; mode < 2; mode++) {
+        tk_engine_opts o;
+        tk_engine_opts_default(&o);
+        o.ctx = 256;
+        o.max_batch = 8;
+        o.step_tokens = 32;
+        o.static_batching = mode == 0;
+        o.no_chunking = mode == 1;
+        tk_engine *e = mk_engine(16, 200, &o);
+        fake *f = g_last_fake;
+        static rec r[NREQ];
+        for (int i = 0; i < NREQ; i++) {
+            rec_init(&r[i]);
+            submit(e, &r[i], w.prompt[i], w.n_prompt[i], w.max_out[i], NULL);
+        }
+        wait_finished(e, NREQ);
+        for (int i = 0; i < NREQ; i++) assert_memory_equal(r[i].out, w.solo[i], (size_t)w.n_solo[i] * 4);
+        tk_engine_stats st;
+        tk_engine_stats_get(e, &st);
+        assert_int_equal(st.static_batching, mode == 0);
+        assert_int_equal(st.no_chunking, mode == 1);
+        assert_true(f->max_seqs_seen <= 8);
+        tk_engine_free(e);
+        f_destroy(f);
+    }
+}
+
+static void test_engine_stop_tokens_and_cancel(void **state) {
+    (void)state;
+    tk_engine *e = mk_engine(16, 64, NULL);
+    fake *f = g_last_fake;
+    int32_t p[10];
+    mk_prompt(p, 10, 3);
+    rec a;
+    rec_init(&a);
+    submit(e, &a, p, 10, 30, NULL);
+    wait_finished(e, 1);
+    /* Stop at the 5th token of the same run. */
+    int32_t stop = a.out[4];
+    int first = 0;
+    while (a.out[first] != stop) first++;
+    rec b;
+    rec_init(&b);
+    tk_request q;
+    tk_request_default(&q);
+    q.prompt = p;
+    q.n_prompt = 10;
+    q.max_tokens = 30;
+    q.stop_tokens = &stop;
+    q.n_stop_tokens = 1;
+    q.on_token = on_tok;
+    q.on_finish = on_fin;
+    q.user = &b;
+    uint64_t id;
+    assert_int_equal(tk_engine_submit(e, &q, &id), TK_OK);
+    wait_finished(e, 2);
+    assert_int_equal(b.reason, TK_FINISH_STOP);
+    assert_int_equal(b.n_out, first); /* the stop id is not output */
+    assert_int_equal(tk_engine_cancel(e, id), TK_ERR_NOT_FOUND);
+
+    /* Cancel a long request mid-way; destroy finishes the rest with CANCELLED. */
+    rec c, d;
+    rec_init(&c);
+    rec_init(&d);
+    f->slow_us = 2000;
+    uint64_t idc = submit(e, &c, p, 10, 0, NULL); /* until the context limit: 256 */
+    uint64_t idd = submit(e, &d, p, 10, 0, NULL);
+    sleep_ms(5);
+    assert_int_equal(tk_engine_cancel(e, idc), TK_OK);
+    wait_finished(e, 3);
+    assert_int_equal(c.n_finish, 1);
+    assert_int_equal(c.reason, TK_FINISH_CANCELLED);
+    (void)idd;
+    tk_engine_free(e);
+    assert_int_equal(d.n_finish, 1);
+    assert_int_equal(d.reason, TK_FINISH_CANCELLED);
+    assert_false(f->fail);
+    assert_int_equal(f->n_free, 64);
+    f_destroy(f);
+}
+
+static void test_engine_context_limit(void **state) {
+    (void)state;
+    tk_engine_opts o;
+    tk_engine_opts_default(&o);
+    o.ctx = 48;
+    tk_engine *e = mk_engine(16, 8, &o);
+    fake *f = g_last_fake;
+    int32_t p[48];
+    mk_prompt(p, 48, 9);
+    rec a, b;
+    rec_init(&a);
+    rec_init(&b);
+    submit(e, &a, p, 40, 0, NULL);
+    submit(e, &b, p, 48, 0, NULL); /* a full-context prompt still yields one token */
+    wait_finished(e, 2);
+    assert_int_equal(a.reason, TK_FINISH_LENGTH);
+    assert_int_equal(a.n_out, 9); /* positions 40..47 fed, plus the last sampled */
+    assert_int_equal(b.reason, TK_FINISH_LENGTH);
+    assert_int_equal(b.n_out, 1);
+    tk_engine_free(e);
+    assert_false(f->fail);
+    f_destroy(f);
+}
+
+/* 10,000 random submit/cancel operations against the live engine (with
+ * natural finishes in between): every accepted request gets exactly one
+ * finish, and every block is back in the pool. */
+#define PSLOTS 64
+static void test_engine_property_submit_cancel(void **state) {
+    (void)state;
+    tk_engine_opts o;
+    tk_engine_opts_default(&o);
+    o.ctx = 64;
+    o.max_batch = 8;
+    o.step_tokens = 16;
+    o.max_queue = 40;
+    tk_engine *e = mk_engine(16, 12, &o); /* small pool: preemption too */
+    fake *f = g_last_fake;
+    static rec r[10000];
+    static uint64_t ids[PSLOTS];
+    static int slot_req[PSLOTS];
+    int n_acc = 0, n_full = 0;
+    int32_t p[64];
+    for (int op = 0; op < 10000; op++) {
+        double u = sampler_uniform(77, (uint64_t)op * 3);
+        int k = (int)(sampler_uniform(77, (uint64_t)op * 3 + 1) * PSLOTS);
+        if (u < 0.6) {
+            int n = 1 + (int)(sampler_uniform(77, (uint64_t)op * 3 + 2) * 60);
+            mk_prompt(p, n, (uint64_t)op);
+            rec_init(&r[op]);
+            tk_request q;
+            tk_request_default(&q);
+            q.prompt = p;
+            q.n_prompt = n;
+            q.max_tokens = 1 + op % 6;
+            q.on_token = on_tok;
+            q.on_finish = on_fin;
+            q.user = &r[op];
+            uint64_t id;
+            tk_status st = tk_engine_submit(e, &q, &id);
+            if (st == TK_ERR_FULL) {
+                n_full++;
+                r[op].n_finish = -1000; /* never accepted: must never see a callback */
+                continue;
+            }
+            assert_int_equal(st, TK_OK);
+            n_acc++;
+            ids[k] = id;
+            slot_req[k] = op;
+        } else if (ids[k]) {
+            tk_status st = tk_engine_cancel(e, ids[k]);
+            assert_true(st == TK_OK || st == TK_ERR_NOT_FOUND);
+            if (op % 7 == 0) sleep_ms(0);
+        }
+        (void)slot_req;
+    }
+    wait_finished(e, (uint64_t)n_acc);
+    tk_engine_stats st;
+    tk_engine_stats_get(e, &st);
+    print_message("accepted %d, full %d, preemptions %llu, steps %llu\n", n_acc, n_full,
+                  (unsigned long long)st.preemptions, (unsigned long long)st.steps);
+    assert_int_equal(st.requests_finished, (uint64_t)n_acc);
+    assert_int_equal(st.kv_blocks_used, 0);
+    tk_engine_free(e);
+    for (int i = 0; i < 10000; i++) {
+        if (r[i].n_finish == -1000) continue;
+        if (sampler_uniform(77, (uint64_t)i * 3) >= 0.6) continue;
+        assert_int_equal(r[i].n_finish, 1);
+        assert_int_equal(r[i].bad_order, 0);
+    }
+    assert_false(f->fail);
+    assert_int_equal(f->n_free, 12);
+    f_destroy(f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_engine_single_request),
+        cmocka_unit_test(test_engine_rejects_bad_requests),
+        cmocka_unit_test(test_engine_batch_invariance),
+        cmocka_unit_test(test_engine_seeded_sampling_invariance),
+        cmocka_unit_test(test_engine_static_and_no_chunking),
+        cmocka_unit_test(test_engine_stop_tokens_and_cancel),
+        cmocka_unit_test(test_engine_context_limit),
+        cmocka_unit_test(test_engine_property_submit_cancel),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
