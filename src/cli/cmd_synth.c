@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/synth.h"
+#include "core/alloc.h"
 #include "core/error.h"
 
 static void synth_usage(FILE *f) {
@@ -21,7 +22,8 @@ static void synth_usage(FILE *f) {
             "  --tied | --untied  share token_embd as the output matrix or not (default: the preset's)\n"
             "  --format gguf|hf   a GGUF file (default) or an HF directory (f32/f16/bf16 only)\n"
             "  --shard-mb N       hf: shard model.safetensors at N MB (with an index; default 4 GB)\n"
-            "  -o OUT             output file (gguf) or directory (hf)\n\n"
+            "  -o OUT             output file (gguf) or directory (hf)\n"
+            "  --dry-run          print the shapes and the GGUF tensor plan; write nothing\n\n"
             "The vocabulary comes from $TOKAMAK_TOKENIZER_DIR or the npm Qwen3 tokenizer under .cache\n"
             "(`make deps`). Weights: gaussian std 0.02, norms 1 + 0.1 * gaussian, biases 0.1 * gaussian.\n");
 }
@@ -44,17 +46,46 @@ static int parse_quant(const char *s, synth_quant *q) {
     return 0;
 }
 
+/* The plan as text (for tests and for sizing a download-free benchmark). */
+static int print_plan(const synth_cfg *c) {
+    const tk_preset *p = &c->p;
+    synth_tensor *ts;
+    int n;
+    if (synth_plan(c, &ts, &n) != TK_OK) {
+        fprintf(stderr, "tokamak synth: %s\n", tk_last_error());
+        return 2;
+    }
+    printf("model %s arch %s layers %d embd %d heads %d kv_heads %d head_dim %d ff %d vocab %d ctx %d tied %d "
+           "params %lld\n",
+           p->name, p->arch, p->n_layer, p->n_embd, p->n_head, p->n_head_kv, p->head_dim, p->n_ff, p->n_vocab, p->n_ctx,
+           p->tied, (long long)preset_n_params(p));
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t rb = 0;
+        dtype_row_bytes(ts[i].gguf_type, (uint64_t)ts[i].ne[0], &rb);
+        total += rb * (uint64_t)ts[i].ne[1];
+        printf("tensor %s %s %lld %lld\n", ts[i].gguf_name, dtype_name(ts[i].gguf_type), (long long)ts[i].ne[0],
+               ts[i].n_dims > 1 ? (long long)ts[i].ne[1] : 0LL);
+    }
+    printf("tensor_bytes %llu\n", (unsigned long long)total);
+    tk_free(ts);
+    return 0;
+}
+
 int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *arch = NULL, *outp = NULL, *format = "gguf";
     synth_quant quant = SYNTH_F32;
     int64_t layers = 0, vocab = 0, shard_mb = 0, seed = 0;
     int tied = -1;
+    bool dry = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             synth_usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--dry-run")) {
+            dry = true;
         } else if (!strcmp(a, "--tied")) {
             tied = 1;
         } else if (!strcmp(a, "--untied")) {
@@ -92,7 +123,7 @@ int cmd_synth(int argc, char **argv) {
             return 2;
         }
     }
-    if (!preset || !outp) {
+    if (!preset || (!outp && !dry)) {
         fprintf(stderr, "tokamak synth: %s is required\n\n", !preset ? "--preset" : "-o");
         synth_usage(stderr);
         return 2;
@@ -114,6 +145,7 @@ int cmd_synth(int argc, char **argv) {
     if (layers) c.p.n_layer = (int)layers;
     if (tied >= 0) c.p.tied = tied;
     if (vocab) c.p.n_vocab = (int)vocab;
+    if (dry) return print_plan(&c);
 
     char tok_dir[4096];
     synth_vocab *v = NULL;

@@ -8,7 +8,10 @@
 /* Qwen3 rows are the published config.json values (hidden, layers, heads, kv
  * heads, head_dim, intermediate, tie_word_embeddings). The tiny models keep the
  * real 151936-token vocabulary so the real tokenizer works with them; their
- * matmul widths are multiples of 256 so every K-quant block type is exercised. */
+ * matmul widths are multiples of 256 so every K-quant block type is exercised.
+ * They are untied by default: with tied embeddings and weights this small the
+ * greedy continuation mostly repeats a token (norm(x) . E[t] favours the token
+ * just read), which makes a weak test; --tied still selects the tied layout. */
 #define QWEN3(nm, L, E, H, KV, FF, TIED)                                                                 \
     {.name = nm, .arch = "qwen3", .n_layer = L, .n_embd = E, .n_head = H, .n_head_kv = KV, .head_dim = 128, \
      .n_ff = FF, .n_vocab = 151936, .n_ctx = 40960, .rope_theta = 1e6, .rms_eps = 1e-6, .tied = TIED,     \
@@ -17,7 +20,7 @@
 static const tk_preset PRESETS[] = {
     /* tiny qwen3: head_dim 128 != n_embd / n_head (= 64), as Qwen3 allows */
     {.name = "tiny", .arch = "qwen3", .n_layer = 2, .n_embd = 256, .n_head = 4, .n_head_kv = 2, .head_dim = 128,
-     .n_ff = 768, .n_vocab = 151936, .n_ctx = 40960, .rope_theta = 1e6, .rms_eps = 1e-6, .tied = true,
+     .n_ff = 768, .n_vocab = 151936, .n_ctx = 40960, .rope_theta = 1e6, .rms_eps = 1e-6, .tied = false,
      .qk_norm = true},
     QWEN3("qwen3-0.6b", 28, 1024, 16, 8, 3072, true),
     QWEN3("qwen3-1.7b", 28, 2048, 16, 8, 6144, true),
@@ -31,7 +34,7 @@ static const tk_preset PRESETS[] = {
  * head_dim = n_embd / n_head, as their HF configs imply. */
 static const tk_preset TINY_QWEN2 = {
     .name = "tiny", .arch = "qwen2", .n_layer = 2, .n_embd = 256, .n_head = 4, .n_head_kv = 2, .head_dim = 64,
-    .n_ff = 768, .n_vocab = 151936, .n_ctx = 32768, .rope_theta = 1e6, .rms_eps = 1e-6, .tied = true,
+    .n_ff = 768, .n_vocab = 151936, .n_ctx = 32768, .rope_theta = 1e6, .rms_eps = 1e-6, .tied = false,
     .qkv_bias = true};
 /* Llama-3 style: theta 5e5 and the llama3 RoPE scaling (factor 8, original
  * context 8192), which with head_dim 64 rescales most frequencies. */
