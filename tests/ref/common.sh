@@ -1,0 +1,63 @@
+# Shared by tests/ref/test_*.sh (sourced; not a test itself).
+# Env from CTest: TK_CLI, TK_SRC, TK_TMP, TK_PYTHON, TK_SANITIZE.
+set -euo pipefail
+: "${TK_CLI:?TK_CLI must point at the tokamak binary}"
+: "${TK_SRC:?TK_SRC must point at the repository root}"
+TK_PYTHON="${TK_PYTHON:-/usr/bin/python3}"
+TK_TMP="${TK_TMP:-/tmp}"
+REF="$TK_SRC/tests/ref/reference.py"
+# <|im_start|>user\nHello, world! (Qwen3 ids)
+PROMPT="151644,872,198,9707,11,1879,0"
+N=64
+case "${TK_SANITIZE:-OFF}" in
+ON | on | 1 | TRUE | true | YES | yes) SAN=1 ;;
+*) SAN=0 ;;
+esac
+mkdir -p "$TK_TMP"
+WORK=$(mktemp -d "$TK_TMP/ref.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+FAILS=0
+
+# tk_run MODEL DUMP: greedy, ignoring EOS, logits dumped (prompt's last row + one per step).
+tk_run() {
+    "$TK_CLI" run -m "$1" --tokens "$PROMPT" -n "$N" --temp 0 --ignore-eos --dump-logits "$2" >"$WORK/run.out" 2>"$WORK/run.err" || {
+        echo "FAIL: tokamak run -m $1 exited $?"
+        cat "$WORK/run.err"
+        return 1
+    }
+}
+
+# check_ref ARCH DTYPE TOL [reference flags...]: synthesize, run tokamak, compare with the reference.
+check_ref() {
+    local arch=$1 dtype=$2 tol=$3
+    shift 3
+    local m="$WORK/$arch-$dtype.gguf" d="$WORK/$arch-$dtype.f32"
+    if ! "$TK_CLI" synth --preset tiny --arch "$arch" --dtype "$dtype" --seed 7 -o "$m" 2>"$WORK/synth.err"; then
+        echo "FAIL: synth $arch $dtype"
+        cat "$WORK/synth.err"
+        FAILS=$((FAILS + 1))
+        return 0
+    fi
+    if ! tk_run "$m" "$d"; then
+        FAILS=$((FAILS + 1))
+        rm -f "$m" "$d"
+        return 0
+    fi
+    local rows=$(($(stat -c %s "$d") / (151936 * 4)))
+    if [ "$rows" -ne "$N" ]; then
+        echo "FAIL: $arch $dtype: dump has $rows rows of 151936 floats, expected $N (last prompt position + $((N - 1)) steps)"
+        FAILS=$((FAILS + 1))
+    elif ! "$TK_PYTHON" "$REF" compare "$m" --tokens "$PROMPT" --dump "$d" --tol "$tol" "$@"; then
+        echo "FAIL: $arch $dtype (tolerance $tol)"
+        FAILS=$((FAILS + 1))
+    fi
+    rm -f "$m" "$d"
+}
+
+finish() {
+    if [ "$FAILS" -ne 0 ]; then
+        echo "$FAILS check(s) failed"
+        exit 1
+    fi
+    echo "all checks passed"
+}
