@@ -26,6 +26,9 @@ tk_status tok_load_hf(const char *dir, tk_tokenizer **out);
 /* json: tokenizer.json text (len bytes); config_json: tokenizer_config.json text
  * (NUL-terminated) or NULL. */
 tk_status tok_load_json(const char *json, size_t len, const char *config_json /*NULL ok*/, tk_tokenizer **out);
+/* path: a directory with tokenizer.json, a tokenizer.json file (tokenizer_config.json
+ * beside it is read too), or a GGUF model. */
+tk_status tok_load_path(const char *path, tk_tokenizer **out);
 void tok_free(tk_tokenizer *t); /* NULL is a no-op */
 
 int tok_n_vocab(const tk_tokenizer *t);
