@@ -265,13 +265,6 @@ static tk_status bpe_word(const tk_tokenizer *t, const unsigned char *w, size_t 
         emit(o, t->byte_tok[w[0]]);
         return TK_OK;
     }
-    /* Most words are one token: skip merging when the word is a token that BPE
-     * reproduces (or, with ignore_merges, any token at all). */
-    int32_t id = tok_find_raw(t, (const char *)w, n);
-    if (id >= 0 && (t->ignore_merges || t->whole_ok[id])) {
-        emit(o, id);
-        return TK_OK;
-    }
     uint64_t h = tok_hash((const char *)w, n) | 1;
     cache_slot *slot = NULL;
     if (s->slots) {
@@ -287,10 +280,18 @@ static tk_status bpe_word(const tk_tokenizer *t, const unsigned char *w, size_t 
             }
         }
     }
+    /* Most words are one token: skip merging when the word is a token that BPE
+     * reproduces (or, with ignore_merges, any token at all). */
     const int32_t *ids;
     size_t m;
-    tk_status st = bpe_merge(t, w, n, s, &ids, &m);
-    if (st) return st;
+    int32_t id = tok_find_raw(t, (const char *)w, n);
+    if (id >= 0 && (t->ignore_merges || t->whole_ok[id])) {
+        ids = &id;
+        m = 1;
+    } else {
+        tk_status st = bpe_merge(t, w, n, s, &ids, &m);
+        if (st) return st;
+    }
     for (size_t i = 0; i < m; i++) emit(o, ids[i]);
     if (slot) {
         if (s->n_slots >= CACHE_SLOTS / 2 || n > CACHE_KEY_BYTES - s->n_ckeys || m > CACHE_IDS - s->n_cids) {
@@ -330,38 +331,20 @@ tk_status tok_compute_whole(tk_tokenizer *t) {
     return st;
 }
 
-/* Is cp left unchanged by NFC whatever follows? Only ranges checked by hand:
- * below U+0300 nothing composes onto a preceding character, and kana, CJK
- * ideographs and Hangul syllables have no canonical decomposition. A
- * character that could combine with them is outside these ranges, so its
- * presence sends the segment through utf8proc. */
-static inline bool nfc_inert(uint32_t cp) {
-    return cp < 0x300 || (cp >= 0x3000 && cp <= 0x3029) || (cp >= 0x3041 && cp <= 0x3096) ||
-           (cp >= 0x30a1 && cp <= 0x30fa) || (cp >= 0x4e00 && cp <= 0x9fff) || (cp >= 0xac00 && cp <= 0xd7a3);
+static inline bool inert_at(const tk_tokenizer *t, const char *text, size_t len, size_t i, size_t *l) {
+    unsigned char c = (unsigned char)text[i];
+    if (c < 0x80) {
+        *l = 1;
+        return true;
+    }
+    uint32_t cp;
+    int k = tok_utf8_next((const unsigned char *)text + i, len - i, &cp);
+    *l = k > 0 ? (size_t)k : 1;
+    return k > 0 && cp < TOK_NFC_SPAN && (t->nfc_inert[cp >> 3] & (1u << (cp & 7)));
 }
 
-/* NFC of valid UTF-8 text; *res points at text or at s->buf. */
-static tk_status nfc(const char *text, size_t len, scratch *s, const char **res, size_t *res_len) {
-    bool inert = true;
-    for (size_t i = 0; i < len;) {
-        unsigned char c = (unsigned char)text[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        uint32_t cp;
-        int k = tok_utf8_next((const unsigned char *)text + i, len - i, &cp);
-        if (k <= 0 || !nfc_inert(cp)) {
-            inert = false;
-            break;
-        }
-        i += (size_t)k;
-    }
-    if (inert) {
-        *res = text;
-        *res_len = len;
-        return TK_OK;
-    }
+/* NFC of text[0..len) appended to s->buf at *k (room is there). */
+static tk_status nfc_run(const char *text, size_t len, scratch *s, size_t *k) {
     utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
     size_t want = len + 16;
     for (;;) {
@@ -376,10 +359,49 @@ static tk_status nfc(const char *text, size_t len, scratch *s, const char **res,
         }
         utf8proc_ssize_t b = utf8proc_reencode(s->cps, r, opt); /* writes UTF-8 over the code points */
         if (b < 0) return tk_fail(TK_ERR_INTERNAL, "tokenizer: NFC: %s", utf8proc_errmsg(b));
-        *res = (const char *)s->cps;
-        *res_len = (size_t)b;
+        memcpy(s->buf + *k, s->cps, (size_t)b);
+        *k += (size_t)b;
         return TK_OK;
     }
+}
+
+/* NFC of valid UTF-8 text; *res points at text or at s->buf. Only the runs
+ * around characters NFC might touch go through utf8proc: text splits into
+ * independent pieces before every inert character (see build_nfc_inert). */
+static tk_status nfc(const tk_tokenizer *t, const char *text, size_t len, scratch *s, const char **res,
+                     size_t *res_len) {
+    size_t i = 0, l;
+    while (i < len && inert_at(t, text, len, i, &l)) i += l;
+    if (i == len) {
+        *res = text;
+        *res_len = len;
+        return TK_OK;
+    }
+    size_t need;
+    if (!tk_mul_size(len, 3, &need) || !grow((void **)&s->buf, &s->buf_cap, need + 16, 1))
+        return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
+    size_t k = 0, done = 0, last_inert = SIZE_MAX;
+    i = 0;
+    while (i < len) {
+        if (inert_at(t, text, len, i, &l)) {
+            last_inert = i;
+            i += l;
+            continue;
+        }
+        /* The run: from the inert starter before it (it may compose) to the next inert character. */
+        size_t start = last_inert != SIZE_MAX && last_inert >= done ? last_inert : done, j = i;
+        while (j < len && !inert_at(t, text, len, j, &l)) j += l;
+        memcpy(s->buf + k, text + done, start - done);
+        k += start - done;
+        tk_status st = nfc_run(text + start, j - start, s, &k);
+        if (st) return st;
+        done = i = j;
+    }
+    memcpy(s->buf + k, text + done, len - done);
+    k += len - done;
+    *res = s->buf;
+    *res_len = k;
+    return TK_OK;
 }
 
 static tk_status bpe_segment(const tk_tokenizer *t, const char *text, size_t len, pcre2_match_data *md, scratch *s,
@@ -389,7 +411,7 @@ static tk_status bpe_segment(const tk_tokenizer *t, const char *text, size_t len
     tk_status st = TK_OK;
     norm = text;
     nlen = len;
-    if (t->nfc && (st = nfc(text, len, s, &norm, &nlen))) return st;
+    if (t->nfc && (st = nfc(t, text, len, s, &norm, &nlen))) return st;
     const pcre2_code *re = t->re;
     size_t off = 0;
     while (off < nlen) {

@@ -51,6 +51,7 @@ typedef enum tok_kind { TOK_KIND_BPE = 0 /* byte-level (gpt2) */, TOK_KIND_SPM =
 #define TOK_MAX_JSON (1ull << 30)   /* bytes of tokenizer.json */
 #define TOK_MAX_JSON_DEPTH 64
 #define TOK_MAX_EOG 16
+#define TOK_NFC_SPAN 0x30000 /* code points covered by nfc_inert */
 
 /* An added token matched in text before the model sees it (special or user-defined). */
 typedef struct tok_added {
@@ -100,6 +101,7 @@ struct tk_tokenizer {
     void *re_gctx;       /* pcre2_general_context_8 * (counted allocation) */
 
     bool nfc;            /* NFC-normalise text between added tokens (Qwen2) */
+    uint8_t *nfc_inert;  /* (TOK_NFC_SPAN / 8) bit set: NFC leaves this character alone whatever follows */
     bool add_bos, add_space_prefix;
     int32_t bos, eos, unk, pad;
     int32_t eog[TOK_MAX_EOG];

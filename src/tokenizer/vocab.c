@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
@@ -44,6 +46,7 @@ void tok_free(tk_tokenizer *t) {
     tk_free(t->pairs);
     tk_free(t->raw_map);
     tk_free(t->byte_pairs);
+    tk_free(t->nfc_inert);
     tk_free(t->whole_ok);
     tk_free(t->added);
     tk_free(t->chat_template);
@@ -261,6 +264,26 @@ static int cmp_added(const void *pa, const void *pb, void *ctx) {
     return a->id < b->id ? -1 : a->id > b->id;
 }
 
+/* Characters NFC cannot change, whatever comes after them: no canonical
+ * decomposition, combining class 0, and never the second half of a composition
+ * (utf8proc marks those with comb_index >= 0x8000). Hangul vowel and trailing
+ * jamo compose algorithmically, so they are excluded by range. A character
+ * that could compose with an inert one before it is itself not inert, so its
+ * presence still sends the text through utf8proc. */
+static tk_status build_nfc_inert(tk_tokenizer *t) {
+    t->nfc_inert = tk_calloc(TOK_NFC_SPAN / 8, 1);
+    if (!t->nfc_inert) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
+    for (uint32_t cp = 0; cp < TOK_NFC_SPAN; cp++) {
+        if (cp >= 0xd800 && cp <= 0xdfff) continue;
+        if (cp >= 0x1160 && cp <= 0x11ff) continue;
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        bool canon_decomp = p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0;
+        bool second = p->comb_index != UINT16_MAX && p->comb_index >= 0x8000;
+        if (p->combining_class == 0 && !canon_decomp && !second) t->nfc_inert[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+    }
+    return TK_OK;
+}
+
 static bool is_hidden_type(int ty) { return ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_UNKNOWN; }
 
 /* Byte-level decode of one piece: every character must be one of the 256
@@ -363,6 +386,7 @@ tk_status tok_finish(tk_tokenizer *t) {
     }
     if (t->kind == TOK_KIND_BPE) {
         tk_status st = build_raw_map(t);
+        if (!st && t->nfc) st = build_nfc_inert(t);
         if (!st && !(t->byte_pairs = tk_malloc(65536 * sizeof *t->byte_pairs)))
             st = tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
         for (int i = 0; !st && i < 65536; i++) {

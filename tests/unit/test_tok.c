@@ -1,0 +1,449 @@
+/* Tokenizer on vocabularies built here: a Llama-3-style byte-level BPE
+ * (tokenizer.json), a SentencePiece-style one (GGUF "llama"), with expected ids
+ * worked out by hand; invalid UTF-8; the streaming detokenizer; chat formats;
+ * and bad tokenizer files that must fail at load with a clear message. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "format/gguf.h"
+#include "tokenizer/tok_internal.h"
+#include "tokenizer/tokenizer.h"
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static size_t enc(const tk_tokenizer *t, const char *s, size_t len, bool bos, bool special, int32_t *ids, size_t cap) {
+    size_t n = 0;
+    tk_status st = tok_encode(t, s, len, bos, special, ids, cap, &n);
+    if (st) fprintf(stderr, "tok_encode: %s\n", tk_last_error());
+    assert_int_equal(st, TK_OK);
+    return n;
+}
+
+static void expect_ids(const tk_tokenizer *t, const char *s, bool bos, bool special, const int32_t *want, size_t nwant) {
+    int32_t ids[256];
+    size_t n = enc(t, s, strlen(s), bos, special, ids, 256);
+    if (n != nwant || memcmp(ids, want, n * sizeof *ids)) {
+        fprintf(stderr, "encode \"%s\": got", s);
+        for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, ", want");
+        for (size_t i = 0; i < nwant; i++) fprintf(stderr, " %d", want[i]);
+        fprintf(stderr, "\n");
+        fail();
+    }
+}
+
+/* Decode ids through a stream, pushing one id at a time. */
+static char *decode(const tk_tokenizer *t, const int32_t *ids, size_t n, bool special) {
+    tok_stream *s;
+    assert_int_equal(tok_stream_init(t, special, &s), TK_OK);
+    size_t bound = tok_stream_bound(t), cap = (n + 1) * bound + 1, k = 0;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    for (size_t i = 0; i < n; i++) k += tok_stream_push(s, ids[i], out + k, bound);
+    k += tok_stream_flush(s, out + k, bound);
+    out[k] = 0;
+    tok_stream_free(s);
+    return out;
+}
+
+static void roundtrip(const tk_tokenizer *t, const char *s, bool bos, bool show_special) {
+    int32_t ids[512];
+    size_t n = enc(t, s, strlen(s), bos, true, ids, 512);
+    char *d = decode(t, ids, n, show_special);
+    assert_string_equal(d, s);
+    free(d);
+}
+
+#define IDS(...) ((const int32_t[]){__VA_ARGS__}), (sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t))
+
+/* ---- a Llama-3-style byte-level BPE, as tokenizer.json ------------------------- */
+
+/* GPT-2's byte -> character map, as tokenizer.json pieces spell it. */
+static void byte_char(int b, char *o) {
+    uint32_t cp = (uint32_t)b;
+    if (!((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff))) {
+        int n = 0;
+        for (int i = 0; i < b; i++)
+            if (!((i >= 0x21 && i <= 0x7e) || (i >= 0xa1 && i <= 0xac) || (i >= 0xae && i <= 0xff))) n++;
+        cp = 256u + (uint32_t)n;
+    }
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        o[1] = 0;
+    } else {
+        o[0] = (char)(0xc0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3f));
+        o[2] = 0;
+    }
+}
+
+static void json_str(char **p, const char *s) {
+    *p += sprintf(*p, "\"");
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') *p += sprintf(*p, "\\%c", *s);
+        else *p += sprintf(*p, "%c", *s);
+    }
+    *p += sprintf(*p, "\"");
+}
+
+#define LLAMA3_RE                                                                                                    \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|" \
+    "\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+"
+
+/* ids 0..255: the byte characters in byte order; then the merged tokens below;
+ * then the added tokens. `variant` breaks the file in one way for the error tests. */
+static char *llama3_json(const char *variant) {
+    char *buf = malloc(1 << 16), *p = buf;
+    assert_non_null(buf);
+    p += sprintf(p, "{\"version\":\"1.0\",");
+    if (!strcmp(variant, "added_range"))
+        p += sprintf(p, "\"added_tokens\":[{\"id\":99999,\"content\":\"<|x|>\",\"special\":true}],");
+    else
+        p += sprintf(p, "\"added_tokens\":[{\"id\":262,\"content\":\"<|begin_of_text|>\",\"special\":true},"
+                        "{\"id\":263,\"content\":\"<|eot_id|>\",\"special\":true},"
+                        "{\"id\":264,\"content\":\"<|eot|>\",\"special\":false}],");
+    p += sprintf(p, "\"normalizer\":null,");
+    const char *re = !strcmp(variant, "bad_regex") ? "\\\\w+" : LLAMA3_RE;
+    p += sprintf(p,
+                 "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"%s\"},"
+                 "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+                 "\"trim_offsets\":true,\"use_regex\":false}]},",
+                 re);
+    p += sprintf(p, "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":"
+                    "\"<|begin_of_text|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]},");
+    p += sprintf(p, "\"decoder\":{\"type\":\"ByteLevel\"},");
+    if (!strcmp(variant, "no_model")) {
+        p += sprintf(p, "\"nomodel\":{}}");
+        return buf;
+    }
+    p += sprintf(p, "\"model\":{\"type\":\"BPE\",\"ignore_merges\":%s,\"vocab\":{",
+                 !strcmp(variant, "no_ignore") ? "false" : "true");
+    for (int b = 0; b < 256; b++) {
+        char c[4];
+        byte_char(b, c);
+        json_str(&p, c);
+        p += sprintf(p, ":%d,", b);
+    }
+    /* 256 Ġt, 257 he, 258 Ġthe, 259 12, 260 123, 261 xyz (no merge makes it) */
+    p += sprintf(p, "\"\xc4\xa0t\":256,\"he\":257,\"\xc4\xa0the\":258,\"12\":259,\"123\":260,\"xyz\":261},\"merges\":[");
+    p += sprintf(p, "[\"\xc4\xa0\",\"t\"],\"h e\",[\"\xc4\xa0t\",\"he\"],[\"1\",\"2\"],[\"12\",\"3\"]");
+    if (!strcmp(variant, "bad_merge")) p += sprintf(p, ",[\"q\",\"nosuch\"]");
+    p += sprintf(p, "]}}");
+    return buf;
+}
+
+static tk_tokenizer *load_llama3(const char *variant) {
+    char *j = llama3_json(variant);
+    tk_tokenizer *t = NULL;
+    tk_status st = tok_load_json(j, strlen(j), NULL, &t);
+    if (st) fprintf(stderr, "load: %s\n", tk_last_error());
+    assert_int_equal(st, TK_OK);
+    free(j);
+    return t;
+}
+
+static void test_tok_llama3_ids(void **state) {
+    (void)state;
+    tk_tokenizer *t = load_llama3("ok");
+    assert_int_equal(tok_n_vocab(t), 265);
+    assert_string_equal(tok_model_name(t), "gpt2");
+    assert_string_equal(tok_pre_name(t), "llama-bpe");
+    assert_int_equal(tok_bos(t), 262);
+    /* "the": t + he (no merge t+he); " the": Ġt, he, then Ġthe */
+    expect_ids(t, "the the", false, true, IDS('t', 257, 258));
+    /* BOS from the TemplateProcessing; \p{N}{1,3} splits 12345 as 123|45 */
+    expect_ids(t, "12345", true, true, IDS(262, 260, '4', '5'));
+    /* ignore_merges: a word that is a token is taken whole even with no merge path */
+    expect_ids(t, "xyz", false, true, IDS(261));
+    /* special tokens: matched with parse_special, plain text without (except non-special added ones) */
+    expect_ids(t, "a<|eot_id|>b", false, true, IDS('a', 263, 'b'));
+    expect_ids(t, "<|eot|>", false, false, IDS(264));
+    int32_t ids[64];
+    size_t n = enc(t, "<|eot_id|>", 10, false, false, ids, 64);
+    assert_true(n > 1); /* split into byte-level pieces */
+    /* longest match first: <|eot_id|> is not <|eot|> + junk */
+    expect_ids(t, "<|eot_id|><|eot|>", false, true, IDS(263, 264));
+    assert_true(tok_is_eog(t, 263));
+    assert_false(tok_is_eog(t, 'a'));
+    roundtrip(t, "the 12345 xyz <|eot_id|> \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80\tend\r\n", false, true);
+    tok_free(t);
+
+    t = load_llama3("no_ignore");
+    expect_ids(t, "xyz", false, true, IDS('x', 'y', 'z'));
+    tok_free(t);
+}
+
+static void test_tok_encode_bound_and_cap(void **state) {
+    (void)state;
+    tk_tokenizer *t = load_llama3("ok");
+    int32_t ids[4];
+    size_t n = 99;
+    /* too small a buffer is an error naming the count, not a silent truncation */
+    assert_int_equal(tok_encode(t, "a b c d e f", 11, false, true, ids, 4, &n), TK_ERR_RANGE);
+    assert_non_null(strstr(tk_last_error(), "tok_encode_bound"));
+    assert_true(tok_encode_bound(t, 11) >= 11);
+    assert_int_equal(tok_encode(t, "", 0, false, true, ids, 4, &n), TK_OK);
+    assert_int_equal(n, 0);
+    tok_free(t);
+}
+
+/* Invalid UTF-8 is encoded as U+FFFD, one per maximal invalid subpart. */
+static void test_tok_invalid_utf8(void **state) {
+    (void)state;
+    tk_tokenizer *t = load_llama3("ok");
+    static const struct {
+        const char *bad, *good;
+    } cases[] = {
+        {"a\xff" "b", "a\xef\xbf\xbd" "b"},
+        {"x\xe4\xb8", "x\xef\xbf\xbd"},                                                   /* truncated at the end */
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},                         /* a surrogate: 3 subparts */
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},                                         /* overlong */
+        {"\xe4\xb8q\xe4\xb8\xad", "\xef\xbf\xbdq\xe4\xb8\xad"},                           /* cut off, then valid */
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},         /* past U+10FFFF */
+        {"\xf0\x9f\x98", "\xef\xbf\xbd"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t a[64], b[64];
+        size_t na = enc(t, cases[i].bad, strlen(cases[i].bad), false, true, a, 64);
+        size_t nb = enc(t, cases[i].good, strlen(cases[i].good), false, true, b, 64);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na * sizeof *a);
+        char *d = decode(t, a, na, false);
+        assert_string_equal(d, cases[i].good);
+        free(d);
+    }
+    tok_free(t);
+}
+
+/* A token may end inside a character: the stream holds it back. */
+static void test_tok_stream_partial_utf8(void **state) {
+    (void)state;
+    tk_tokenizer *t = load_llama3("ok");
+    tok_stream *s;
+    assert_int_equal(tok_stream_init(t, false, &s), TK_OK);
+    char out[256];
+    assert_true(tok_stream_bound(t) <= sizeof out);
+    /* 你 = E4 BD A0, one byte token each */
+    assert_int_equal(tok_stream_push(s, t->byte_tok[0xe4], out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(s, t->byte_tok[0xbd], out, sizeof out), 0);
+    size_t n = tok_stream_push(s, t->byte_tok[0xa0], out, sizeof out);
+    assert_int_equal(n, 3);
+    assert_memory_equal(out, "\xe4\xbd\xa0", 3);
+    /* an unfinished character followed by ASCII: U+FFFD, then the ASCII */
+    assert_int_equal(tok_stream_push(s, t->byte_tok[0xe4], out, sizeof out), 0);
+    n = tok_stream_push(s, 'a', out, sizeof out);
+    assert_int_equal(n, 4);
+    assert_memory_equal(out, "\xef\xbf\xbd" "a", 4);
+    /* flush emits what is left as U+FFFD */
+    assert_int_equal(tok_stream_push(s, t->byte_tok[0xf0], out, sizeof out), 0);
+    assert_int_equal(tok_stream_push(s, t->byte_tok[0x9f], out, sizeof out), 0);
+    n = tok_stream_flush(s, out, sizeof out);
+    assert_int_equal(n, 3);
+    assert_memory_equal(out, "\xef\xbf\xbd", 3);
+    /* special tokens hidden by default, an unknown id is U+FFFD */
+    assert_int_equal(tok_stream_push(s, 263, out, sizeof out), 0);
+    n = tok_stream_push(s, 99999, out, sizeof out);
+    assert_int_equal(n, 3);
+    tok_stream_free(s);
+    assert_int_equal(tok_stream_init(t, true, &s), TK_OK);
+    n = tok_stream_push(s, 263, out, sizeof out);
+    assert_int_equal(n, strlen("<|eot_id|>"));
+    assert_memory_equal(out, "<|eot_id|>", n);
+    tok_stream_free(s);
+    tok_stream_free(NULL);
+    tok_free(t);
+    tok_free(NULL);
+}
+
+/* ---- bad files fail at load with a message that says what is wrong ------------- */
+
+static void expect_load_error(const char *json, size_t len, tk_status want, const char *needle) {
+    tk_tokenizer *t = (tk_tokenizer *)0x1;
+    tk_status st = tok_load_json(json, len, NULL, &t);
+    assert_int_equal(st, want);
+    assert_null(t);
+    if (!strstr(tk_last_error(), needle)) {
+        fprintf(stderr, "message \"%s\" lacks \"%s\"\n", tk_last_error(), needle);
+        fail();
+    }
+}
+
+static void test_tok_bad_files(void **state) {
+    (void)state;
+    uint64_t live = tk_alloc_live_bytes();
+    char *j = llama3_json("bad_merge");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "unknown token 'nosuch'");
+    free(j);
+    j = llama3_json("added_range");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "out of range");
+    free(j);
+    j = llama3_json("no_model");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "missing \"model\"");
+    free(j);
+    j = llama3_json("bad_regex");
+    expect_load_error(j, strlen(j), TK_ERR_UNSUPPORTED, "unknown pre-tokenizer regex");
+    free(j);
+    /* deeply nested: refused before the recursive parser sees it */
+    char deep[4096];
+    size_t k = 0;
+    k += (size_t)sprintf(deep, "{\"model\":");
+    for (int i = 0; i < 1500; i++) deep[k++] = '[';
+    for (int i = 0; i < 1500; i++) deep[k++] = ']';
+    deep[k++] = '}';
+    expect_load_error(deep, k, TK_ERR_FORMAT, "nested deeper");
+    /* huge: the size check comes before any byte is read */
+    expect_load_error("{}", TOK_MAX_JSON + 1, TK_ERR_FORMAT, "limit");
+    expect_load_error("{\"model\": [1, 2", 15, TK_ERR_FORMAT, "invalid JSON");
+    expect_load_error("[]", 2, TK_ERR_FORMAT, "JSON object");
+    expect_load_error("{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}", 39, TK_ERR_UNSUPPORTED, "Unigram");
+    assert_int_equal(tk_alloc_live_bytes(), live);
+}
+
+/* ---- SentencePiece-style BPE from a GGUF built here ----------------------------- */
+
+static tk_tokenizer *load_spm(const char *path) {
+    enum { N = 3 + 256 + 10 };
+    char *pieces[N];
+    uint64_t lens[N];
+    float scores[N];
+    int32_t types[N];
+    char names[N][16];
+    const char *base[] = {"<unk>", "<s>", "</s>"};
+    int btype[] = {2, 3, 3};
+    for (int i = 0; i < 3; i++) {
+        snprintf(names[i], 16, "%s", base[i]);
+        types[i] = btype[i];
+        scores[i] = 0;
+    }
+    for (int b = 0; b < 256; b++) {
+        snprintf(names[3 + b], 16, "<0x%02X>", b);
+        types[3 + b] = 6;
+        scores[3 + b] = 0;
+    }
+    /* 259 ▁, 260 h, 261 e, 262 l, 263 o, 264 ▁h, 265 ll, 266 ▁he, 267 llo, 268 ▁hello */
+    const char *words[] = {"\xe2\x96\x81", "h", "e", "l", "o", "\xe2\x96\x81h", "ll", "\xe2\x96\x81he", "llo",
+                           "\xe2\x96\x81hello"};
+    float wscore[] = {-10, -10, -10, -10, -10, -1, -2, -3, -4, -5};
+    for (int i = 0; i < 10; i++) {
+        snprintf(names[259 + i], 16, "%s", words[i]);
+        types[259 + i] = 1;
+        scores[259 + i] = wscore[i];
+    }
+    for (int i = 0; i < N; i++) {
+        pieces[i] = names[i];
+        lens[i] = strlen(names[i]);
+    }
+    gguf_writer *w;
+    assert_int_equal(gguf_writer_init(0, &w), TK_OK);
+    assert_int_equal(gguf_w_str(w, "general.architecture", "llama"), TK_OK);
+    assert_int_equal(gguf_w_str(w, "tokenizer.ggml.model", "llama"), TK_OK);
+    assert_int_equal(gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, lens, N), TK_OK);
+    assert_int_equal(gguf_w_arr(w, "tokenizer.ggml.scores", GGUF_T_F32, scores, N), TK_OK);
+    assert_int_equal(gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_I32, types, N), TK_OK);
+    assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 1), TK_OK);
+    assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 2), TK_OK);
+    assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.unknown_token_id", 0), TK_OK);
+    assert_int_equal(gguf_w_begin(w, path), TK_OK);
+    assert_int_equal(gguf_w_finish(w), TK_OK);
+    gguf_writer_free(w);
+    gguf_file *f;
+    assert_int_equal(gguf_open(path, &f), TK_OK);
+    tk_tokenizer *t = NULL;
+    tk_status st = tok_load_gguf(f, &t);
+    if (st) fprintf(stderr, "tok_load_gguf: %s\n", tk_last_error());
+    assert_int_equal(st, TK_OK);
+    gguf_close(f);
+    return t;
+}
+
+static void tmp_path(char *p, size_t cap, const char *name) {
+    const char *dir = getenv("TK_TMP");
+    snprintf(p, cap, "%s/%s.%d", dir && *dir ? dir : "/tmp", name, (int)getpid());
+}
+
+static void test_tok_spm_ids(void **state) {
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "tok_spm.gguf");
+    tk_tokenizer *t = load_spm(path);
+    assert_string_equal(tok_model_name(t), "llama");
+    assert_int_equal(tok_bos(t), 1);
+    assert_true(tok_is_eog(t, 2));
+    /* ▁h (-1) first, then ll (-2), ▁he (-3), llo (-4), ▁hello (-5) */
+    expect_ids(t, "hello", true, true, IDS(1, 268));
+    /* unknown characters fall back to bytes: w = <0x77> = 3 + 0x77 */
+    expect_ids(t, "hello world", true, true, IDS(1, 268, 259, 3 + 'w', 263, 3 + 'r', 262, 3 + 'd'));
+    expect_ids(t, "\xc3\xa9", false, true, IDS(259, 3 + 0xc3, 3 + 0xa9));
+    /* text after a special token gets its own space prefix, as llama.cpp does */
+    expect_ids(t, "hello</s>hello", true, true, IDS(1, 268, 2, 268));
+    int32_t ids[64];
+    size_t n = enc(t, "hello world", 11, true, true, ids, 64);
+    char *d = decode(t, ids, n, false);
+    assert_string_equal(d, "hello world");
+    free(d);
+    n = enc(t, "hello</s>hello", 14, true, true, ids, 64);
+    d = decode(t, ids, n, true);
+    assert_string_equal(d, "<s>hello</s>hello");
+    free(d);
+    roundtrip(t, "hello \xc3\xa9t\xc3\xa9  \xe4\xbd\xa0 ll", true, false);
+    tok_free(t);
+    unlink(path);
+}
+
+/* ---- chat formats ------------------------------------------------------------- */
+
+static void test_tok_chat_llama3_and_chatml(void **state) {
+    (void)state;
+    char *j = llama3_json("ok");
+    const char *cfg = "{\"chat_template\": \"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}\","
+                      "\"add_bos_token\": true, \"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\"}";
+    tk_tokenizer *t = NULL;
+    assert_int_equal(tok_load_json(j, strlen(j), cfg, &t), TK_OK);
+    free(j);
+    assert_int_equal(tok_eos(t), 263);
+    assert_non_null(tok_chat_template(t));
+    tk_chat_msg m[] = {{"system", "Be brief."}, {"user", "  Hi there \n"}};
+    char *out = NULL;
+    assert_int_equal(tok_chat_format(t, m, 2, true, true, &out), TK_OK);
+    assert_string_equal(out, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                             "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                             "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    tk_free(out);
+    tk_chat_msg bad[] = {{"wizard", "x"}};
+    assert_int_equal(tok_chat_format(t, bad, 1, true, true, &out), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "wizard"));
+    tok_free(t);
+
+    /* no template: plain ChatML */
+    t = load_llama3("ok");
+    assert_null(tok_chat_template(t));
+    assert_int_equal(tok_chat_format(t, m + 1, 1, true, true, &out), TK_OK);
+    assert_string_equal(out, "<|im_start|>user\n  Hi there \n<|im_end|>\n<|im_start|>assistant\n");
+    tk_free(out);
+    assert_int_equal(tok_chat_format(t, NULL, 0, false, true, &out), TK_OK);
+    assert_string_equal(out, "");
+    tk_free(out);
+    tok_free(t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tok_llama3_ids),
+        cmocka_unit_test(test_tok_encode_bound_and_cap),
+        cmocka_unit_test(test_tok_invalid_utf8),
+        cmocka_unit_test(test_tok_stream_partial_utf8),
+        cmocka_unit_test(test_tok_bad_files),
+        cmocka_unit_test(test_tok_spm_ids),
+        cmocka_unit_test(test_tok_chat_llama3_and_chatml),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
