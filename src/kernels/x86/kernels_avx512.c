@@ -11,4 +11,8 @@ static inline __attribute__((always_inline)) __m256i dot_s8(__m256i aw, __m256i 
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w));
 }
 
+static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i u, __m256i x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+}
+
 #include "kernels/x86/simd_body.h"

@@ -3,9 +3,11 @@
  *   KFN(name)            the exported name, e.g. kern_name_avx2
  *   dot_s8(aw, w, x)     8 int32 lanes that sum to dot(w, x) over 32 int8
  *                        pairs, given aw = |w| (the sign trick)
+ *   dot_u8s8(u, x)       8 int32 lanes that sum to dot(u, x), u unsigned
+ *                        (at most 127 here, so maddubs cannot saturate)
  * and is compiled with its own target flags, so the same source becomes two
  * binaries: the AVX2 one is what the tests run here, the AVX-512 one differs
- * only in dot_s8 (VNNI) and in the wider register file the compiler gets.
+ * only in dot_s8/dot_u8s8 (VNNI) and in the wider register file the compiler gets.
  *
  * gemv layout: rows in groups of 4 (activation blocks are loaded once per
  * group), tokens in tiles of 2 inside a group, so a group's weights stay in L1
@@ -218,7 +220,8 @@ void KFN(gemv_bf16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void
 
 /* ---- Q8_0 and Q4_0 weights x Q8_0 activations ------------------------------------------ */
 
-/* 32 signed weights of a block: Q8_0 as stored, Q4_0 unpacked to q - 8. */
+/* 32 weights of a block: Q8_0 as stored (signed), Q4_0 as its unsigned
+ * nibbles 0..15 (the -8 is applied to the activation sums instead). */
 AI __m256i load_q8_0(const void *row, int64_t b) {
     return _mm256_loadu_si256((const __m256i *)((const tk_block_q8_0 *)row)[b].qs);
 }
@@ -227,13 +230,25 @@ AI __m256i load_q4_0(const void *row, int64_t b) {
     __m128i q = _mm_loadu_si128((const __m128i *)((const tk_block_q4_0 *)row)[b].qs);
     /* low nibbles are elements 0..15, high nibbles 16..31 */
     __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+AI tk_f16 block_d(int q4, const char *row, int64_t b) {
+    return q4 ? ((const tk_block_q4_0 *)row)[b].d : ((const tk_block_q8_0 *)row)[b].d;
+}
+
+/* Weight scales of four rows' block b as [d0 d1 d2 d3 | d0 d1 d2 d3]: one
+ * conversion for the group instead of one per row. */
+AI __m256 scales4(int q4, const char *const wr[4], int64_t b) {
+    __m128i h = _mm_setr_epi16((short)block_d(q4, wr[0], b), (short)block_d(q4, wr[1], b),
+                               (short)block_d(q4, wr[2], b), (short)block_d(q4, wr[3], b), 0, 0, 0, 0);
+    __m128 f = _mm_cvtph_ps(h);
+    return _mm256_set_m128(f, f);
 }
 
 AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
                 int t0, int nr, int nt) {
-    const size_t rb = (size_t)nb * (q4 ? sizeof(tk_block_q4_0) : sizeof(tk_block_q8_0));
+    const size_t bb = q4 ? sizeof(tk_block_q4_0) : sizeof(tk_block_q8_0), rb = (size_t)nb * bb;
     const char *wr[4];
     const tk_block_q8_0 *xt[2];
 #pragma GCC unroll 4
@@ -246,24 +261,45 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
 #pragma GCC unroll 2
         for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i xv[2];
-        float dx[2];
+        __m256i xv[2], xoff[2];
+        __m256 dx[2], sc[4][2];
 #pragma GCC unroll 2
         for (int t = 0; t < nt; t++) {
             xv[t] = _mm256_loadu_si256((const __m256i *)xt[t][b].qs);
-            dx[t] = f16_to_f32(xt[t][b].d);
+            dx[t] = _mm256_set1_ps(f16_to_f32(xt[t][b].d));
+            /* Q4_0: sum((q - 8) x) = sum(q x) - 8 sum(x), the second term once per token */
+            if (q4) xoff[t] = dot_u8s8(_mm256_set1_epi8(8), xv[t]);
+        }
+        if (nr == 4) {
+            __m256 d4 = scales4(q4, wr, b);
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) {
+                __m256 s = _mm256_mul_ps(d4, dx[t]);
+                sc[0][t] = _mm256_permute_ps(s, 0x00);
+                sc[1][t] = _mm256_permute_ps(s, 0x55);
+                sc[2][t] = _mm256_permute_ps(s, 0xaa);
+                sc[3][t] = _mm256_permute_ps(s, 0xff);
+            }
+        } else {
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) sc[0][t] = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(block_d(q4, wr[0], b))), dx[t]);
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
-            __m256i wv = q4 ? load_q4_0(wr[i], b) : load_q8_0(wr[i], b);
-            prefetch_ahead(wr[i] + (size_t)b * (rb / (size_t)nb), 4 * rb);
-            __m256i aw = _mm256_sign_epi8(wv, wv);
-            float dw = q4 ? f16_to_f32(((const tk_block_q4_0 *)wr[i])[b].d)
-                          : f16_to_f32(((const tk_block_q8_0 *)wr[i])[b].d);
+            if (b & 1) prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb); /* two blocks per line */
+            if (q4) {
+                __m256i wv = load_q4_0(wr[i], b);
 #pragma GCC unroll 2
-            for (int t = 0; t < nt; t++) {
-                __m256 p = _mm256_cvtepi32_ps(dot_s8(aw, wv, xv[t]));
-                acc[i][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * dx[t]), acc[i][t]);
+                for (int t = 0; t < nt; t++) {
+                    __m256i p = _mm256_sub_epi32(dot_u8s8(wv, xv[t]), xoff[t]);
+                    acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc[i][t], acc[i][t]);
+                }
+            } else {
+                __m256i wv = load_q8_0(wr[i], b);
+                __m256i aw = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 2
+                for (int t = 0; t < nt; t++)
+                    acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8(aw, wv, xv[t])), sc[i][t], acc[i][t]);
             }
         }
     }
