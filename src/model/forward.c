@@ -1,0 +1,579 @@
+/* One batched forward step (see forward.h).
+ *
+ * Every token of the step (decode tokens and prefill chunks of all sequences)
+ * goes through each matmul together, so a weight is read once per step. The
+ * step is one pool_run; inside it the stages below are separated by barriers.
+ * Row-split stages own whole output rows for all tokens, token-split stages own
+ * whole tokens, and each output element is one gemv dot computed the same way
+ * whatever the split or the number of tokens, so a sequence's logits do not
+ * depend on what else is in the batch.
+ *
+ * Fused plan per layer (8 barriers):
+ *   attn_norm_quant         tokens  rmsnorm, quantize activations (embed first in layer 0)
+ *   attn_qkv_rope           heads   q,k,v projections (+bias), QK-norm, RoPE
+ *   kv_store                tokens  write the new K and V into the paged cache
+ *   attention_quant         heads x sequences: attention, quantize own columns
+ *   attn_out_residual       rows    output projection, x += ...
+ *   ffn_norm_quant          tokens  rmsnorm, quantize
+ *   ffn_gate_up_silu_quant  rows    gate and up projections, silu(g)*u, quantize own columns
+ *   ffn_down_residual       rows    down projection, x += ...
+ * then output_norm_quant (wanted tokens) and output_logits (vocabulary rows).
+ * The unfused plan (fwd_opts.unfused) runs one op per stage with a barrier after
+ * each; it computes the same values with more synchronisation (the ablation). */
+#include "model/forward.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "model/model_internal.h"
+
+/* Activation slots: the inputs of the matmuls, by width. */
+enum { SLOT_EMBD = 0, SLOT_ATT, SLOT_FF, SLOT_COUNT };
+/* Quantized activation formats (f32 activations read the float buffer itself). */
+enum { ACT_Q8_0 = 0, ACT_Q8_K, ACT_COUNT };
+
+/* Rows per gemv split unit: SIMD kernels handle several rows at once. */
+#define ROW_ALIGN 16
+
+typedef struct act_slot {
+    int64_t k;                /* row width */
+    float *f;                 /* (max_tokens, k) the f32 rows (aliases a work buffer) */
+    uint8_t *q[ACT_COUNT];    /* (max_tokens, row bytes) quantized rows, NULL if unused */
+    size_t q_stride[ACT_COUNT];
+    int64_t align;            /* columns a partial quantization must start on (1, 32, 256) */
+} act_slot;
+
+struct fwd_ctx {
+    const tk_model *m;
+    const tk_hparams *hp;
+    tk_kv *kv;
+    tk_pool *pool;
+    fwd_opts o;
+    const tk_kernels *K;
+    int nth;
+    int64_t q_dim, kv_dim;      /* n_head*head_dim, n_head_kv*head_dim */
+    int heads_per_group;        /* attention unit: whole quantization blocks of the output */
+    int64_t ff_align;           /* gate/up row split unit */
+    size_t kv_bytes_tok;        /* KV bytes per token of context (all layers) */
+    uint64_t emb_row_bytes;
+
+    /* work buffers, sized once at init */
+    float *x;        /* (max_tokens, n_embd) residual stream */
+    float *xn;       /* (max_tokens, n_embd) normed input of a matmul */
+    float *q;        /* (max_tokens, n_head*head_dim) queries, RoPE applied */
+    float *k, *v;    /* (max_tokens, n_head_kv*head_dim) new keys and values */
+    float *att;      /* (max_tokens, n_head*head_dim) attention output */
+    float *y;        /* (max_tokens, n_embd) projection output before the residual add */
+    float *gate;     /* (max_tokens, n_ff) gate projection, then silu(gate)*up in place */
+    float *up;       /* (max_tokens, n_ff) */
+    float *scratch;  /* (nth, attn_scratch) attention scratch per thread */
+    size_t attn_scratch;
+    act_slot slot[SLOT_COUNT];
+
+    /* the current step (set by fwd_step before pool_run) */
+    const tk_batch *b;
+    float *logits;
+    int32_t *tok_pos;  /* (max_tokens) position of each token */
+    int32_t *tok_seq;  /* (max_tokens) sequence of each token */
+    int32_t *seq_tok0; /* (max_seqs) first token of each sequence */
+    int32_t *out_tok;  /* (max_seqs) tokens whose logits are wanted, in order */
+    int n_out;
+    uint64_t last_bytes;
+};
+
+/* ---- activation helpers -------------------------------------------------------------- */
+
+static int act_of(tk_dtype wtype) {
+    tk_dtype a = kern_act_type(wtype);
+    return a == TK_DTYPE_Q8_0 ? ACT_Q8_0 : a == TK_DTYPE_Q8_K ? ACT_Q8_K : -1;
+}
+
+/* Activation rows for weight w from slot s. */
+static const void *act_rows(const fwd_ctx *f, int s, tk_dtype wtype, size_t *stride) {
+    const act_slot *sl = &f->slot[s];
+    int a = act_of(wtype);
+    if (a < 0) {
+        *stride = (size_t)sl->k * sizeof(float);
+        return sl->f;
+    }
+    *stride = sl->q_stride[a];
+    return sl->q[a];
+}
+
+/* Quantize columns [c0, c1) of tokens [t0, t1) of slot s into every format it
+ * feeds. Blocks are independent, so a thread may quantize the columns it owns. */
+static void quant_cols(const fwd_ctx *f, int s, int t0, int t1, int64_t c0, int64_t c1) {
+    const act_slot *sl = &f->slot[s];
+    if (c0 >= c1) return;
+    for (int a = 0; a < ACT_COUNT; a++) {
+        if (!sl->q[a]) continue;
+        tk_quant_act_fn fn = a == ACT_Q8_0 ? f->K->quant_q8_0 : f->K->quant_q8_k;
+        int64_t qk = a == ACT_Q8_0 ? TK_QK8_0 : TK_QK_K;
+        size_t bb = a == ACT_Q8_0 ? sizeof(tk_block_q8_0) : sizeof(tk_block_q8_k);
+        for (int t = t0; t < t1; t++)
+            fn(sl->f + (size_t)t * sl->k + c0, sl->q[a] + (size_t)t * sl->q_stride[a] + (size_t)(c0 / qk) * bb,
+               c1 - c0);
+    }
+}
+
+/* y[t, r] = W row r . act row t for rows [r0, r1) of all step tokens. */
+static void matmul_rows(const fwd_ctx *f, const tk_tensor *w, int s, int n_tok, int64_t r0, int64_t r1, float *y,
+                        int64_t ldy) {
+    if (r0 >= r1 || n_tok <= 0) return;
+    size_t stride;
+    const void *xq = act_rows(f, s, w->type, &stride);
+    f->K->gemv[w->type](w->ne[0], w->data, r0, r1, xq, stride, n_tok, y, ldy);
+}
+
+static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
+    long lo, hi;
+    pool_split(n, ith, nth, 1, &lo, &hi);
+    *t0 = (int)lo;
+    *t1 = (int)hi;
+}
+
+/* ---- stages shared by both plans ------------------------------------------------------ */
+
+static void embed_tokens(fwd_ctx *f, int t0, int t1) {
+    const tk_tensor *e = &f->m->tok_embd;
+    for (int t = t0; t < t1; t++)
+        f->K->dequant_row[e->type]((const uint8_t *)e->data + (size_t)f->b->tokens[t] * f->emb_row_bytes,
+                                   f->x + (size_t)t * f->hp->n_embd, f->hp->n_embd);
+}
+
+static void rmsnorm_tokens(fwd_ctx *f, const float *w, int t0, int t1) {
+    int64_t d = f->hp->n_embd;
+    for (int t = t0; t < t1; t++) f->K->rmsnorm(f->xn + t * d, f->x + t * d, w, d, f->hp->rms_eps);
+}
+
+/* Bias, QK-norm and RoPE on heads [h0, h1) of q (n_head heads) or k. RoPE
+ * runs once over the contiguous heads so its sines and cosines are shared. */
+static void heads_bias_norm_rope(fwd_ctx *f, float *base, int64_t width, const float *bias, const float *norm,
+                                 bool rope, int h0, int h1, int t0, int t1) {
+    int hd = f->hp->head_dim;
+    if (h0 >= h1) return;
+    for (int t = t0; t < t1; t++) {
+        float *row = base + (size_t)t * width;
+        for (int h = h0; h < h1; h++) {
+            float *x = row + (size_t)h * hd;
+            if (bias) f->K->add(x, bias + (size_t)h * hd, hd);
+            if (norm) f->K->rmsnorm(x, x, norm, hd, f->hp->rms_eps);
+        }
+        if (rope) kern_rope(row + (size_t)h0 * hd, h1 - h0, hd, f->tok_pos[t], f->m->rope_freqs, 1);
+    }
+}
+
+static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
+    int t0, t1;
+    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
+    for (int t = t0; t < t1; t++)
+        kv_write(f->kv, l, f->b->bt[f->tok_seq[t]], f->tok_pos[t], f->k + (size_t)t * f->kv_dim,
+                 f->v + (size_t)t * f->kv_dim);
+}
+
+/* Attention over (sequence, head group) units; with quant, each thread also
+ * quantizes the output columns it wrote (whole blocks by construction). */
+static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
+    const tk_batch *b = f->b;
+    int g = f->heads_per_group, groups = f->hp->n_head / g, hd = f->hp->head_dim;
+    long u0, u1;
+    pool_split((long)b->n_seq * groups, ith, nth, 1, &u0, &u1);
+    float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (long u = u0; u < u1;) {
+        int s = (int)(u / groups);
+        long last = (long)(s + 1) * groups < u1 ? (long)(s + 1) * groups : u1; /* this sequence's units */
+        int h0 = (int)(u - (long)s * groups) * g, h1 = (int)(last - (long)s * groups) * g;
+        int t0 = f->seq_tok0[s], n = b->n[s];
+        kv_attention(f->kv, l, b->bt[s], b->pos0[s], n, f->q + (size_t)t0 * f->q_dim, f->hp->n_head, h0, h1, scale,
+                     f->att + (size_t)t0 * f->q_dim, scratch);
+        if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)h0 * hd, (int64_t)h1 * hd);
+        u = last;
+    }
+}
+
+static void add_rows(fwd_ctx *f, int64_t r0, int64_t r1) {
+    int64_t d = f->hp->n_embd;
+    if (r0 >= r1) return;
+    for (int t = 0; t < f->b->n_tok; t++) f->K->add(f->x + t * d + r0, f->y + t * d + r0, r1 - r0);
+}
+
+/* ---- the fused plan ------------------------------------------------------------------- */
+
+static void attn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
+    int t0, t1;
+    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
+    if (l == 0) embed_tokens(f, t0, t1);
+    rmsnorm_tokens(f, f->m->layers[l].attn_norm, t0, t1);
+    quant_cols(f, SLOT_EMBD, t0, t1, 0, f->hp->n_embd);
+}
+
+/* Heads are the split unit (q heads, then k heads, then v heads), so the thread
+ * that computes a head's rows also normalizes and rotates it. */
+static void attn_qkv_rope(fwd_ctx *f, int l, int ith, int nth) {
+    const tk_layer *L = &f->m->layers[l];
+    int nh = f->hp->n_head, nkv = f->hp->n_head_kv, hd = f->hp->head_dim, n_tok = f->b->n_tok;
+    long u0, u1;
+    pool_split(nh + 2 * nkv, ith, nth, 1, &u0, &u1);
+    int q0 = (int)(u0 < nh ? u0 : nh), q1 = (int)(u1 < nh ? u1 : nh);
+    int k0 = (int)(u0 - nh < 0 ? 0 : u0 - nh > nkv ? nkv : u0 - nh);
+    int k1 = (int)(u1 - nh < 0 ? 0 : u1 - nh > nkv ? nkv : u1 - nh);
+    int v0 = (int)(u0 - nh - nkv < 0 ? 0 : u0 - nh - nkv), v1 = (int)(u1 - nh - nkv < 0 ? 0 : u1 - nh - nkv);
+    matmul_rows(f, &L->wq, SLOT_EMBD, n_tok, (int64_t)q0 * hd, (int64_t)q1 * hd, f->q, f->q_dim);
+    matmul_rows(f, &L->wk, SLOT_EMBD, n_tok, (int64_t)k0 * hd, (int64_t)k1 * hd, f->k, f->kv_dim);
+    matmul_rows(f, &L->wv, SLOT_EMBD, n_tok, (int64_t)v0 * hd, (int64_t)v1 * hd, f->v, f->kv_dim);
+    heads_bias_norm_rope(f, f->q, f->q_dim, L->bq, L->q_norm, true, q0, q1, 0, n_tok);
+    heads_bias_norm_rope(f, f->k, f->kv_dim, L->bk, L->k_norm, true, k0, k1, 0, n_tok);
+    heads_bias_norm_rope(f, f->v, f->kv_dim, L->bv, NULL, false, v0, v1, 0, n_tok);
+}
+
+static void attn_out_residual(fwd_ctx *f, int l, int ith, int nth) {
+    long r0, r1;
+    pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(f, &f->m->layers[l].wo, SLOT_ATT, f->b->n_tok, r0, r1, f->y, f->hp->n_embd);
+    add_rows(f, r0, r1);
+}
+
+static void ffn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
+    int t0, t1;
+    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
+    rmsnorm_tokens(f, f->m->layers[l].ffn_norm, t0, t1);
+    quant_cols(f, SLOT_EMBD, t0, t1, 0, f->hp->n_embd);
+}
+
+static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
+    const tk_layer *L = &f->m->layers[l];
+    int64_t ff = f->hp->n_ff;
+    int n_tok = f->b->n_tok;
+    long r0, r1;
+    pool_split(ff, ith, nth, f->ff_align, &r0, &r1);
+    if (r0 >= r1) return;
+    matmul_rows(f, &L->w_gate, SLOT_EMBD, n_tok, r0, r1, f->gate, ff);
+    matmul_rows(f, &L->w_up, SLOT_EMBD, n_tok, r0, r1, f->up, ff);
+    for (int t = 0; t < n_tok; t++) f->K->silu_mul(f->gate + t * ff + r0, f->gate + t * ff + r0, f->up + t * ff + r0, r1 - r0);
+    quant_cols(f, SLOT_FF, 0, n_tok, r0, r1);
+}
+
+static void ffn_down_residual(fwd_ctx *f, int l, int ith, int nth) {
+    long r0, r1;
+    pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(f, &f->m->layers[l].w_down, SLOT_FF, f->b->n_tok, r0, r1, f->y, f->hp->n_embd);
+    add_rows(f, r0, r1);
+}
+
+/* Final norm of the wanted tokens only, packed into rows [0, n_out) of xn. */
+static void output_norm_quant(fwd_ctx *f, int ith, int nth) {
+    int64_t d = f->hp->n_embd;
+    int i0, i1;
+    split_tokens(f->n_out, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++)
+        f->K->rmsnorm(f->xn + i * d, f->x + (size_t)f->out_tok[i] * d, f->m->output_norm, d, f->hp->rms_eps);
+    quant_cols(f, SLOT_EMBD, i0, i1, 0, d);
+}
+
+static void output_logits(fwd_ctx *f, int ith, int nth) {
+    long r0, r1;
+    pool_split(f->hp->n_vocab, ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(f, &f->m->output, SLOT_EMBD, f->n_out, r0, r1, f->logits, f->hp->n_vocab);
+}
+
+static void forward_fused(fwd_ctx *f, int ith, int nth) {
+    for (int l = 0; l < f->hp->n_layer; l++) {
+        attn_norm_quant(f, l, ith, nth);
+        pool_barrier(f->pool);
+        attn_qkv_rope(f, l, ith, nth);
+        pool_barrier(f->pool);
+        kv_store(f, l, ith, nth);
+        pool_barrier(f->pool);
+        attention_units(f, l, ith, nth, true);
+        pool_barrier(f->pool);
+        attn_out_residual(f, l, ith, nth);
+        pool_barrier(f->pool);
+        ffn_norm_quant(f, l, ith, nth);
+        pool_barrier(f->pool);
+        ffn_gate_up_silu_quant(f, l, ith, nth);
+        pool_barrier(f->pool);
+        ffn_down_residual(f, l, ith, nth);
+        pool_barrier(f->pool);
+    }
+    if (f->n_out == 0) return;
+    output_norm_quant(f, ith, nth);
+    pool_barrier(f->pool);
+    output_logits(f, ith, nth);
+}
+
+/* ---- the unfused plan: one op per stage, a barrier after each ----------------------------- */
+
+static void step_matmul(fwd_ctx *f, const tk_tensor *w, int s, float *y, int64_t ldy, int ith, int nth) {
+    long r0, r1;
+    pool_split(w->ne[1], ith, nth, ROW_ALIGN, &r0, &r1);
+    matmul_rows(f, w, s, f->b->n_tok, r0, r1, y, ldy);
+    pool_barrier(f->pool);
+}
+
+static void step_quant(fwd_ctx *f, int s, int ith, int nth) {
+    int t0, t1;
+    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
+    quant_cols(f, s, t0, t1, 0, f->slot[s].k);
+    pool_barrier(f->pool);
+}
+
+static void step_rmsnorm(fwd_ctx *f, const float *w, int ith, int nth) {
+    int t0, t1;
+    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
+    rmsnorm_tokens(f, w, t0, t1);
+    pool_barrier(f->pool);
+}
+
+static void step_add(fwd_ctx *f, int ith, int nth) {
+    int t0, t1;
+    int64_t d = f->hp->n_embd;
+    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
+    for (int t = t0; t < t1; t++) f->K->add(f->x + t * d, f->y + t * d, d);
+    pool_barrier(f->pool);
+}
+
+static void forward_unfused(fwd_ctx *f, int ith, int nth) {
+    int t0, t1, n_tok = f->b->n_tok;
+    int64_t ff = f->hp->n_ff;
+    split_tokens(n_tok, ith, nth, &t0, &t1);
+    embed_tokens(f, t0, t1);
+    pool_barrier(f->pool);
+    for (int l = 0; l < f->hp->n_layer; l++) {
+        const tk_layer *L = &f->m->layers[l];
+        step_rmsnorm(f, L->attn_norm, ith, nth);
+        step_quant(f, SLOT_EMBD, ith, nth);
+        step_matmul(f, &L->wq, SLOT_EMBD, f->q, f->q_dim, ith, nth);
+        step_matmul(f, &L->wk, SLOT_EMBD, f->k, f->kv_dim, ith, nth);
+        step_matmul(f, &L->wv, SLOT_EMBD, f->v, f->kv_dim, ith, nth);
+        heads_bias_norm_rope(f, f->q, f->q_dim, L->bq, L->q_norm, true, 0, f->hp->n_head, t0, t1);
+        heads_bias_norm_rope(f, f->k, f->kv_dim, L->bk, L->k_norm, true, 0, f->hp->n_head_kv, t0, t1);
+        heads_bias_norm_rope(f, f->v, f->kv_dim, L->bv, NULL, false, 0, f->hp->n_head_kv, t0, t1);
+        pool_barrier(f->pool);
+        kv_store(f, l, ith, nth);
+        pool_barrier(f->pool);
+        attention_units(f, l, ith, nth, false);
+        pool_barrier(f->pool);
+        step_quant(f, SLOT_ATT, ith, nth);
+        step_matmul(f, &L->wo, SLOT_ATT, f->y, f->hp->n_embd, ith, nth);
+        step_add(f, ith, nth);
+        step_rmsnorm(f, L->ffn_norm, ith, nth);
+        step_quant(f, SLOT_EMBD, ith, nth);
+        step_matmul(f, &L->w_gate, SLOT_EMBD, f->gate, ff, ith, nth);
+        step_matmul(f, &L->w_up, SLOT_EMBD, f->up, ff, ith, nth);
+        for (int t = t0; t < t1; t++) f->K->silu_mul(f->gate + t * ff, f->gate + t * ff, f->up + t * ff, ff);
+        pool_barrier(f->pool);
+        step_quant(f, SLOT_FF, ith, nth);
+        step_matmul(f, &L->w_down, SLOT_FF, f->y, f->hp->n_embd, ith, nth);
+        step_add(f, ith, nth);
+    }
+    if (f->n_out == 0) return;
+    output_norm_quant(f, ith, nth);
+    pool_barrier(f->pool);
+    output_logits(f, ith, nth);
+}
+
+static void fwd_worker(void *ctx, int ith, int nth) {
+    fwd_ctx *f = ctx;
+    if (f->o.unfused)
+        forward_unfused(f, ith, nth);
+    else
+        forward_fused(f, ith, nth);
+}
+
+/* ---- init / step ------------------------------------------------------------------------- */
+
+void fwd_free(fwd_ctx *f) {
+    if (!f) return;
+    float *bufs[] = {f->x, f->xn, f->q, f->k, f->v, f->att, f->y, f->gate, f->up, f->scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tk_free_aligned(bufs[i]);
+    for (int s = 0; s < SLOT_COUNT; s++)
+        for (int a = 0; a < ACT_COUNT; a++) tk_free_aligned(f->slot[s].q[a]);
+    tk_free(f->tok_pos);
+    tk_free(f->tok_seq);
+    tk_free(f->seq_tok0);
+    tk_free(f->out_tok);
+    tk_free(f);
+}
+
+/* A zeroed aligned (rows x cols) float buffer; NULL on overflow or no memory. */
+static float *alloc_f32(int64_t rows, int64_t cols) {
+    size_t n;
+    if (rows <= 0 || cols <= 0 || !tk_mul_size((size_t)rows, (size_t)cols, &n) || !tk_mul_size(n, sizeof(float), &n))
+        return NULL;
+    return tk_alloc_aligned(n, 64);
+}
+
+static void slot_need(bool need[SLOT_COUNT][ACT_COUNT], int s, const tk_tensor *w) {
+    int a = act_of(w->type);
+    if (a >= 0) need[s][a] = true;
+}
+
+static tk_status slots_init(fwd_ctx *f) {
+    const tk_model *m = f->m;
+    bool need[SLOT_COUNT][ACT_COUNT] = {{false}};
+    for (int l = 0; l < f->hp->n_layer; l++) {
+        const tk_layer *L = &m->layers[l];
+        slot_need(need, SLOT_EMBD, &L->wq);
+        slot_need(need, SLOT_EMBD, &L->wk);
+        slot_need(need, SLOT_EMBD, &L->wv);
+        slot_need(need, SLOT_EMBD, &L->w_gate);
+        slot_need(need, SLOT_EMBD, &L->w_up);
+        slot_need(need, SLOT_ATT, &L->wo);
+        slot_need(need, SLOT_FF, &L->w_down);
+    }
+    slot_need(need, SLOT_EMBD, &m->output);
+    float *fbuf[SLOT_COUNT] = {f->xn, f->att, f->gate};
+    int64_t width[SLOT_COUNT] = {f->hp->n_embd, f->q_dim, f->hp->n_ff};
+    for (int s = 0; s < SLOT_COUNT; s++) {
+        act_slot *sl = &f->slot[s];
+        sl->k = width[s];
+        sl->f = fbuf[s];
+        sl->align = 1;
+        for (int a = 0; a < ACT_COUNT; a++) {
+            if (!need[s][a]) continue;
+            tk_dtype at = a == ACT_Q8_0 ? TK_DTYPE_Q8_0 : TK_DTYPE_Q8_K;
+            uint64_t rb;
+            size_t total;
+            if (!dtype_row_bytes(at, (uint64_t)sl->k, &rb))
+                return tk_fail(TK_ERR_FORMAT, "forward: activation width %lld is not whole %s blocks",
+                               (long long)sl->k, dtype_name(at));
+            if (!tk_mul_size((size_t)rb, (size_t)f->o.max_tokens, &total) || !(sl->q[a] = tk_alloc_aligned(total, 64)))
+                return tk_fail(TK_ERR_NOMEM, "forward: out of memory for activations");
+            sl->q_stride[a] = (size_t)rb;
+            int64_t blk = a == ACT_Q8_0 ? TK_QK8_0 : TK_QK_K;
+            if (blk > sl->align) sl->align = blk;
+        }
+    }
+    /* Attention units: the fewest heads whose output columns are whole blocks. */
+    int hd = f->hp->head_dim, g = 1;
+    while (((int64_t)g * hd) % f->slot[SLOT_ATT].align) g++;
+    if (f->hp->n_head % g)
+        return tk_fail(TK_ERR_FORMAT, "forward: %d heads of %d do not split into %lld-column blocks", f->hp->n_head, hd,
+                       (long long)f->slot[SLOT_ATT].align);
+    f->heads_per_group = g;
+    f->ff_align = f->slot[SLOT_FF].align > ROW_ALIGN ? f->slot[SLOT_FF].align : ROW_ALIGN;
+    return TK_OK;
+}
+
+tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *o, fwd_ctx **out) {
+    if (!m || !kv || !pool || !o || !out) return tk_fail(TK_ERR_INVALID, "forward: NULL argument");
+    *out = NULL;
+    const tk_hparams *hp = &m->hp;
+    if (o->max_tokens < 1 || o->max_tokens > (1 << 20))
+        return tk_fail(TK_ERR_INVALID, "forward: max_tokens %d out of range [1, 1048576]", o->max_tokens);
+    if (o->max_seqs < 1 || o->max_seqs > o->max_tokens)
+        return tk_fail(TK_ERR_INVALID, "forward: max_seqs %d out of range [1, max_tokens %d]", o->max_seqs,
+                       o->max_tokens);
+    if (o->max_ctx < 1 || o->max_ctx > (1 << 24))
+        return tk_fail(TK_ERR_INVALID, "forward: max_ctx %d out of range [1, 16777216]", o->max_ctx);
+    const tk_kv_opts *ko = kv_opts(kv);
+    if (ko->n_layer != hp->n_layer || ko->n_head_kv != hp->n_head_kv || ko->head_dim != hp->head_dim)
+        return tk_fail(TK_ERR_INVALID,
+                       "forward: KV pool shape (layers %d, kv heads %d, head_dim %d) does not match the model "
+                       "(%d, %d, %d)",
+                       ko->n_layer, ko->n_head_kv, ko->head_dim, hp->n_layer, hp->n_head_kv, hp->head_dim);
+    fwd_ctx *f = tk_calloc(1, sizeof *f);
+    if (!f) return tk_fail(TK_ERR_NOMEM, "forward: out of memory");
+    f->m = m;
+    f->hp = hp;
+    f->kv = kv;
+    f->pool = pool;
+    f->o = *o;
+    f->K = kernels_default();
+    f->nth = pool_size(pool);
+    f->q_dim = (int64_t)hp->n_head * hp->head_dim;
+    f->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    f->kv_bytes_tok = kv_bytes_per_token(ko);
+    f->emb_row_bytes = m->tok_embd.nbytes / (uint64_t)hp->n_vocab;
+    f->attn_scratch = kv_attn_scratch_floats(kv, o->max_ctx);
+    int64_t T = o->max_tokens;
+    f->x = alloc_f32(T, hp->n_embd);
+    f->xn = alloc_f32(T, hp->n_embd);
+    f->q = alloc_f32(T, f->q_dim);
+    f->k = alloc_f32(T, f->kv_dim);
+    f->v = alloc_f32(T, f->kv_dim);
+    f->att = alloc_f32(T, f->q_dim);
+    f->y = alloc_f32(T, hp->n_embd);
+    f->gate = alloc_f32(T, hp->n_ff);
+    f->up = alloc_f32(T, hp->n_ff);
+    f->scratch = alloc_f32(f->nth, f->attn_scratch > 0 ? (int64_t)f->attn_scratch : 1);
+    f->tok_pos = tk_calloc((size_t)T, sizeof(int32_t));
+    f->tok_seq = tk_calloc((size_t)T, sizeof(int32_t));
+    f->seq_tok0 = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
+    f->out_tok = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->y || !f->gate || !f->up || !f->scratch ||
+        !f->tok_pos || !f->tok_seq || !f->seq_tok0 || !f->out_tok) {
+        fwd_free(f);
+        return tk_fail(TK_ERR_NOMEM, "forward: out of memory for %d-token buffers", o->max_tokens);
+    }
+    tk_status st = slots_init(f);
+    if (st) {
+        fwd_free(f);
+        return st;
+    }
+    *out = f;
+    return TK_OK;
+}
+
+/* Everything about the batch is checked before the KV cache is touched. */
+static tk_status batch_check(const fwd_ctx *f, const tk_batch *b) {
+    if (b->n_seq < 0 || b->n_seq > f->o.max_seqs)
+        return tk_fail(TK_ERR_INVALID, "forward: %d sequences in a step, at most %d", b->n_seq, f->o.max_seqs);
+    if (b->n_tok < 0 || b->n_tok > f->o.max_tokens)
+        return tk_fail(TK_ERR_INVALID, "forward: %d tokens in a step, at most %d", b->n_tok, f->o.max_tokens);
+    if (b->n_seq > 0 && (!b->tokens || !b->n || !b->pos0 || !b->bt || !b->want_logits))
+        return tk_fail(TK_ERR_INVALID, "forward: batch has a NULL array");
+    int64_t sum = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        if (b->n[s] < 1) return tk_fail(TK_ERR_INVALID, "forward: sequence %d has %d tokens", s, (int)b->n[s]);
+        if (b->pos0[s] < 0 || (int64_t)b->pos0[s] + b->n[s] > f->o.max_ctx)
+            return tk_fail(TK_ERR_INVALID, "forward: sequence %d spans positions [%d, %lld), past max_ctx %d", s,
+                           (int)b->pos0[s], (long long)b->pos0[s] + b->n[s], f->o.max_ctx);
+        if (!b->bt[s]) return tk_fail(TK_ERR_INVALID, "forward: sequence %d has no block table", s);
+        sum += b->n[s];
+    }
+    if (sum != b->n_tok)
+        return tk_fail(TK_ERR_INVALID, "forward: n_tok %d but the sequences hold %lld tokens", b->n_tok,
+                       (long long)sum);
+    for (int t = 0; t < b->n_tok; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= f->hp->n_vocab)
+            return tk_fail(TK_ERR_RANGE, "forward: token id %d at %d outside the vocabulary of %d", (int)b->tokens[t],
+                           t, f->hp->n_vocab);
+    return TK_OK;
+}
+
+tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
+    if (!f || !b) return tk_fail(TK_ERR_INVALID, "forward: NULL argument");
+    tk_status st = batch_check(f, b);
+    if (st) return st;
+    int n_out = 0, t = 0;
+    uint64_t kv_tokens = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        f->seq_tok0[s] = t;
+        for (int i = 0; i < b->n[s]; i++, t++) {
+            f->tok_pos[t] = b->pos0[s] + i;
+            f->tok_seq[t] = s;
+        }
+        if (b->want_logits[s]) f->out_tok[n_out++] = t - 1;
+        kv_tokens += (uint64_t)b->pos0[s] + (uint64_t)b->n[s];
+    }
+    if (n_out > 0 && !logits) return tk_fail(TK_ERR_INVALID, "forward: logits wanted but no output buffer");
+    f->n_out = n_out;
+    f->b = b;
+    f->logits = logits;
+    /* Weights read once per step: every layer, one embedding row per token, and
+     * the output matrix when any logits are wanted; plus KV at the real lengths. */
+    uint64_t bytes = f->m->decode_bytes - f->emb_row_bytes + (uint64_t)b->n_tok * f->emb_row_bytes;
+    if (n_out == 0) bytes -= f->m->output.nbytes;
+    f->last_bytes = bytes + kv_tokens * f->kv_bytes_tok;
+    if (b->n_tok > 0) pool_run(f->pool, fwd_worker, f);
+    f->b = NULL;
+    return TK_OK;
+}
+
+uint64_t fwd_last_bytes(const fwd_ctx *f) { return f ? f->last_bytes : 0; }

@@ -1,0 +1,376 @@
+/* The forward pass on tiny qwen3 / qwen2 / llama models: agreement with a
+ * float64 reference, batch invariance bit for bit, fused vs unfused, chunked
+ * prefill, thread-count invariance, GGUF-permuted vs HF llama, and batch checks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "core/error.h"
+#include "core/pool.h"
+#include "model/forward.h"
+#include "test_model_fixture.h"
+
+#define BS 16
+#define MAX_POS 64
+
+/* A harness: one model, one KV pool, one thread pool, one forward context. */
+typedef struct harness {
+    tk_model *m;
+    tk_kv *kv;
+    tk_pool *pool;
+    fwd_ctx *f;
+    int32_t bt[8][MAX_POS / BS]; /* block tables of up to 8 sequences */
+    int len[8];                  /* tokens in the cache per sequence */
+} harness;
+
+static void h_init(harness *h, tk_model *m, int nth, bool unfused, tk_kv_type kvt) {
+    memset(h, 0, sizeof *h);
+    h->m = m;
+    tk_kv_opts ko = {.n_layer = m->hp.n_layer, .n_head_kv = m->hp.n_head_kv, .head_dim = m->hp.head_dim,
+                     .block_size = BS, .n_blocks = 8 * MAX_POS / BS, .type = kvt, .scale = TK_KV_SCALE_HEAD};
+    assert_int_equal(kv_init(&ko, &h->kv), TK_OK);
+    assert_int_equal(pool_init(nth, false, &h->pool), TK_OK);
+    fwd_opts fo = {.max_tokens = 64, .max_seqs = 8, .max_ctx = MAX_POS, .unfused = unfused};
+    assert_int_equal(fwd_init(m, h->kv, h->pool, &fo, &h->f), TK_OK);
+    for (int s = 0; s < 8; s++)
+        for (int b = 0; b < MAX_POS / BS; b++) h->bt[s][b] = kv_block_alloc(h->kv);
+}
+
+static void h_free(harness *h) {
+    fwd_free(h->f);
+    pool_free(h->pool);
+    kv_free(h->kv);
+}
+
+/* One step: sequence ids seqs[i] get n[i] tokens from toks (in order); logits
+ * of every sequence's last token land in out (n_seq x n_vocab). */
+static void h_step(harness *h, int n_seq, const int *seqs, const int32_t *n, const int32_t *toks, float *out) {
+    int32_t pos0[8];
+    const int32_t *bts[8];
+    uint8_t want[8];
+    int n_tok = 0;
+    for (int i = 0; i < n_seq; i++) {
+        pos0[i] = h->len[seqs[i]];
+        bts[i] = h->bt[seqs[i]];
+        want[i] = 1;
+        n_tok += n[i];
+    }
+    tk_batch b = {.n_seq = n_seq, .n_tok = n_tok, .tokens = toks, .n = n, .pos0 = pos0, .bt = bts, .want_logits = want};
+    assert_int_equal(fwd_step(h->f, &b, out), TK_OK);
+    for (int i = 0; i < n_seq; i++) h->len[seqs[i]] += n[i];
+}
+
+static const int32_t PROMPT[14] = {5, 17, 299, 42, 8, 100, 3, 77, 150, 201, 9, 64, 33, 250};
+
+static void check_reference(tk_arch arch, tk_dtype wt, double tol) {
+    fx_model fx;
+    fx_build(&fx, arch, wt, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    int V = m->hp.n_vocab, n = 14;
+    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
+    fx_reference(m, PROMPT, n, ref);
+    harness h;
+    h_init(&h, m, 2, false, TK_KV_F32);
+    /* one token per step: the logits of every position */
+    for (int p = 0; p < n; p++) {
+        int s = 0;
+        int32_t one = 1;
+        h_step(&h, 1, &s, &one, &PROMPT[p], got + (size_t)p * V);
+    }
+    double err = fx_rel_err(got, ref, (size_t)n * V);
+    if (err > tol) fail_msg("%s/%s: relative error %g > %g", arch_name(arch), dtype_name(wt), err, tol);
+    h_free(&h);
+    tk_model_free(m);
+    fx_free(&fx);
+    free(ref);
+    free(got);
+}
+
+static void test_forward_matches_reference(void **state) {
+    (void)state;
+    check_reference(TK_ARCH_QWEN3, TK_DTYPE_F32, 1e-5);
+    check_reference(TK_ARCH_QWEN2, TK_DTYPE_F32, 1e-5);
+    check_reference(TK_ARCH_LLAMA, TK_DTYPE_F32, 1e-5);
+    /* quantized activations: the reference uses the same (dequantized) weights, f32 activations */
+    check_reference(TK_ARCH_QWEN3, TK_DTYPE_Q8_0, 3e-2);
+    check_reference(TK_ARCH_LLAMA, TK_DTYPE_F16, 1e-3);
+}
+
+/* Sequence 0 alone, then inside a batch with two others: identical bits. */
+static void check_batch_invariance(tk_arch arch, tk_dtype wt, int nth) {
+    fx_model fx;
+    fx_build(&fx, arch, wt, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    int V = m->hp.n_vocab;
+    float *alone = malloc(4 * (size_t)V * sizeof(float)), *batch = malloc(3 * (size_t)V * sizeof(float));
+    harness a, b;
+    h_init(&a, m, nth, false, TK_KV_F16);
+    h_init(&b, m, nth, false, TK_KV_F16);
+    int s0 = 0;
+    int32_t n5 = 5;
+    h_step(&a, 1, &s0, &n5, PROMPT, alone);
+    int32_t dec[3] = {11, 22, 33};
+    for (int i = 0; i < 3; i++) {
+        int32_t one = 1;
+        h_step(&a, 1, &s0, &one, &dec[i], alone + (size_t)(i + 1) * V);
+    }
+    /* batch: seq 0 with the same tokens, next to seq 1 (prefill of 7) and seq 2
+     * (prefill of 3 then decodes), in varying order */
+    int seqs[3] = {1, 0, 2};
+    int32_t n[3] = {7, 5, 3};
+    int32_t toks[15];
+    memcpy(toks, PROMPT + 5, 7 * sizeof(int32_t));
+    memcpy(toks + 7, PROMPT, 5 * sizeof(int32_t));
+    memcpy(toks + 12, PROMPT + 2, 3 * sizeof(int32_t));
+    h_step(&b, 3, seqs, n, toks, batch);
+    assert_memory_equal(batch + V, alone, (size_t)V * sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        int order[3] = {i % 2 ? 2 : 0, i % 2 ? 0 : 1, i % 2 ? 1 : 2};
+        int32_t nn[3] = {1, 1, 1}, tt[3];
+        int at = 0;
+        for (int j = 0; j < 3; j++) {
+            tt[j] = order[j] == 0 ? dec[i] : (int32_t)(40 + 3 * i + j);
+            if (order[j] == 0) at = j;
+        }
+        h_step(&b, 3, order, nn, tt, batch);
+        assert_memory_equal(batch + (size_t)at * V, alone + (size_t)(i + 1) * V, (size_t)V * sizeof(float));
+    }
+    h_free(&a);
+    h_free(&b);
+    tk_model_free(m);
+    fx_free(&fx);
+    free(alone);
+    free(batch);
+}
+
+static void test_forward_batch_invariance(void **state) {
+    (void)state;
+    check_batch_invariance(TK_ARCH_QWEN3, TK_DTYPE_F32, 1);
+    check_batch_invariance(TK_ARCH_QWEN3, TK_DTYPE_F32, 3);
+    check_batch_invariance(TK_ARCH_QWEN2, TK_DTYPE_Q8_0, 2);
+    check_batch_invariance(TK_ARCH_LLAMA, TK_DTYPE_BF16, 2);
+}
+
+/* The same prompt on 1, 2 and 3 threads: the split must not change a bit. */
+static void test_forward_thread_invariance(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_Q8_0, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    int V = m->hp.n_vocab;
+    float *out[3];
+    for (int t = 0; t < 3; t++) {
+        out[t] = malloc((size_t)V * sizeof(float));
+        harness h;
+        h_init(&h, m, t + 1, false, TK_KV_F16);
+        int s = 0;
+        int32_t n = 14;
+        h_step(&h, 1, &s, &n, PROMPT, out[t]);
+        h_free(&h);
+    }
+    assert_memory_equal(out[0], out[1], (size_t)V * sizeof(float));
+    assert_memory_equal(out[0], out[2], (size_t)V * sizeof(float));
+    for (int t = 0; t < 3; t++) free(out[t]);
+    tk_model_free(m);
+    fx_free(&fx);
+}
+
+static void check_fused_unfused(tk_arch arch, tk_dtype wt) {
+    fx_model fx;
+    fx_build(&fx, arch, wt, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    int V = m->hp.n_vocab;
+    float *a = malloc(2 * (size_t)V * sizeof(float)), *b = malloc(2 * (size_t)V * sizeof(float));
+    harness hf, hu;
+    h_init(&hf, m, 2, false, TK_KV_F16);
+    h_init(&hu, m, 2, true, TK_KV_F16);
+    int seqs[2] = {0, 1};
+    int32_t n[2] = {9, 5};
+    h_step(&hf, 2, seqs, n, PROMPT, a);
+    h_step(&hu, 2, seqs, n, PROMPT, b);
+    assert_true(fx_rel_err(a, b, 2 * (size_t)V) <= 1e-5);
+    int32_t one[2] = {1, 1}, dec[2] = {7, 8};
+    h_step(&hf, 2, seqs, one, dec, a);
+    h_step(&hu, 2, seqs, one, dec, b);
+    assert_true(fx_rel_err(a, b, 2 * (size_t)V) <= 1e-5);
+    h_free(&hf);
+    h_free(&hu);
+    tk_model_free(m);
+    fx_free(&fx);
+    free(a);
+    free(b);
+}
+
+static void test_forward_fused_matches_unfused(void **state) {
+    (void)state;
+    check_fused_unfused(TK_ARCH_QWEN3, TK_DTYPE_F32);
+    check_fused_unfused(TK_ARCH_QWEN2, TK_DTYPE_Q8_0);
+    check_fused_unfused(TK_ARCH_LLAMA, TK_DTYPE_F16);
+}
+
+/* The prompt in chunks of 1, 3 and 7 tokens gives the whole-prefill logits. */
+static void test_forward_chunked_prefill(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_F32, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    int V = m->hp.n_vocab, n = 14;
+    float *whole = malloc(2 * (size_t)V * sizeof(float)), *got = malloc(2 * (size_t)V * sizeof(float));
+    harness h;
+    h_init(&h, m, 2, false, TK_KV_F32);
+    int s = 0;
+    int32_t nn = n, one = 1, next = 123;
+    h_step(&h, 1, &s, &nn, PROMPT, whole);
+    h_step(&h, 1, &s, &one, &next, whole + V);
+    h_free(&h);
+    int chunks[3] = {1, 3, 7};
+    for (int c = 0; c < 3; c++) {
+        h_init(&h, m, 2, false, TK_KV_F32);
+        for (int p = 0; p < n; p += chunks[c]) {
+            int32_t k = n - p < chunks[c] ? n - p : chunks[c];
+            h_step(&h, 1, &s, &k, PROMPT + p, got);
+        }
+        h_step(&h, 1, &s, &one, &next, got + V);
+        double e = fx_rel_err(got, whole, 2 * (size_t)V);
+        if (e > 1e-5) fail_msg("chunk %d: relative error %g", chunks[c], e);
+        h_free(&h);
+    }
+    tk_model_free(m);
+    fx_free(&fx);
+    free(whole);
+    free(got);
+}
+
+/* GGUF llama (Q/K rows permuted by the converter, llama3 factors as a tensor)
+ * and the HF layout (factors from config) give bit-identical logits. */
+static void test_forward_llama_unpermute(void **state) {
+    (void)state;
+    tk_dtype types[2] = {TK_DTYPE_F32, TK_DTYPE_Q8_0};
+    for (int ti = 0; ti < 2; ti++) {
+        fx_model hf, gg;
+        fx_build(&hf, TK_ARCH_LLAMA, types[ti], TK_NAMING_HF);
+        fx_build(&gg, TK_ARCH_LLAMA, types[ti], TK_NAMING_GGUF);
+        /* the permuted file really differs from the HF layout */
+        assert_memory_not_equal(fx_get(&gg, "blk.0.attn_q.weight")->data,
+                                fx_get(&hf, "model.layers.0.self_attn.q_proj.weight")->data,
+                                fx_get(&gg, "blk.0.attn_q.weight")->nbytes);
+        tk_model *mh, *mg;
+        assert_int_equal(fx_open(&hf, NULL, &mh), TK_OK);
+        assert_int_equal(fx_open(&gg, NULL, &mg), TK_OK);
+        assert_memory_equal(mh->rope_freqs, mg->rope_freqs, (size_t)mh->hp.head_dim / 2 * sizeof(float));
+        int V = mh->hp.n_vocab;
+        float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+        harness h1, h2;
+        h_init(&h1, mh, 2, false, TK_KV_F16);
+        h_init(&h2, mg, 2, false, TK_KV_F16);
+        int s = 0;
+        int32_t n = 14;
+        h_step(&h1, 1, &s, &n, PROMPT, a);
+        h_step(&h2, 1, &s, &n, PROMPT, b);
+        assert_memory_equal(a, b, (size_t)V * sizeof(float));
+        h_free(&h1);
+        h_free(&h2);
+        tk_model_free(mh);
+        tk_model_free(mg);
+        fx_free(&hf);
+        fx_free(&gg);
+        free(a);
+        free(b);
+    }
+}
+
+/* Repacking F32 weights to Q8_0 at load gives the model built as Q8_0. */
+static void test_forward_repack(void **state) {
+    (void)state;
+    fx_model f32, q8;
+    fx_build(&f32, TK_ARCH_QWEN2, TK_DTYPE_F32, TK_NAMING_HF);
+    fx_build(&q8, TK_ARCH_QWEN2, TK_DTYPE_Q8_0, TK_NAMING_HF);
+    tk_model_opts o;
+    tk_model_opts_default(&o);
+    o.repack_dtype = TK_DTYPE_Q8_0;
+    tk_model *mr, *mq;
+    assert_int_equal(fx_open(&f32, &o, &mr), TK_OK);
+    assert_int_equal(fx_open(&q8, NULL, &mq), TK_OK);
+    assert_string_equal(model_weight_dtype(mr), "q8_0");
+    assert_int_equal(model_decode_bytes(mr) - mr->tok_embd.nbytes / 300,
+                     model_decode_bytes(mq) - mq->tok_embd.nbytes / 300);
+    int V = mr->hp.n_vocab;
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    harness h1, h2;
+    h_init(&h1, mr, 2, false, TK_KV_F16);
+    h_init(&h2, mq, 2, false, TK_KV_F16);
+    int s = 0;
+    int32_t n = 6;
+    h_step(&h1, 1, &s, &n, PROMPT, a);
+    h_step(&h2, 1, &s, &n, PROMPT, b);
+    /* embeddings stay f32 in the repacked model, q8_0 in the other */
+    assert_true(fx_rel_err(a, b, (size_t)V) < 5e-2);
+    h_free(&h1);
+    h_free(&h2);
+    tk_model_free(mr);
+    tk_model_free(mq);
+    fx_free(&f32);
+    fx_free(&q8);
+    free(a);
+    free(b);
+}
+
+/* Bad batches are refused before the KV cache is touched. */
+static void test_forward_batch_checks(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_F32, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    harness h;
+    h_init(&h, m, 1, false, TK_KV_F16);
+    float *lg = malloc(300 * sizeof(float));
+    int32_t tok = 300, n = 1, pos0 = 0;
+    const int32_t *bt[1] = {h.bt[0]};
+    uint8_t want = 1;
+    tk_batch b = {.n_seq = 1, .n_tok = 1, .tokens = &tok, .n = &n, .pos0 = &pos0, .bt = bt, .want_logits = &want};
+    assert_int_equal(fwd_step(h.f, &b, lg), TK_ERR_RANGE);
+    assert_non_null(strstr(tk_last_error(), "token id 300"));
+    tok = 5;
+    b.n_tok = 2;
+    assert_int_equal(fwd_step(h.f, &b, lg), TK_ERR_INVALID);
+    b.n_tok = 1;
+    pos0 = MAX_POS;
+    assert_int_equal(fwd_step(h.f, &b, lg), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "max_ctx"));
+    pos0 = 0;
+    b.n_seq = 9;
+    assert_int_equal(fwd_step(h.f, &b, lg), TK_ERR_INVALID);
+    b.n_seq = 1;
+    assert_int_equal(fwd_step(h.f, &b, lg), TK_OK);
+    assert_true(fwd_last_bytes(h.f) > model_decode_bytes(m) - 1000);
+    /* a KV pool of another shape is refused at init */
+    tk_kv_opts ko = {.n_layer = 3, .n_head_kv = 2, .head_dim = 32, .block_size = 16, .n_blocks = 4, .type = TK_KV_F16};
+    tk_kv *kv;
+    fwd_ctx *f;
+    assert_int_equal(kv_init(&ko, &kv), TK_OK);
+    fwd_opts fo = {.max_tokens = 8, .max_seqs = 2, .max_ctx = 64};
+    assert_int_equal(fwd_init(m, kv, h.pool, &fo, &f), TK_ERR_INVALID);
+    kv_free(kv);
+    free(lg);
+    h_free(&h);
+    tk_model_free(m);
+    fx_free(&fx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forward_matches_reference),  cmocka_unit_test(test_forward_batch_invariance),
+        cmocka_unit_test(test_forward_thread_invariance),  cmocka_unit_test(test_forward_fused_matches_unfused),
+        cmocka_unit_test(test_forward_chunked_prefill),    cmocka_unit_test(test_forward_llama_unpermute),
+        cmocka_unit_test(test_forward_repack),             cmocka_unit_test(test_forward_batch_checks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
