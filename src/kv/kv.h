@@ -22,8 +22,8 @@
 
 typedef struct tk_kv_opts {
     int n_layer, n_head_kv, head_dim;
-    int block_size;       /* 16/32/64/128/256 */
-    int n_blocks;         /* per layer */
+    int block_size; /* 16/32/64/128/256 */
+    int n_blocks;   /* per layer */
     tk_kv_type type;
     tk_kv_scale scale;
 } tk_kv_opts;
@@ -49,6 +49,12 @@ int kv_blocks_total(const tk_kv *kv);
  * position pos of a sequence with block table bt, in layer l. */
 void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v);
 
+/* Read back (dequantize) the K and V vectors of position pos, as kv_write's
+ * layout ([n_head_kv][head_dim] floats each). For tests and debugging. */
+void kv_read(const tk_kv *kv, int l, const int32_t *bt, int pos, float *k, float *v);
+/* The int8 scale that applies to (pos, head) of K (v false) or V; 0 for float types. */
+float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head, bool v);
+
 /* Attention for n_q query tokens of one sequence in layer l, rows of heads
  * [h0, h1) only (callers split heads over threads):
  *   q:   [n_q][n_head][head_dim]  (RoPE applied)
@@ -58,6 +64,8 @@ void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, cons
  * The SIMD variant is picked from the kernels table at kv_init. */
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                   int h0, int h1, float scale, float *out, float *scratch);
+/* Softmax is computed online a block at a time, so the scratch size depends on
+ * head_dim and block_size only; max_ctx is accepted for callers' sake. */
 size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx);
 
 #endif

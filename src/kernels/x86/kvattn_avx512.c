@@ -1,0 +1,245 @@
+/* AVX-512 attention over the paged KV cache: the AVX2 kernel
+ * (kvattn_avx2.c, which explains the design) with 16 lanes, reductions by
+ * _mm512_reduce_*, and 2^n by scalef. head_dim % 16 == 0. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdbool.h>
+
+#include "kv/kv_simd.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 elements at c of a row of the KV type, as floats (int8 unscaled). */
+INLINE __m512 load16(const uint8_t *row, int c, const tk_kv_type type) {
+    switch (type) {
+    case TK_KV_F32:
+        return _mm512_loadu_ps((const float *)row + c);
+    case TK_KV_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c)));
+    case TK_KV_BF16: {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + c)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    }
+    case TK_KV_INT8:
+    default:
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + c))));
+    }
+}
+
+/* exp(x) for x <= 0 (scores minus their max); 0 below -87, where expf is
+ * subnormal or zero anyway, and for -inf (padding). */
+INLINE __m512 exp16_neg(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* r = x - n ln2, with ln2 split in two so r is exact enough */
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(y, n));
+}
+
+/* Running softmax state of a tile: per head t, scores/weights s[t*bs + j],
+ * weighted V sum acc[t*hd + c], running max m[t] and sum l[t]. */
+typedef struct tile_state {
+    float *s, *acc, *m, *l;
+} tile_state;
+
+/* One block (n valid rows) for T heads whose queries are q[t]. */
+INLINE void tile_block(const kv_geom *g, int32_t blk, int kvh, int n, const float *const *q, float scale,
+                       const tile_state *st, const int T, const tk_kv_type type) {
+    const int hd = g->head_dim, bs = g->block_size;
+    const size_t row_bytes = (size_t)hd * kv_type_size(type);
+    const int sstride = g->scale == TK_KV_SCALE_TOKEN ? 1 : 0;
+    const uint8_t *K = kv_geom_k(g, blk, kvh), *V = kv_geom_v(g, blk, kvh);
+    const float *ks = kv_geom_ks(g, blk, kvh), *vs = kv_geom_vs(g, blk, kvh);
+
+    for (int j = 0; j < n; j++) {
+        const uint8_t *kr = K + (size_t)j * row_bytes;
+        __m512 d[KV_ATTN_TILE];
+        for (int t = 0; t < T; t++) d[t] = _mm512_setzero_ps();
+        for (int c = 0; c < hd; c += 16) {
+            const __m512 k = load16(kr, c, type);
+            for (int t = 0; t < T; t++) d[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q[t] + c), k, d[t]);
+        }
+        for (int t = 0; t < T; t++) {
+            float x = _mm512_reduce_add_ps(d[t]);
+            if (type == TK_KV_INT8) x *= ks[j * sstride];
+            st->s[t * bs + j] = x * scale;
+        }
+    }
+    /* Pad to whole vectors with -inf: exp gives 0 and max ignores them. */
+    const int n16 = (n + 15) & ~15;
+    for (int t = 0; t < T; t++)
+        for (int j = n; j < n16; j++) st->s[t * bs + j] = -INFINITY;
+
+    float corr[KV_ATTN_TILE];
+    for (int t = 0; t < T; t++) {
+        float *s = st->s + t * bs;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < n16; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+        const float m_new = fmaxf(st->m[t], _mm512_reduce_max_ps(mx));
+        corr[t] = expf(st->m[t] - m_new);
+        st->m[t] = m_new;
+        const __m512 mv = _mm512_set1_ps(m_new);
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < n16; j += 16) {
+            const __m512 p = exp16_neg(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+            sum = _mm512_add_ps(sum, p);
+            /* int8: fold the V scale into the weight */
+            __m512 w = p;
+            if (type == TK_KV_INT8)
+                w = _mm512_mul_ps(p, sstride ? _mm512_loadu_ps(vs + j) : _mm512_set1_ps(vs[0]));
+            _mm512_storeu_ps(s + j, w);
+        }
+        st->l[t] = st->l[t] * corr[t] + _mm512_reduce_add_ps(sum);
+    }
+
+    for (int c = 0; c < hd; c += 16) {
+        __m512 a[KV_ATTN_TILE];
+        for (int t = 0; t < T; t++)
+            a[t] = _mm512_mul_ps(_mm512_loadu_ps(st->acc + t * hd + c), _mm512_set1_ps(corr[t]));
+        for (int j = 0; j < n; j++) {
+            const __m512 v = load16(V + (size_t)j * row_bytes, c, type);
+            for (int t = 0; t < T; t++) a[t] = _mm512_fmadd_ps(_mm512_set1_ps(st->s[t * bs + j]), v, a[t]);
+        }
+        for (int t = 0; t < T; t++) _mm512_storeu_ps(st->acc + t * hd + c, a[t]);
+    }
+}
+
+/* T heads sharing kv head kvh, one query position, context length len. */
+INLINE void tile_run(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                     float scale, float *out, float *scratch, const int T, const tk_kv_type type) {
+    const int bs = g->block_size;
+    tile_state st = {.s = scratch, .acc = scratch + (size_t)KV_ATTN_TILE * bs};
+    st.m = st.acc + (size_t)KV_ATTN_TILE * hd;
+    st.l = st.m + KV_ATTN_TILE;
+    const float *qt[KV_ATTN_TILE];
+    for (int t = 0; t < T; t++) {
+        qt[t] = q + (size_t)t * hd;
+        st.m[t] = -INFINITY;
+        st.l[t] = 0.0f;
+        for (int c = 0; c < hd; c++) st.acc[t * hd + c] = 0.0f;
+    }
+    for (int b = 0; b * bs < len; b++) {
+        const int n = len - b * bs < bs ? len - b * bs : bs;
+        tile_block(g, bt[b], kvh, n, qt, scale, &st, T, type);
+    }
+    for (int t = 0; t < T; t++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / st.l[t]);
+        for (int c = 0; c < hd; c += 16)
+            _mm512_storeu_ps(out + (size_t)t * hd + c,
+                             _mm512_mul_ps(_mm512_loadu_ps(st.acc + t * hd + c), inv));
+    }
+}
+
+/* One instance per KV type, each with the tile sizes unrolled. */
+#define TILE_ARGS g, bt, len, kvh, q, hd, scale, out, scratch
+typedef void (*tile_fn)(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                        float scale, float *out, float *scratch, int T);
+
+static void tile_f32(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                     float scale, float *out, float *scratch, int T) {
+    switch (T) {
+    case 1:
+        tile_run(TILE_ARGS, 1, TK_KV_F32);
+        break;
+    case 2:
+        tile_run(TILE_ARGS, 2, TK_KV_F32);
+        break;
+    case 3:
+        tile_run(TILE_ARGS, 3, TK_KV_F32);
+        break;
+    default:
+        tile_run(TILE_ARGS, 4, TK_KV_F32);
+        break;
+    }
+}
+static void tile_f16(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                     float scale, float *out, float *scratch, int T) {
+    switch (T) {
+    case 1:
+        tile_run(TILE_ARGS, 1, TK_KV_F16);
+        break;
+    case 2:
+        tile_run(TILE_ARGS, 2, TK_KV_F16);
+        break;
+    case 3:
+        tile_run(TILE_ARGS, 3, TK_KV_F16);
+        break;
+    default:
+        tile_run(TILE_ARGS, 4, TK_KV_F16);
+        break;
+    }
+}
+static void tile_bf16(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                      float scale, float *out, float *scratch, int T) {
+    switch (T) {
+    case 1:
+        tile_run(TILE_ARGS, 1, TK_KV_BF16);
+        break;
+    case 2:
+        tile_run(TILE_ARGS, 2, TK_KV_BF16);
+        break;
+    case 3:
+        tile_run(TILE_ARGS, 3, TK_KV_BF16);
+        break;
+    default:
+        tile_run(TILE_ARGS, 4, TK_KV_BF16);
+        break;
+    }
+}
+static void tile_int8(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                      float scale, float *out, float *scratch, int T) {
+    switch (T) {
+    case 1:
+        tile_run(TILE_ARGS, 1, TK_KV_INT8);
+        break;
+    case 2:
+        tile_run(TILE_ARGS, 2, TK_KV_INT8);
+        break;
+    case 3:
+        tile_run(TILE_ARGS, 3, TK_KV_INT8);
+        break;
+    default:
+        tile_run(TILE_ARGS, 4, TK_KV_INT8);
+        break;
+    }
+}
+#undef TILE_ARGS
+
+void kv_attn_avx512(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                    int h0, int h1, float scale, float *out, float *scratch) {
+    const tile_fn fn = g->type == TK_KV_F32    ? tile_f32
+                       : g->type == TK_KV_F16  ? tile_f16
+                       : g->type == TK_KV_BF16 ? tile_bf16
+                                               : tile_int8;
+    const int ratio = n_head / g->n_head_kv, hd = g->head_dim;
+    for (int i = 0; i < n_q; i++) {
+        for (int h = h0; h < h1;) {
+            const int kvh = h / ratio;
+            const int group_end = (kvh + 1) * ratio < h1 ? (kvh + 1) * ratio : h1;
+            const int T = group_end - h < KV_ATTN_TILE ? group_end - h : KV_ATTN_TILE;
+            const size_t off = ((size_t)i * (size_t)n_head + (size_t)h) * (size_t)hd;
+            fn(g, bt, pos0 + i + 1, kvh, q + off, hd, scale, out + off, scratch, T);
+            h += T;
+        }
+    }
+}
+
+void kv_to_f16_avx512(const float *x, tk_f16 *y, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(
+            (__m256i *)(y + i),
+            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    kv_to_f16_ref(x + i, y + i, n - i);
+}

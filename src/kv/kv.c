@@ -1,0 +1,377 @@
+/* The paged KV pool: one allocation for every layer's blocks, a free list of
+ * block ids, conversion of written K/V vectors to the pool's KV type, and the
+ * dispatch of attention to the kernel picked at init. */
+#include "kv.h"
+
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/error.h"
+#include "kv_simd.h"
+
+struct tk_kv {
+    tk_kv_opts o;
+    uint8_t *pool;                /* [n_layer][n_blocks][block_stride] bytes, 64-byte aligned */
+    size_t block_stride;          /* bytes of one (layer, block) region, a multiple of 64 */
+    size_t v_off, ks_off, vs_off; /* section offsets inside a region (see kv_geom) */
+    int32_t *free_ids;            /* [n_blocks] stack of free block ids; top is free_ids[n_free-1] */
+    int n_free;
+    uint8_t *used; /* [n_blocks] 1 while a block is allocated (catches double frees) */
+    tk_isa isa;    /* level of the attention kernel in use */
+    kv_attn_fn attn;
+    kv_to_f16_fn to_f16;
+};
+
+/* Sizes of one (layer, block) region; false on overflow. */
+typedef struct kv_layout {
+    size_t sect;   /* bytes of K (or V): n_head_kv * block_size * head_dim * elem */
+    size_t scales; /* bytes of k_scale (or v_scale); 0 unless int8 */
+    size_t exact;  /* 2 * (sect + scales): the bytes that carry data */
+    size_t stride; /* exact rounded up to 64 */
+} kv_layout;
+
+static bool layout_of(const tk_kv_opts *o, kv_layout *L) {
+    size_t sect, scales = 0, exact, stride;
+    if (!tk_mul_size((size_t)o->n_head_kv, (size_t)o->block_size, &sect) ||
+        !tk_mul_size(sect, (size_t)o->head_dim, &sect) || !tk_mul_size(sect, kv_type_size(o->type), &sect))
+        return false;
+    if (o->type == TK_KV_INT8) {
+        size_t per_head = o->scale == TK_KV_SCALE_TOKEN ? (size_t)o->block_size : 1;
+        if (!tk_mul_size((size_t)o->n_head_kv, per_head * sizeof(float), &scales)) return false;
+    }
+    if (!tk_add_size(sect, scales, &exact) || !tk_mul_size(exact, 2, &exact)) return false;
+    if (!tk_add_size(exact, 63, &stride)) return false;
+    stride &= ~(size_t)63;
+    *L = (kv_layout){.sect = sect, .scales = scales, .exact = exact, .stride = stride};
+    return true;
+}
+
+static bool block_size_ok(int bs) { return bs == 16 || bs == 32 || bs == 64 || bs == 128 || bs == 256; }
+
+static tk_status opts_check(const tk_kv_opts *o) {
+    if (o->n_layer <= 0) return tk_fail(TK_ERR_INVALID, "kv: n_layer must be > 0, got %d", o->n_layer);
+    if (o->n_head_kv <= 0) return tk_fail(TK_ERR_INVALID, "kv: n_head_kv must be > 0, got %d", o->n_head_kv);
+    if (o->head_dim <= 0) return tk_fail(TK_ERR_INVALID, "kv: head_dim must be > 0, got %d", o->head_dim);
+    if (o->n_blocks <= 0) return tk_fail(TK_ERR_INVALID, "kv: n_blocks must be > 0, got %d", o->n_blocks);
+    if (!block_size_ok(o->block_size))
+        return tk_fail(TK_ERR_INVALID, "kv: block_size must be 16, 32, 64, 128 or 256, got %d",
+                       o->block_size);
+    if ((unsigned)o->type > TK_KV_INT8)
+        return tk_fail(TK_ERR_INVALID, "kv: type must be f32, f16, bf16 or int8 (0..3), got %d",
+                       (int)o->type);
+    if ((unsigned)o->scale > TK_KV_SCALE_TOKEN)
+        return tk_fail(TK_ERR_INVALID, "kv: scale must be per head or per token (0..1), got %d",
+                       (int)o->scale);
+    return TK_OK;
+}
+
+/* Options are validated by callers of the size functions only loosely (they
+ * return 0 for options kv_init would refuse), so they never set a message. */
+static bool opts_valid(const tk_kv_opts *o) {
+    return o && o->n_layer > 0 && o->n_head_kv > 0 && o->head_dim > 0 && o->n_blocks > 0 &&
+           block_size_ok(o->block_size) && (unsigned)o->type <= TK_KV_INT8 &&
+           (unsigned)o->scale <= TK_KV_SCALE_TOKEN;
+}
+
+size_t kv_block_bytes(const tk_kv_opts *o) {
+    kv_layout L;
+    size_t n;
+    if (!opts_valid(o) || !layout_of(o, &L) || !tk_mul_size(L.stride, (size_t)o->n_layer, &n)) return 0;
+    return n;
+}
+
+/* Logical bytes (no alignment padding); per-head scales are shared by a block's
+ * tokens, so their share is rounded up. */
+size_t kv_bytes_per_token(const tk_kv_opts *o) {
+    kv_layout L;
+    size_t n;
+    if (!opts_valid(o) || !layout_of(o, &L) || !tk_mul_size(L.exact, (size_t)o->n_layer, &n)) return 0;
+    return n / (size_t)o->block_size + (n % (size_t)o->block_size != 0);
+}
+
+size_t kv_attn_scratch_need(int head_dim, int block_size) {
+    return (size_t)KV_ATTN_TILE * ((size_t)block_size + 2 * (size_t)head_dim + 2);
+}
+
+size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx) {
+    (void)max_ctx; /* online softmax: one block of scores at a time, whatever the context */
+    return kv_attn_scratch_need(kv->o.head_dim, kv->o.block_size);
+}
+
+static size_t phys_mem_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t n;
+    if (pages <= 0 || page <= 0 || !tk_mul_size((size_t)pages, (size_t)page, &n)) return SIZE_MAX;
+    return n;
+}
+
+tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
+    if (!out) return tk_fail(TK_ERR_INVALID, "kv: out is NULL");
+    *out = NULL;
+    if (!o) return tk_fail(TK_ERR_INVALID, "kv: options are NULL");
+    tk_status st = opts_check(o);
+    if (st != TK_OK) return st;
+    tk_cpu cpu;
+    cpu_detect(&cpu);
+    if ((int)isa < TK_ISA_SCALAR || isa > cpu_best_isa(&cpu))
+        return tk_fail(TK_ERR_UNSUPPORTED, "kv: ISA level %d asked for, the CPU has at most %s", (int)isa,
+                       cpu_isa_name(cpu_best_isa(&cpu)));
+
+    kv_layout L;
+    size_t total;
+    if (!layout_of(o, &L) || !tk_mul_size(L.stride, (size_t)o->n_blocks, &total) ||
+        !tk_mul_size(total, (size_t)o->n_layer, &total))
+        return tk_fail(TK_ERR_NOMEM,
+                       "kv: pool size overflows (%d layers x %d blocks x %d heads x %d slots x %d dims)",
+                       o->n_layer, o->n_blocks, o->n_head_kv, o->block_size, o->head_dim);
+    /* The pool is zeroed (touched) at init, so more than the machine's memory
+     * can never work; refuse it before the allocator (or the OOM killer) does. */
+    size_t phys = phys_mem_bytes();
+    if (total > phys)
+        return tk_fail(TK_ERR_NOMEM,
+                       "kv: pool needs %zu bytes (%d blocks x %zu bytes), more than the %zu bytes of memory",
+                       total, o->n_blocks, L.stride * (size_t)o->n_layer, phys);
+
+    tk_kv *kv = tk_calloc(1, sizeof *kv);
+    if (!kv) return tk_fail(TK_ERR_NOMEM, "kv: %zu bytes for the pool header", sizeof *kv);
+    kv->o = *o;
+    kv->block_stride = L.stride;
+    kv->v_off = L.sect;
+    kv->ks_off = 2 * L.sect;
+    kv->vs_off = 2 * L.sect + L.scales;
+    kv->pool = tk_alloc_aligned(total, 64);
+    kv->free_ids = tk_calloc((size_t)o->n_blocks, sizeof *kv->free_ids);
+    kv->used = tk_calloc((size_t)o->n_blocks, 1);
+    if (!kv->pool || !kv->free_ids || !kv->used) {
+        kv_free(kv);
+        return tk_fail(TK_ERR_NOMEM, "kv: cannot allocate the pool (%zu bytes, %d blocks)", total,
+                       o->n_blocks);
+    }
+    /* Stack order hands out 0, 1, 2, ... first: low ids, predictable tests. */
+    for (int i = 0; i < o->n_blocks; i++) kv->free_ids[i] = o->n_blocks - 1 - i;
+    kv->n_free = o->n_blocks;
+
+    kv->isa = TK_ISA_SCALAR;
+    kv->attn = kv_attn_ref;
+    kv->to_f16 = kv_to_f16_ref;
+    /* The SIMD kernels walk whole vectors of head_dim; an odd head_dim drops to
+     * the next level down rather than carrying tail code in every kernel. */
+    if (isa >= TK_ISA_AVX512) {
+        kv->to_f16 = kv_to_f16_avx512;
+        if (o->head_dim % 16 == 0) {
+            kv->attn = kv_attn_avx512;
+            kv->isa = TK_ISA_AVX512;
+        }
+    } else if (isa >= TK_ISA_AVX2) {
+        kv->to_f16 = kv_to_f16_avx2;
+    }
+    if (isa >= TK_ISA_AVX2 && kv->isa == TK_ISA_SCALAR && o->head_dim % 8 == 0) {
+        kv->attn = kv_attn_avx2;
+        kv->isa = TK_ISA_AVX2;
+    }
+    *out = kv;
+    return TK_OK;
+}
+
+tk_status kv_init(const tk_kv_opts *o, tk_kv **out) {
+    tk_cpu cpu;
+    cpu_detect(&cpu);
+    return kv_init_isa(o, cpu_isa_from_env(&cpu), out);
+}
+
+void kv_free(tk_kv *kv) {
+    if (!kv) return;
+    tk_free_aligned(kv->pool);
+    tk_free(kv->free_ids);
+    tk_free(kv->used);
+    tk_free(kv);
+}
+
+const tk_kv_opts *kv_opts(const tk_kv *kv) { return &kv->o; }
+tk_isa kv_isa(const tk_kv *kv) { return kv->isa; }
+
+int kv_block_alloc(tk_kv *kv) {
+    if (kv->n_free == 0) return -1;
+    int b = kv->free_ids[--kv->n_free];
+    TK_ASSERT(!kv->used[b]);
+    kv->used[b] = 1;
+    return b;
+}
+
+void kv_block_free(tk_kv *kv, int block) {
+    TK_ASSERT(block >= 0 && block < kv->o.n_blocks);
+    TK_ASSERT(kv->used[block]); /* double free */
+    kv->used[block] = 0;
+    kv->free_ids[kv->n_free++] = block;
+}
+
+int kv_blocks_free(const tk_kv *kv) { return kv->n_free; }
+int kv_blocks_total(const tk_kv *kv) { return kv->o.n_blocks; }
+
+static kv_geom geom_of(const tk_kv *kv, int l) {
+    return (kv_geom){
+        .layer = kv->pool + (size_t)l * (size_t)kv->o.n_blocks * kv->block_stride,
+        .block_stride = kv->block_stride,
+        .v_off = kv->v_off,
+        .ks_off = kv->ks_off,
+        .vs_off = kv->vs_off,
+        .n_blocks = kv->o.n_blocks,
+        .n_head_kv = kv->o.n_head_kv,
+        .head_dim = kv->o.head_dim,
+        .block_size = kv->o.block_size,
+        .type = kv->o.type,
+        .scale = kv->o.scale,
+    };
+}
+
+/* The block holding position pos; ids come from the engine, so a bad one is a bug. */
+static int32_t block_at(const tk_kv *kv, const int32_t *bt, int pos) {
+    int32_t b = bt[pos / kv->o.block_size];
+    TK_ASSERT(b >= 0 && b < kv->o.n_blocks && kv->used[b]);
+    return b;
+}
+
+static float absmax(const float *x, int n) {
+    float a = 0.0f;
+    for (int i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
+    return a;
+}
+
+static int8_t quant_one(float x, float s) {
+    float r = nearbyintf(x / s);
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+}
+
+static void quant_vec(const float *x, int8_t *q, int n, float s) {
+    if (s == 0.0f) { /* an all-zero vector (or block so far) */
+        memset(q, 0, (size_t)n);
+        return;
+    }
+    for (int i = 0; i < n; i++) q[i] = quant_one(x[i], s);
+}
+
+/* Per-head int8: the (block, head) scale only grows. The first vector of a block
+ * (slot 0) starts it afresh, which also forgets a reused block's old scale; so
+ * a block's slots must be written in order from 0, as the engine does. When a
+ * vector does not fit, the scale becomes absmax * KV_INT8_HEADROOM / 127 and
+ * slots [0, slot) are requantized to it with round-to-nearest.
+ *
+ * Why 1.25 of headroom: each requantization adds up to half a step of error to
+ * the values already there. With no headroom a slowly growing absmax rescales
+ * on every token, and the error of a block's first values grows with its length
+ * (simulated: 57x the error of one scale fitted to the whole block, at 256
+ * slots). With 1.25 a block rescales at most ~3 times per doubling of its
+ * absmax, so old values carry at most s/2 * (1 + 0.8 + 0.64 + ...) = 2.5 s of
+ * error (s the final scale), while random data (no drift) loses ~5% against no
+ * headroom. Per-token scales avoid the question at 4 bytes per vector. */
+static void write_int8_head(int8_t *rows, float *scale, int slot, int hd, const float *x) {
+    float a = absmax(x, hd);
+    if (slot == 0) *scale = 0.0f;
+    float s = *scale;
+    if (a > s * 127.0f) {
+        float s_new = a * KV_INT8_HEADROOM / 127.0f;
+        if (slot > 0 && s > 0.0f) {
+            float r = s / s_new;
+            for (size_t i = 0; i < (size_t)slot * (size_t)hd; i++) {
+                float v = nearbyintf((float)rows[i] * r);
+                rows[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+            }
+        }
+        s = *scale = s_new;
+    }
+    quant_vec(x, rows + (size_t)slot * hd, hd, s);
+}
+
+/* Converts one vector of head_dim floats into slot `slot` of a head's rows. */
+static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, const float *x) {
+    int hd = kv->o.head_dim;
+    size_t off = (size_t)slot * (size_t)hd;
+    switch (kv->o.type) {
+    case TK_KV_F32:
+        memcpy((float *)rows + off, x, (size_t)hd * sizeof(float));
+        break;
+    case TK_KV_F16:
+        kv->to_f16(x, (tk_f16 *)rows + off, hd);
+        break;
+    case TK_KV_BF16:
+        for (int i = 0; i < hd; i++) ((tk_bf16 *)rows)[off + i] = tk_f32_to_bf16(x[i]);
+        break;
+    case TK_KV_INT8:
+        if (kv->o.scale == TK_KV_SCALE_TOKEN) {
+            float s = absmax(x, hd) / 127.0f;
+            scales[slot] = s;
+            quant_vec(x, (int8_t *)rows + off, hd, s);
+        } else {
+            write_int8_head((int8_t *)rows, scales, slot, hd, x);
+        }
+        break;
+    }
+}
+
+void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v) {
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0);
+    kv_geom g = geom_of(kv, l);
+    int32_t b = block_at(kv, bt, pos);
+    int slot = pos % kv->o.block_size;
+    for (int h = 0; h < kv->o.n_head_kv; h++) {
+        const float *kx = k + (size_t)h * kv->o.head_dim, *vx = v + (size_t)h * kv->o.head_dim;
+        /* The geometry hands out const pointers for the kernels; the pool is ours to write. */
+        write_vec(kv, (uint8_t *)kv_geom_k(&g, b, h), (float *)kv_geom_ks(&g, b, h), slot, kx);
+        write_vec(kv, (uint8_t *)kv_geom_v(&g, b, h), (float *)kv_geom_vs(&g, b, h), slot, vx);
+    }
+}
+
+static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, int slot, float *x) {
+    int hd = kv->o.head_dim;
+    size_t off = (size_t)slot * (size_t)hd;
+    switch (kv->o.type) {
+    case TK_KV_F32:
+        memcpy(x, (const float *)rows + off, (size_t)hd * sizeof(float));
+        break;
+    case TK_KV_F16:
+        for (int i = 0; i < hd; i++) x[i] = tk_f16_to_f32(((const tk_f16 *)rows)[off + i]);
+        break;
+    case TK_KV_BF16:
+        for (int i = 0; i < hd; i++) x[i] = tk_bf16_to_f32(((const tk_bf16 *)rows)[off + i]);
+        break;
+    case TK_KV_INT8: {
+        float s = kv->o.scale == TK_KV_SCALE_TOKEN ? scales[slot] : scales[0];
+        for (int i = 0; i < hd; i++) x[i] = (float)((const int8_t *)rows)[off + i] * s;
+        break;
+    }
+    }
+}
+
+void kv_read(const tk_kv *kv, int l, const int32_t *bt, int pos, float *k, float *v) {
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0);
+    kv_geom g = geom_of(kv, l);
+    int32_t b = block_at(kv, bt, pos);
+    int slot = pos % kv->o.block_size;
+    for (int h = 0; h < kv->o.n_head_kv; h++) {
+        read_vec(kv, kv_geom_k(&g, b, h), kv_geom_ks(&g, b, h), slot, k + (size_t)h * kv->o.head_dim);
+        read_vec(kv, kv_geom_v(&g, b, h), kv_geom_vs(&g, b, h), slot, v + (size_t)h * kv->o.head_dim);
+    }
+}
+
+float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head, bool v) {
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0 && head >= 0 && head < kv->o.n_head_kv);
+    if (kv->o.type != TK_KV_INT8) return 0.0f;
+    kv_geom g = geom_of(kv, l);
+    int32_t b = block_at(kv, bt, pos);
+    const float *s = v ? kv_geom_vs(&g, b, head) : kv_geom_ks(&g, b, head);
+    return kv->o.scale == TK_KV_SCALE_TOKEN ? s[pos % kv->o.block_size] : s[0];
+}
+
+void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                  int h0, int h1, float scale, float *out, float *scratch) {
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos0 >= 0 && n_q >= 0);
+    TK_ASSERT(n_head > 0 && n_head % kv->o.n_head_kv == 0 && 0 <= h0 && h0 <= h1 && h1 <= n_head);
+    if (n_q == 0 || h0 == h1) return;
+    /* One compare per block read: cheap next to the block itself. */
+    for (int p = 0; p < pos0 + n_q; p += kv->o.block_size) (void)block_at(kv, bt, p);
+    kv_geom g = geom_of(kv, l);
+    kv->attn(&g, bt, pos0, n_q, q, n_head, h0, h1, scale, out, scratch);
+}

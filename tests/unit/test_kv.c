@@ -1,0 +1,590 @@
+/* The paged KV cache: pool accounting, options, conversions per KV type, and
+ * attention (every kernel the CPU can run) against a float64 computation over
+ * a contiguous copy of the cache. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* cmocka needs the headers above first */
+#include <cmocka.h>
+
+#include "core/alloc.h"
+#include "core/cpu.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kv/kv.h"
+#include "kv/kv_simd.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_unit(uint64_t *s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+static tk_isa best_isa(void) {
+    tk_cpu c;
+    cpu_detect(&c);
+    return cpu_best_isa(&c);
+}
+
+static tk_kv_opts opts_make(int n_layer, int n_head_kv, int head_dim, int bs, int n_blocks, tk_kv_type t,
+                            tk_kv_scale sc) {
+    return (tk_kv_opts){.n_layer = n_layer,
+                        .n_head_kv = n_head_kv,
+                        .head_dim = head_dim,
+                        .block_size = bs,
+                        .n_blocks = n_blocks,
+                        .type = t,
+                        .scale = sc};
+}
+
+/* The KV configurations every per-type test walks. */
+typedef struct {
+    tk_kv_type t;
+    tk_kv_scale sc;
+    const char *name;
+} kv_kind;
+static const kv_kind KINDS[] = {
+    {TK_KV_F32, TK_KV_SCALE_HEAD, "f32"},        {TK_KV_F16, TK_KV_SCALE_HEAD, "f16"},
+    {TK_KV_BF16, TK_KV_SCALE_HEAD, "bf16"},      {TK_KV_INT8, TK_KV_SCALE_TOKEN, "int8/token"},
+    {TK_KV_INT8, TK_KV_SCALE_HEAD, "int8/head"},
+};
+#define N_KINDS ((int)(sizeof KINDS / sizeof KINDS[0]))
+static const int BLOCK_SIZES[] = {16, 32, 64, 128, 256};
+
+/* A block table of n_tab blocks allocated from the pool in a shuffled order,
+ * so positions never sit in consecutive blocks. */
+static void table_make(tk_kv *kv, int32_t *bt, int n_tab, uint64_t *rng) {
+    int total = kv_blocks_total(kv);
+    int32_t ids[1024];
+    assert_true(total <= 1024 && n_tab <= total);
+    for (int i = 0; i < total; i++) ids[i] = kv_block_alloc(kv);
+    for (int i = total - 1; i > 0; i--) {
+        int j = (int)(rng_next(rng) % (uint64_t)(i + 1));
+        int32_t t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    for (int i = 0; i < n_tab; i++) bt[i] = ids[i];
+    for (int i = n_tab; i < total; i++) kv_block_free(kv, ids[i]);
+}
+
+/* ---- pool ----------------------------------------------------------------------- */
+
+static void test_kv_pool_accounting(void **state) {
+    (void)state;
+    uint64_t before = tk_alloc_live_bytes();
+    tk_kv_opts o = opts_make(2, 2, 64, 16, 12, TK_KV_F16, TK_KV_SCALE_HEAD);
+    tk_kv *kv;
+    assert_int_equal(kv_init(&o, &kv), TK_OK);
+    assert_true(tk_alloc_live_bytes() - before >= (uint64_t)o.n_blocks * kv_block_bytes(&o));
+    assert_int_equal(kv_blocks_total(kv), 12);
+    assert_int_equal(kv_blocks_free(kv), 12);
+    assert_int_equal(kv_opts(kv)->head_dim, 64);
+    int seen[12] = {0}, ids[12];
+    for (int round = 0; round < 3; round++) { /* alloc all, free all, reuse */
+        for (int i = 0; i < 12; i++) {
+            ids[i] = kv_block_alloc(kv);
+            assert_true(ids[i] >= 0 && ids[i] < 12);
+            assert_false(seen[ids[i]]);
+            seen[ids[i]] = 1;
+            assert_int_equal(kv_blocks_free(kv), 11 - i);
+        }
+        assert_int_equal(kv_block_alloc(kv), -1);
+        assert_int_equal(kv_blocks_free(kv), 0);
+        /* free in a scrambled order */
+        for (int i = 0; i < 12; i++) {
+            int b = ids[(i * 5) % 12];
+            kv_block_free(kv, b);
+            seen[b] = 0;
+        }
+        assert_int_equal(kv_blocks_free(kv), 12);
+    }
+    /* partial reuse: a freed block comes back */
+    int a = kv_block_alloc(kv), b = kv_block_alloc(kv);
+    kv_block_free(kv, a);
+    assert_int_equal(kv_block_alloc(kv), a);
+    kv_block_free(kv, a);
+    kv_block_free(kv, b);
+    kv_free(kv);
+    kv_free(NULL);
+    assert_int_equal(tk_alloc_live_bytes(), before);
+}
+
+static void expect_fail(const tk_kv_opts *o, tk_status want, const char *needle) {
+    tk_kv *kv = (tk_kv *)&kv; /* must be reset to NULL on failure */
+    tk_status st = kv_init(o, &kv);
+    if (st != want || !strstr(tk_last_error(), needle))
+        fail_msg("want %s containing '%s', got %s '%s'", tk_status_str(want), needle, tk_status_str(st),
+                 tk_last_error());
+    assert_null(kv);
+}
+
+static void test_kv_opts_validation(void **state) {
+    (void)state;
+    const tk_kv_opts good = opts_make(2, 2, 64, 32, 8, TK_KV_INT8, TK_KV_SCALE_TOKEN);
+    tk_kv_opts o;
+    o = good, o.n_layer = 0;
+    expect_fail(&o, TK_ERR_INVALID, "n_layer");
+    o = good, o.n_head_kv = -1;
+    expect_fail(&o, TK_ERR_INVALID, "n_head_kv");
+    o = good, o.head_dim = 0;
+    expect_fail(&o, TK_ERR_INVALID, "head_dim");
+    o = good, o.n_blocks = 0;
+    expect_fail(&o, TK_ERR_INVALID, "n_blocks");
+    int bad_bs[] = {0, 8, 48, 100, 512, -16};
+    for (size_t i = 0; i < sizeof bad_bs / sizeof bad_bs[0]; i++) {
+        o = good, o.block_size = bad_bs[i];
+        expect_fail(&o, TK_ERR_INVALID, "block_size");
+    }
+    o = good, o.type = (tk_kv_type)7;
+    expect_fail(&o, TK_ERR_INVALID, "type");
+    o = good, o.scale = (tk_kv_scale)-1;
+    expect_fail(&o, TK_ERR_INVALID, "scale");
+    /* More than the machine has: refused with the byte count, before any allocation. */
+    o = opts_make(64, 64, 256, 256, 1 << 20, TK_KV_F32, TK_KV_SCALE_HEAD);
+    expect_fail(&o, TK_ERR_NOMEM, "bytes");
+    /* Products that overflow size_t. */
+    o = opts_make(1 << 30, 1 << 30, 1 << 30, 256, 1 << 30, TK_KV_F32, TK_KV_SCALE_HEAD);
+    expect_fail(&o, TK_ERR_NOMEM, "overflows");
+    assert_int_equal(kv_block_bytes(&o), 0);
+    assert_int_equal(kv_bytes_per_token(&o), 0);
+    o = good, o.block_size = 24;
+    assert_int_equal(kv_block_bytes(&o), 0);
+    assert_int_equal(kv_bytes_per_token(NULL), 0);
+    tk_kv *kv;
+    assert_int_equal(kv_init(NULL, &kv), TK_ERR_INVALID);
+    assert_int_equal(kv_init(&good, NULL), TK_ERR_INVALID);
+    if (best_isa() < TK_ISA_AVX512) {
+        assert_int_equal(kv_init_isa(&good, TK_ISA_AVX512, &kv), TK_ERR_UNSUPPORTED);
+        assert_null(kv);
+    }
+    /* Every valid block size works, and a pool frees cleanly. */
+    for (int i = 0; i < 5; i++) {
+        o = good, o.block_size = BLOCK_SIZES[i];
+        assert_int_equal(kv_init(&o, &kv), TK_OK);
+        kv_free(kv);
+    }
+}
+
+static void test_kv_bytes_per_token(void **state) {
+    (void)state;
+    /* Qwen3-0.6B: 28 layers, 8 KV heads of 128. */
+    tk_kv_opts f16 = opts_make(28, 8, 128, 16, 1, TK_KV_F16, TK_KV_SCALE_HEAD);
+    tk_kv_opts tok = opts_make(28, 8, 128, 16, 1, TK_KV_INT8, TK_KV_SCALE_TOKEN);
+    tk_kv_opts head = opts_make(28, 8, 128, 16, 1, TK_KV_INT8, TK_KV_SCALE_HEAD);
+    tk_kv_opts f32 = opts_make(28, 8, 128, 16, 1, TK_KV_F32, TK_KV_SCALE_HEAD);
+    assert_int_equal(kv_bytes_per_token(&f32), 28 * 2 * 8 * 128 * 4);
+    assert_int_equal(kv_bytes_per_token(&f16), 28 * 2 * 8 * 128 * 2);    /* 114688 */
+    assert_int_equal(kv_bytes_per_token(&tok), 28 * 2 * 8 * (128 + 4));  /* 59136 */
+    assert_int_equal(kv_bytes_per_token(&head), 28 * (2 * 8 * 128 + 4)); /* 57456 at 16 slots */
+    print_message("KV bytes/token, Qwen3-0.6B shapes (28 layers, 8 kv heads x 128):\n");
+    print_message("  f32 %zu  f16 %zu  int8/token %zu\n", kv_bytes_per_token(&f32), kv_bytes_per_token(&f16),
+                  kv_bytes_per_token(&tok));
+    for (int i = 0; i < 5; i++) {
+        head.block_size = BLOCK_SIZES[i];
+        f16.block_size = BLOCK_SIZES[i];
+        size_t bpt = kv_bytes_per_token(&head);
+        print_message("  int8/head, block %3d: %zu (%.3fx of f16)\n", BLOCK_SIZES[i], bpt,
+                      (double)bpt / (double)kv_bytes_per_token(&f16));
+        /* A block's bytes cover its tokens; the padding to 64 is at most 63 per layer. */
+        assert_true(kv_block_bytes(&head) >= bpt * (size_t)head.block_size - (size_t)head.block_size);
+        assert_true(kv_block_bytes(&head) <= bpt * (size_t)head.block_size + 64u * 28u);
+        assert_int_equal(kv_block_bytes(&f16), kv_bytes_per_token(&f16) * (size_t)f16.block_size);
+    }
+}
+
+/* ---- conversions ------------------------------------------------------------------ */
+
+/* Float values that exercise rounding: ties, subnormals, overflow to inf. */
+static float special_value(int i, uint64_t *rng) {
+    static const float sp[] = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -1.0f,
+                               65504.0f,
+                               65520.0f,
+                               -7.0e4f,
+                               1.0f + 1.0f / 2048,
+                               1.0f + 3.0f / 2048,
+                               6.0e-8f,
+                               3.0e-8f,
+                               1.0e-5f,
+                               1e30f,
+                               -INFINITY,
+                               INFINITY,
+                               3.140625f,
+                               1.00390625f,
+                               1.01171875f};
+    int n = (int)(sizeof sp / sizeof sp[0]);
+    if (i < n) return sp[i];
+    float x = rng_unit(rng);
+    return x * ldexpf(1.0f, (int)(rng_next(rng) % 40) - 24);
+}
+
+static void test_kv_roundtrip_float(void **state) {
+    (void)state;
+    uint64_t rng = 1;
+    const int hd = 72, nkv = 3, n_pos = 40; /* 72: an AVX2 tail of 0 but not an AVX-512 multiple */
+    float k[3 * 72], v[3 * 72], rk[3 * 72], rv[3 * 72];
+    for (int isa = 0; isa <= (int)best_isa(); isa++)
+        for (int kind = 0; kind < 3; kind++) {
+            tk_kv_opts o = opts_make(2, nkv, hd, 16, 4, KINDS[kind].t, TK_KV_SCALE_HEAD);
+            tk_kv *kv;
+            assert_int_equal(kv_init_isa(&o, (tk_isa)isa, &kv), TK_OK);
+            int32_t bt[3];
+            table_make(kv, bt, 3, &rng);
+            for (int pos = 0; pos < n_pos; pos++) {
+                for (int i = 0; i < nkv * hd; i++) {
+                    k[i] = special_value((pos * 7 + i) % 200, &rng);
+                    v[i] = special_value((pos * 3 + i * 5) % 200, &rng);
+                }
+                kv_write(kv, 1, bt, pos, k, v);
+                kv_read(kv, 1, bt, pos, rk, rv);
+                for (int i = 0; i < nkv * hd; i++) {
+                    float ek = k[i], ev = v[i];
+                    if (o.type == TK_KV_F16) {
+                        ek = tk_f16_to_f32(tk_f32_to_f16(ek));
+                        ev = tk_f16_to_f32(tk_f32_to_f16(ev));
+                    } else if (o.type == TK_KV_BF16) {
+                        ek = tk_bf16_to_f32(tk_f32_to_bf16(ek));
+                        ev = tk_bf16_to_f32(tk_f32_to_bf16(ev));
+                    }
+                    if (memcmp(&ek, &rk[i], 4) || memcmp(&ev, &rv[i], 4))
+                        fail_msg("%s isa %d pos %d i %d: k %g -> %g (want %g), v %g -> %g (want %g)",
+                                 KINDS[kind].name, isa, pos, i, k[i], rk[i], ek, v[i], rv[i], ev);
+                }
+            }
+            kv_free(kv);
+        }
+}
+
+static void test_kv_roundtrip_int8_token(void **state) {
+    (void)state;
+    uint64_t rng = 2;
+    const int hd = 64, nkv = 2;
+    float k[128], v[128], rk[128], rv[128];
+    tk_kv_opts o = opts_make(1, nkv, hd, 32, 3, TK_KV_INT8, TK_KV_SCALE_TOKEN);
+    tk_kv *kv;
+    assert_int_equal(kv_init(&o, &kv), TK_OK);
+    int32_t bt[3];
+    table_make(kv, bt, 3, &rng);
+    for (int pos = 0; pos < 96; pos++) {
+        float mag = ldexpf(1.0f, (int)(rng_next(&rng) % 20) - 10);
+        for (int i = 0; i < nkv * hd; i++) {
+            k[i] = rng_unit(&rng) * mag;
+            v[i] = pos % 17 == 5 ? 0.0f : rng_unit(&rng) * mag * 3.0f; /* some all-zero vectors */
+        }
+        kv_write(kv, 0, bt, pos, k, v);
+        kv_read(kv, 0, bt, pos, rk, rv);
+        for (int h = 0; h < nkv; h++) {
+            float ak = 0, av = 0;
+            for (int i = 0; i < hd; i++) {
+                ak = fmaxf(ak, fabsf(k[h * hd + i]));
+                av = fmaxf(av, fabsf(v[h * hd + i]));
+            }
+            float sk = kv_read_scale(kv, 0, bt, pos, h, false), sv = kv_read_scale(kv, 0, bt, pos, h, true);
+            assert_float_equal(sk, ak / 127.0f, ak * 1e-6f);
+            assert_float_equal(sv, av / 127.0f, av * 1e-6f);
+            for (int i = 0; i < hd; i++) {
+                assert_true(fabsf(rk[h * hd + i] - k[h * hd + i]) <= sk * 0.5f * (1 + 1e-5f));
+                assert_true(fabsf(rv[h * hd + i] - v[h * hd + i]) <= sv * 0.5f * (1 + 1e-5f));
+            }
+        }
+    }
+    kv_free(kv);
+}
+
+/* Per-head scales, the rescale path: magnitudes drift up within each block so
+ * blocks rescale several times. Checks, per element:
+ *  - a new vector is within scale/2 of its value;
+ *  - a rescale moves an old value by at most new_scale/2 (round-to-nearest);
+ *  - the total error stays within the sum of the scales it went through / 2,
+ *    which the headroom bounds by 2.5 * final scale. */
+static void test_kv_int8_head_rescale(void **state) {
+    (void)state;
+    uint64_t rng = 3;
+    enum { HD = 32, BS = 64, NPOS = 160 };
+    static float k[NPOS][HD], prev[NPOS][HD], cur[NPOS][HD], bound[NPOS];
+    float rk[HD], rv[HD], v[HD] = {0};
+    tk_kv_opts o = opts_make(1, 1, HD, BS, 4, TK_KV_INT8, TK_KV_SCALE_HEAD);
+    tk_kv *kv;
+    assert_int_equal(kv_init(&o, &kv), TK_OK);
+    int32_t bt[3];
+    table_make(kv, bt, 3, &rng);
+    int rescales = 0;
+    for (int pos = 0; pos < NPOS; pos++) {
+        int slot = pos % BS, start = pos - slot;
+        float mag = 1.0f + (float)slot * 0.05f; /* grows 4x over a block */
+        if (slot % 9 == 4) mag *= 1.6f;         /* occasional jumps */
+        for (int i = 0; i < HD; i++) k[pos][i] = rng_unit(&rng) * mag;
+        float s_old = slot ? kv_read_scale(kv, 0, bt, start, 0, false) : 0.0f;
+        kv_write(kv, 0, bt, pos, k[pos], v);
+        float s = kv_read_scale(kv, 0, bt, pos, 0, false);
+        for (int p = start; p <= pos; p++) {
+            kv_read(kv, 0, bt, p, rk, rv);
+            memcpy(cur[p], rk, sizeof rk);
+        }
+        if (s != s_old && slot > 0) {
+            rescales++;
+            assert_true(s >= s_old * 1.25f * (1 - 1e-6f)); /* headroom: scales grow geometrically */
+            for (int p = start; p < pos; p++) {
+                bound[p] += s * 0.5f;
+                for (int i = 0; i < HD; i++)
+                    assert_true(fabsf(cur[p][i] - prev[p][i]) <= s * 0.5f * (1 + 1e-5f));
+            }
+        } else {
+            for (int p = start; p < pos; p++) assert_memory_equal(cur[p], prev[p], sizeof cur[p]);
+        }
+        bound[pos] = s * 0.5f;
+        for (int p = start; p <= pos; p++) {
+            for (int i = 0; i < HD; i++) {
+                float err = fabsf(cur[p][i] - k[p][i]);
+                assert_true(err <= bound[p] * (1 + 1e-5f) + 1e-7f);
+                assert_true(err <= 2.5f * s * (1 + 1e-5f));
+                if (p == pos) assert_true(err <= s * 0.5f * (1 + 1e-5f));
+            }
+            memcpy(prev[p], cur[p], sizeof cur[p]);
+        }
+    }
+    assert_true(rescales >= 6); /* the path ran: 2+ blocks with growth */
+    /* A reused block starts afresh at slot 0: small values get a small scale. */
+    kv_block_free(kv, bt[0]);
+    int32_t b2[1] = {kv_block_alloc(kv)};
+    assert_int_equal(b2[0], bt[0]);
+    for (int i = 0; i < HD; i++) k[0][i] = 0.001f * rng_unit(&rng);
+    kv_write(kv, 0, b2, 0, k[0], v);
+    assert_true(kv_read_scale(kv, 0, b2, 0, 0, false) <= 0.001f * 1.25f / 127.0f * 1.0001f);
+    kv_free(kv);
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+/* float64 attention of query vector q against a contiguous copy of positions
+ * [0, len): K/V [len][n_head_kv][hd] (already dequantized from the pool). */
+static void attn_f64(const float *K, const float *V, int len, int nkv, int hd, int kvh, const float *q,
+                     float scale, double *out) {
+    double mx = -INFINITY, sum = 0;
+    double s[1200];
+    assert_true(len <= 1200);
+    for (int p = 0; p < len; p++) {
+        double d = 0;
+        for (int c = 0; c < hd; c++) d += (double)q[c] * K[((size_t)p * nkv + kvh) * hd + c];
+        s[p] = d * scale;
+        if (s[p] > mx) mx = s[p];
+    }
+    for (int c = 0; c < hd; c++) out[c] = 0;
+    for (int p = 0; p < len; p++) {
+        double e = exp(s[p] - mx);
+        sum += e;
+        for (int c = 0; c < hd; c++) out[c] += e * V[((size_t)p * nkv + kvh) * hd + c];
+    }
+    for (int c = 0; c < hd; c++) out[c] /= sum;
+}
+
+typedef struct attn_case {
+    int isa, kind, bs, len, n_q, n_head, nkv, hd;
+} attn_case;
+
+/* Fills a pool with len random positions, runs kv_attention for the last n_q
+ * queries, and compares with attn_f64. Returns the max error relative to max|V|. */
+static double attn_check(const attn_case *c, uint64_t *rng) {
+    const int n_tab = (c->len + c->bs - 1) / c->bs;
+    tk_kv_opts o = opts_make(2, c->nkv, c->hd, c->bs, n_tab + 3, KINDS[c->kind].t, KINDS[c->kind].sc);
+    tk_kv *kv;
+    assert_int_equal(kv_init_isa(&o, (tk_isa)c->isa, &kv), TK_OK);
+    int32_t bt[128];
+    table_make(kv, bt, n_tab, rng);
+    const size_t row = (size_t)c->nkv * c->hd, qrow = (size_t)c->n_head * c->hd;
+    float *K = tk_malloc((size_t)c->len * row * 4), *V = tk_malloc((size_t)c->len * row * 4);
+    float *kx = tk_malloc(row * 4), *vx = tk_malloc(row * 4);
+    float *q = tk_malloc((size_t)c->n_q * qrow * 4), *out = tk_malloc((size_t)c->n_q * qrow * 4);
+    /* Exactly the advertised scratch, so ASan catches an overrun. */
+    float *scratch = tk_malloc(kv_attn_scratch_floats(kv, c->len) * 4);
+    double *ref = tk_malloc((size_t)c->hd * 8);
+    assert_non_null(scratch);
+    for (int p = 0; p < c->len; p++) {
+        /* Peaked scores now and then, so softmax is not near-uniform. */
+        float kmag = (rng_next(rng) % 11 == 0) ? 4.0f : 1.0f;
+        for (size_t i = 0; i < row; i++) {
+            kx[i] = rng_unit(rng) * kmag;
+            vx[i] = rng_unit(rng);
+        }
+        kv_write(kv, 1, bt, p, kx, vx);
+    }
+    /* The reference reads what the pool holds (after each write's rescales). */
+    double vmax = 0;
+    for (int p = 0; p < c->len; p++) {
+        kv_read(kv, 1, bt, p, K + p * row, V + p * row);
+        for (size_t i = 0; i < row; i++) vmax = fmax(vmax, fabs(V[p * row + i]));
+    }
+    for (size_t i = 0; i < (size_t)c->n_q * qrow; i++) q[i] = rng_unit(rng) * 2.0f;
+    const int pos0 = c->len - c->n_q;
+    const float scale = 1.0f / sqrtf((float)c->hd);
+    kv_attention(kv, 1, bt, pos0, c->n_q, q, c->n_head, 0, c->n_head, scale, out, scratch);
+    double err = 0;
+    const int ratio = c->n_head / c->nkv;
+    for (int i = 0; i < c->n_q; i++)
+        for (int h = 0; h < c->n_head; h++) {
+            attn_f64(K, V, pos0 + i + 1, c->nkv, c->hd, h / ratio, q + i * qrow + (size_t)h * c->hd, scale,
+                     ref);
+            for (int d = 0; d < c->hd; d++)
+                err = fmax(err, fabs(out[i * qrow + (size_t)h * c->hd + d] - ref[d]) / vmax);
+        }
+    tk_free(K), tk_free(V), tk_free(kx), tk_free(vx), tk_free(q), tk_free(out), tk_free(scratch),
+        tk_free(ref);
+    kv_free(kv);
+    return err;
+}
+
+static void attn_expect(const attn_case *c, uint64_t *rng) {
+    double err = attn_check(c, rng);
+    if (!(err <= 1e-5))
+        fail_msg("attention %s isa %d bs %d len %d n_q %d heads %d/%d hd %d: max error %.3g of max|V|",
+                 KINDS[c->kind].name, c->isa, c->bs, c->len, c->n_q, c->n_head, c->nkv, c->hd, err);
+}
+
+/* Every ISA level, KV type and block size; ragged lengths; decode and prefill. */
+static void test_kv_attention_vs_f64(void **state) {
+    (void)state;
+    uint64_t rng = 4;
+    int cases = 0;
+    for (int isa = 0; isa <= (int)best_isa(); isa++)
+        for (int kind = 0; kind < N_KINDS; kind++)
+            for (int bi = 0; bi < 5; bi++) {
+                int bs = BLOCK_SIZES[bi];
+                int lens[] = {1, bs - 1, bs, bs + 1, 3 * bs + 5};
+                for (int li = 0; li < 5; li++) {
+                    int len = lens[li];
+                    if (len > 300 && (kind % 2 || li < 4)) continue; /* keep the long cases few */
+                    int n_qs[] = {1, len < 7 ? len : 7};
+                    for (int qi = 0; qi < 2; qi++) {
+                        attn_case c = {isa, kind, bs, len, n_qs[qi], 8, 2, 64};
+                        attn_expect(&c, &rng);
+                        cases++;
+                    }
+                }
+            }
+    print_message("attention: %d cases, isa levels 0..%d\n", cases, (int)best_isa());
+}
+
+/* GQA ratios 1..5 (tiles of 1..4 heads and a remainder), head_dims that take
+ * each kernel's fallback path (20: reference only; 40: AVX2 but not AVX-512). */
+static void test_kv_attention_gqa(void **state) {
+    (void)state;
+    uint64_t rng = 5;
+    const int shapes[][3] = {{4, 4, 64},  {6, 3, 32}, {6, 2, 48}, {8, 2, 64},  {10, 2, 32},
+                             {5, 1, 128}, {4, 2, 20}, {6, 2, 40}, {16, 8, 128}};
+    for (int isa = 0; isa <= (int)best_isa(); isa++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int kind = 0; kind < N_KINDS; kind++) {
+                attn_case c = {isa, kind, 32, 70, 3, shapes[s][0], shapes[s][1], shapes[s][2]};
+                attn_expect(&c, &rng);
+            }
+    /* Which kernel each head_dim gets. */
+    tk_kv *kv;
+    tk_kv_opts o = opts_make(1, 1, 20, 16, 1, TK_KV_F16, TK_KV_SCALE_HEAD);
+    assert_int_equal(kv_init_isa(&o, best_isa(), &kv), TK_OK);
+    assert_int_equal(kv_isa(kv), TK_ISA_SCALAR);
+    kv_free(kv);
+    o.head_dim = 40;
+    assert_int_equal(kv_init_isa(&o, best_isa(), &kv), TK_OK);
+    assert_int_equal(kv_isa(kv), best_isa() >= TK_ISA_AVX2 ? TK_ISA_AVX2 : TK_ISA_SCALAR);
+    kv_free(kv);
+    o.head_dim = 128;
+    assert_int_equal(kv_init_isa(&o, best_isa(), &kv), TK_OK);
+    assert_int_equal(kv_isa(kv), best_isa());
+    kv_free(kv);
+}
+
+/* Batch invariance: a head's output is bit-identical whatever [h0, h1) split the
+ * caller uses, and a query in a prefill chunk equals the same query decoded alone. */
+static void test_kv_attention_invariance(void **state) {
+    (void)state;
+    uint64_t rng = 6;
+    enum { NH = 12, NKV = 2, HD = 64, LEN = 150, NQ = 5 };
+    const size_t qrow = (size_t)NH * HD;
+    for (int isa = 0; isa <= (int)best_isa(); isa++)
+        for (int kind = 0; kind < N_KINDS; kind++) {
+            tk_kv_opts o = opts_make(1, NKV, HD, 32, 8, KINDS[kind].t, KINDS[kind].sc);
+            tk_kv *kv;
+            assert_int_equal(kv_init_isa(&o, (tk_isa)isa, &kv), TK_OK);
+            int32_t bt[5];
+            table_make(kv, bt, 5, &rng);
+            float kx[NKV * HD], vx[NKV * HD];
+            for (int p = 0; p < LEN; p++) {
+                for (int i = 0; i < NKV * HD; i++) kx[i] = rng_unit(&rng), vx[i] = rng_unit(&rng);
+                kv_write(kv, 0, bt, p, kx, vx);
+            }
+            float *q = tk_malloc(NQ * qrow * 4), *full = tk_malloc(NQ * qrow * 4),
+                  *part = tk_malloc(NQ * qrow * 4);
+            float *scratch = tk_malloc(kv_attn_scratch_floats(kv, LEN) * 4);
+            for (size_t i = 0; i < NQ * qrow; i++) q[i] = rng_unit(&rng);
+            kv_attention(kv, 0, bt, LEN - NQ, NQ, q, NH, 0, NH, 0.125f, full, scratch);
+            const int splits[][4] = {{0, 1, 2, 12}, {0, 3, 7, 12}, {0, 5, 6, 12}, {0, 11, 12, 12}};
+            for (int s = 0; s < 4; s++) {
+                memset(part, 0xff, NQ * qrow * 4);
+                for (int r = 0; r < 3; r++)
+                    kv_attention(kv, 0, bt, LEN - NQ, NQ, q, NH, splits[s][r], splits[s][r + 1], 0.125f, part,
+                                 scratch);
+                assert_memory_equal(full, part, NQ * qrow * 4);
+            }
+            for (int h = 0; h < NH; h++) /* one head at a time */
+                kv_attention(kv, 0, bt, LEN - NQ, NQ, q, NH, h, h + 1, 0.125f, part, scratch);
+            assert_memory_equal(full, part, NQ * qrow * 4);
+            for (int i = 0; i < NQ; i++) /* token by token, as decode would */
+                kv_attention(kv, 0, bt, LEN - NQ + i, 1, q + i * qrow, NH, 0, NH, 0.125f, part + i * qrow,
+                             scratch);
+            assert_memory_equal(full, part, NQ * qrow * 4);
+            tk_free(q), tk_free(full), tk_free(part), tk_free(scratch);
+            kv_free(kv);
+        }
+}
+
+/* The kernels of every level agree with each other closely (not bitwise). */
+static void test_kv_attention_isa_agree(void **state) {
+    (void)state;
+    if (best_isa() == TK_ISA_SCALAR) skip();
+    enum { NH = 8, NKV = 4, HD = 128, LEN = 200 };
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        float outs[3][NH * HD];
+        for (int isa = 0; isa <= (int)best_isa(); isa++) {
+            uint64_t rng = 7; /* same data at every level */
+            tk_kv_opts o = opts_make(1, NKV, HD, 64, 4, KINDS[kind].t, KINDS[kind].sc);
+            tk_kv *kv;
+            assert_int_equal(kv_init_isa(&o, (tk_isa)isa, &kv), TK_OK);
+            int32_t bt[4] = {3, 1, 0, 2};
+            for (int i = 0; i < 4; i++) assert_true(kv_block_alloc(kv) >= 0);
+            float kx[NKV * HD], vx[NKV * HD], q[NH * HD];
+            for (int p = 0; p < LEN; p++) {
+                for (int i = 0; i < NKV * HD; i++) kx[i] = rng_unit(&rng), vx[i] = rng_unit(&rng);
+                kv_write(kv, 0, bt, p, kx, vx);
+            }
+            for (int i = 0; i < NH * HD; i++) q[i] = rng_unit(&rng);
+            float *scratch = tk_malloc(kv_attn_scratch_floats(kv, LEN) * 4);
+            kv_attention(kv, 0, bt, LEN - 1, 1, q, NH, 0, NH, 0.0884f, outs[isa], scratch);
+            tk_free(scratch);
+            kv_free(kv);
+            for (int i = 0; i < NH * HD && isa > 0; i++) assert_float_equal(outs[isa][i], outs[0][i], 2e-5);
+        }
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_pool_accounting),      cmocka_unit_test(test_kv_opts_validation),
+        cmocka_unit_test(test_kv_bytes_per_token),      cmocka_unit_test(test_kv_roundtrip_float),
+        cmocka_unit_test(test_kv_roundtrip_int8_token), cmocka_unit_test(test_kv_int8_head_rescale),
+        cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
+        cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_attention_isa_agree),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
