@@ -2,6 +2,7 @@
  * built here (one valid file, then one mutation each) that checks the exact
  * status and that the message names the field. */
 #include <math.h>
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -749,8 +750,33 @@ static void test_gguf_open_errors(void **state) {
     unlink(path);
 }
 
+/* The committed fuzz seeds are valid files (written by tests/fuzz/make_seeds.py). */
+static void test_gguf_seeds(void **state) {
+    (void)state;
+    const char *src = getenv("TK_SRC");
+    if (!src || !*src) skip();
+    char dir[512], path[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fuzz/seeds/fuzz_gguf", src);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        gguf_file *f;
+        tk_status st = gguf_open(path, &f);
+        if (st != TK_OK) print_error("%s: %s\n", path, tk_last_error());
+        assert_int_equal(st, TK_OK);
+        gguf_close(f);
+        n++;
+    }
+    closedir(d);
+    assert_true(n >= 3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gguf_seeds),
         cmocka_unit_test(test_gguf_valid_base),       cmocka_unit_test(test_gguf_bad_header),
         cmocka_unit_test(test_gguf_bad_counts),       cmocka_unit_test(test_gguf_bad_strings),
         cmocka_unit_test(test_gguf_bad_keys),         cmocka_unit_test(test_gguf_bad_alignment),

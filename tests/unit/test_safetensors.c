@@ -1,5 +1,6 @@
 /* safetensors reader and writer: valid files, a corpus of bad headers and
  * layouts (exact status, message naming the field), truncations, round trip. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -278,8 +279,33 @@ static void test_safetensors_roundtrip(void **state) {
     assert_int_equal(tk_alloc_live_bytes(), live0);
 }
 
+/* The committed fuzz seeds are valid files (written by tests/fuzz/make_seeds.py). */
+static void test_safetensors_seeds(void **state) {
+    (void)state;
+    const char *src = getenv("TK_SRC");
+    if (!src || !*src) skip();
+    char dir[512], path[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fuzz/seeds/fuzz_safetensors", src);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        st_file *f;
+        tk_status st = st_open(path, &f);
+        if (st != TK_OK) print_error("%s: %s\n", path, tk_last_error());
+        assert_int_equal(st, TK_OK);
+        st_close(f);
+        n++;
+    }
+    closedir(d);
+    assert_true(n >= 3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_safetensors_seeds),
         cmocka_unit_test(test_safetensors_valid),       cmocka_unit_test(test_safetensors_bad_header),
         cmocka_unit_test(test_safetensors_bad_entries), cmocka_unit_test(test_safetensors_bad_layout),
         cmocka_unit_test(test_safetensors_truncations), cmocka_unit_test(test_safetensors_roundtrip),
