@@ -61,7 +61,8 @@ struct fwd_ctx {
     size_t kv_bytes_tok;        /* KV bytes per token of context (all layers) */
     uint64_t emb_row_bytes;
 
-    /* work buffers, sized once at init */
+    /* work buffers, sized once at init; token-indexed ones hold max_tokens + 1
+     * rows, the last for gemv padding (see gemv_tokens) */
     float *x;        /* (max_tokens, n_embd) residual stream */
     float *xn;       /* (max_tokens, n_embd) normed input of a matmul */
     float *q;        /* (max_tokens, n_head*head_dim) queries, RoPE applied */
@@ -71,6 +72,7 @@ struct fwd_ctx {
     float *gate;     /* (max_tokens, n_ff) gate projection, then silu(gate)*up in place */
     float *up;       /* (max_tokens, n_ff) */
     float *scratch;  /* (nth, attn_scratch) attention scratch per thread */
+    float *logits_pad; /* (max_seqs + 1, n_vocab) output rows when the gemv pads (see gemv_tokens) */
     size_t attn_scratch;
     act_slot slot[SLOT_COUNT];
 
@@ -120,13 +122,22 @@ static void quant_cols(const fwd_ctx *f, int s, int t0, int t1, int64_t c0, int6
     }
 }
 
-/* y[t, r] = W row r . act row t for rows [r0, r1) of all step tokens. */
+/* Tokens a gemv over float weights is called with. The SIMD float kernels
+ * reduce a lone token in a tile of its own in a different order (two FMA
+ * chains) than tokens that share a tile, so an odd count gets one padding row
+ * (its result is ignored): every token then sits in a tile of two or more and
+ * its dot product does not depend on how many others are in the step. The
+ * quantized kernels already reduce every token the same way. */
+static int gemv_tokens(tk_dtype wtype, int n_tok) { return act_of(wtype) < 0 && (n_tok & 1) ? n_tok + 1 : n_tok; }
+
+/* y[t, r] = W row r . act row t for rows [r0, r1) of all step tokens (y and the
+ * activations hold one spare row for the padding above). */
 static void matmul_rows(const fwd_ctx *f, const tk_tensor *w, int s, int n_tok, int64_t r0, int64_t r1, float *y,
                         int64_t ldy) {
     if (r0 >= r1 || n_tok <= 0) return;
     size_t stride;
     const void *xq = act_rows(f, s, w->type, &stride);
-    f->K->gemv[w->type](w->ne[0], w->data, r0, r1, xq, stride, n_tok, y, ldy);
+    f->K->gemv[w->type](w->ne[0], w->data, r0, r1, xq, stride, gemv_tokens(w->type, n_tok), y, ldy);
 }
 
 static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
@@ -275,10 +286,17 @@ static void output_norm_quant(fwd_ctx *f, int ith, int nth) {
     quant_cols(f, SLOT_EMBD, i0, i1, 0, d);
 }
 
+/* When the gemv needs a padding row, the caller's buffer has no room for it:
+ * the rows go to logits_pad and each thread copies out the columns it wrote. */
 static void output_logits(fwd_ctx *f, int ith, int nth) {
     long r0, r1;
-    pool_split(f->hp->n_vocab, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(f, &f->m->output, SLOT_EMBD, f->n_out, r0, r1, f->logits, f->hp->n_vocab);
+    int64_t V = f->hp->n_vocab;
+    pool_split(V, ith, nth, ROW_ALIGN, &r0, &r1);
+    bool pad = gemv_tokens(f->m->output.type, f->n_out) != f->n_out;
+    matmul_rows(f, &f->m->output, SLOT_EMBD, f->n_out, r0, r1, pad ? f->logits_pad : f->logits, V);
+    if (pad && r0 < r1)
+        for (int i = 0; i < f->n_out; i++)
+            memcpy(f->logits + i * V + r0, f->logits_pad + i * V + r0, (size_t)(r1 - r0) * sizeof(float));
 }
 
 static void forward_fused(fwd_ctx *f, int ith, int nth) {
@@ -389,7 +407,7 @@ static void fwd_worker(void *ctx, int ith, int nth) {
 
 void fwd_free(fwd_ctx *f) {
     if (!f) return;
-    float *bufs[] = {f->x, f->xn, f->q, f->k, f->v, f->att, f->y, f->gate, f->up, f->scratch};
+    float *bufs[] = {f->x, f->xn, f->q, f->k, f->v, f->att, f->y, f->gate, f->up, f->scratch, f->logits_pad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tk_free_aligned(bufs[i]);
     for (int s = 0; s < SLOT_COUNT; s++)
         for (int a = 0; a < ACT_COUNT; a++) tk_free_aligned(f->slot[s].q[a]);
@@ -442,7 +460,7 @@ static tk_status slots_init(fwd_ctx *f) {
             if (!dtype_row_bytes(at, (uint64_t)sl->k, &rb))
                 return tk_fail(TK_ERR_FORMAT, "forward: activation width %lld is not whole %s blocks",
                                (long long)sl->k, dtype_name(at));
-            if (!tk_mul_size((size_t)rb, (size_t)f->o.max_tokens, &total) || !(sl->q[a] = tk_alloc_aligned(total, 64)))
+            if (!tk_mul_size((size_t)rb, (size_t)f->o.max_tokens + 1, &total) || !(sl->q[a] = tk_alloc_aligned(total, 64)))
                 return tk_fail(TK_ERR_NOMEM, "forward: out of memory for activations");
             sl->q_stride[a] = (size_t)rb;
             int64_t blk = a == ACT_Q8_0 ? TK_QK8_0 : TK_QK_K;
@@ -491,7 +509,7 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     f->kv_bytes_tok = kv_bytes_per_token(ko);
     f->emb_row_bytes = m->tok_embd.nbytes / (uint64_t)hp->n_vocab;
     f->attn_scratch = kv_attn_scratch_floats(kv, o->max_ctx);
-    int64_t T = o->max_tokens;
+    int64_t T = (int64_t)o->max_tokens + 1;
     f->x = alloc_f32(T, hp->n_embd);
     f->xn = alloc_f32(T, hp->n_embd);
     f->q = alloc_f32(T, f->q_dim);
@@ -502,12 +520,13 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     f->gate = alloc_f32(T, hp->n_ff);
     f->up = alloc_f32(T, hp->n_ff);
     f->scratch = alloc_f32(f->nth, f->attn_scratch > 0 ? (int64_t)f->attn_scratch : 1);
+    if (gemv_tokens(m->output.type, 1) != 1) f->logits_pad = alloc_f32((int64_t)o->max_seqs + 1, hp->n_vocab);
     f->tok_pos = tk_calloc((size_t)T, sizeof(int32_t));
     f->tok_seq = tk_calloc((size_t)T, sizeof(int32_t));
     f->seq_tok0 = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
     f->out_tok = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
     if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->y || !f->gate || !f->up || !f->scratch ||
-        !f->tok_pos || !f->tok_seq || !f->seq_tok0 || !f->out_tok) {
+        (gemv_tokens(m->output.type, 1) != 1 && !f->logits_pad) || !f->tok_pos || !f->tok_seq || !f->seq_tok0 || !f->out_tok) {
         fwd_free(f);
         return tk_fail(TK_ERR_NOMEM, "forward: out of memory for %d-token buffers", o->max_tokens);
     }

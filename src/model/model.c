@@ -182,6 +182,18 @@ static tk_status repack(tk_model *m, tk_tensor *t, tk_dtype to) {
     return TK_OK;
 }
 
+/* safetensors only pads its header to 8 bytes, so a tensor may start off its
+ * element alignment; such a tensor gets an aligned copy (kernels load floats). */
+static tk_status ensure_aligned(tk_model *m, tk_tensor *t) {
+    uintptr_t need = t->type == TK_DTYPE_F32 ? 4 : 2;
+    if ((uintptr_t)t->data % need == 0) return TK_OK;
+    void *dst = model_own(m, (size_t)t->nbytes);
+    if (!dst) return tk_fail(TK_ERR_NOMEM, "model: out of memory copying %s", t->name);
+    memcpy(dst, t->data, (size_t)t->nbytes);
+    t->data = dst;
+    return TK_OK;
+}
+
 /* A matmul weight: shape-checked, un-permuted for GGUF llama Q/K, repacked on request. */
 static tk_status load_matmul(tk_model *m, const model_source *src, const tk_model_opts *o, tk_role role, int layer,
                              tk_tensor *out) {
@@ -202,6 +214,7 @@ static tk_status load_matmul(tk_model *m, const model_source *src, const tk_mode
         model_unpermute_rows(t->data, dst, nh, m->hp.head_dim, (size_t)rb);
         out->data = dst;
     }
+    if ((st = ensure_aligned(m, out))) return st;
     if (o->repack_dtype >= 0 && (tk_dtype)o->repack_dtype != out->type) {
         if ((st = repack(m, out, (tk_dtype)o->repack_dtype))) return st;
         m->repacked = true;
@@ -323,11 +336,12 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
         return tk_fail(TK_ERR_UNSUPPORTED, "model: tensor %s has unsupported type %s", emb->name,
                        dtype_name(emb->type));
     m->tok_embd = *emb;
+    if ((st = ensure_aligned(m, &m->tok_embd))) return st;
     if ((st = load_vector(m, src, TK_ROLE_OUTPUT_NORM, 0, true, &m->output_norm))) return st;
     if (hp->tied) {
         /* The output matrix is the embedding matrix; a repack gets its own copy
          * so embedding lookups keep reading the file's rows. */
-        m->output = *emb;
+        m->output = m->tok_embd;
         if (!kernels_default()->gemv[emb->type])
             return tk_fail(TK_ERR_UNSUPPORTED, "model: tied %s has type %s, which has no matmul kernel", emb->name,
                            dtype_name(emb->type));

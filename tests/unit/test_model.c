@@ -5,12 +5,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "core/error.h"
 #include "core/pool.h"
 #include "format/gguf.h"
+#include "format/safetensors.h"
 #include "model/forward.h"
 #include "test_model_fixture.h"
 
@@ -287,6 +289,56 @@ static void test_model_gguf_errors(void **state) {
     fx_free(&fx);
 }
 
+/* The same llama written as an HF directory (HF row order, llama3 factors from
+ * config.json) and as GGUF (permuted Q/K, rope_freqs.weight): bit-identical logits. */
+static void test_model_hf_dir_matches_gguf(void **state) {
+    (void)state;
+    fx_model hf, gg;
+    fx_build(&hf, TK_ARCH_LLAMA, TK_DTYPE_BF16, TK_NAMING_HF);
+    fx_build(&gg, TK_ARCH_LLAMA, TK_DTYPE_BF16, TK_NAMING_GGUF);
+    char dir[512], path[600], gpath[512];
+    const char *t = getenv("TK_TMP");
+    snprintf(dir, sizeof dir, "%s/test_model_%d_hf", t && *t ? t : "/tmp", (int)getpid());
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_write(path, hf.t, hf.n, NULL) != TK_OK) fail_msg("%s", tk_last_error());
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":64,"
+          "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":128,"
+          "\"vocab_size\":300,\"rms_norm_eps\":1e-06,\"rope_theta\":10000.0,\"tie_word_embeddings\":false,"
+          "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+          "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192},\"bos_token_id\":1,"
+          "\"eos_token_id\":2}",
+          f);
+    fclose(f);
+    tmp_path(gpath, sizeof gpath, "llama_gguf");
+    write_gguf(&gg, gpath, NULL);
+    tk_model *mh, *mg;
+    if (tk_model_open(dir, NULL, &mh) != TK_OK) fail_msg("%s", tk_last_error());
+    if (tk_model_open(gpath, NULL, &mg) != TK_OK) fail_msg("%s", tk_last_error());
+    tk_model_info info;
+    tk_model_get_info(mh, &info);
+    assert_string_equal(info.weight_dtype, "bf16");
+    assert_int_equal(info.n_vocab, 300);
+    float *la = malloc(300 * sizeof(float)), *lb = malloc(300 * sizeof(float));
+    logits_of(mh, la);
+    logits_of(mg, lb);
+    assert_memory_equal(la, lb, 300 * sizeof(float));
+    free(la);
+    free(lb);
+    tk_model_free(mh);
+    tk_model_free(mg);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    unlink(gpath);
+    fx_free(&hf);
+    fx_free(&gg);
+}
+
 /* ---- config.json ------------------------------------------------------------------ */
 
 static void test_model_hf_config(void **state) {
@@ -339,7 +391,7 @@ int main(void) {
         cmocka_unit_test(test_model_loads_every_arch), cmocka_unit_test(test_model_bad_hparams),
         cmocka_unit_test(test_model_tensor_errors),    cmocka_unit_test(test_model_unpermute_rows),
         cmocka_unit_test(test_model_gguf_roundtrip),   cmocka_unit_test(test_model_gguf_errors),
-        cmocka_unit_test(test_model_hf_config),
+        cmocka_unit_test(test_model_hf_config),        cmocka_unit_test(test_model_hf_dir_matches_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
