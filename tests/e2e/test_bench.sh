@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# tokamak bench end to end on a tiny synthetic model: the JSON has every field,
+# its numbers agree with its own raw samples (numpy percentiles, E2E = TTFT +
+# TPOT x (out - 1), exact output lengths), CSV/PNG exist, usage errors exit 2,
+# and every ablation rung runs the engine configuration it names.
+set -euo pipefail
+: "${TK_CLI:?}" "${TK_TMP:?}" "${TK_PYTHON:=/usr/bin/python3}"
+dir="$TK_TMP/e2e_bench.$$"
+mkdir -p "$dir"
+trap 'rm -rf "$dir"' EXIT
+
+model="$TK_TMP/bench_tiny_bf16.gguf"
+if [ ! -s "$model" ]; then
+  "$TK_CLI" synth --preset tiny --dtype bf16 -o "$model.tmp.$$" >/dev/null
+  mv "$model.tmp.$$" "$model"
+fi
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Usage errors exit 2 with a message, before any model is loaded.
+for bad in "--batch 0" "--batch 1,,2" "--in x" "--kv-type fp8" "--rate 1 --batch 2" "--bogus"; do
+  set +e
+  # shellcheck disable=SC2086
+  "$TK_CLI" bench -m "$model" $bad >"$dir/out" 2>"$dir/err"
+  rc=$?
+  set -e
+  [ $rc -eq 2 ] || fail "bench $bad exited $rc, want 2"
+  [ -s "$dir/err" ] || fail "bench $bad printed no message"
+done
+set +e
+"$TK_CLI" bench -m "$dir/missing.gguf" --in 4 --out 2 --batch 1 --warmup 0 -q >"$dir/out" 2>"$dir/err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "missing model exited $rc, want 1"
+grep -q "missing.gguf" "$dir/err" || fail "missing model: message does not name the file"
+
+"$TK_CLI" bench --probe --threads 1 >"$dir/probe.md"
+grep -q "read bandwidth" "$dir/probe.md" || fail "--probe prints no bandwidth"
+
+# A plain run: two levels, two repeats, every writer.
+"$TK_CLI" bench -m "$model" --in 8 --out 6 --batch 1,3 --requests 3 --repeat 2 --warmup 1 --threads 1 -q \
+  --json "$dir/r.json" --csv "$dir/r.csv" --plot "$dir/r.png" >"$dir/r.md"
+grep -q "| concurrency | TTFT mean" "$dir/r.md" || fail "no markdown table"
+grep -q "commit " "$dir/r.md" || fail "no commit in the report"
+[ "$(wc -l <"$dir/r.csv")" -eq 5 ] || fail "csv: want header + 2 levels x 2 repeats"
+if command -v gnuplot >/dev/null; then
+  head -c 4 "$dir/r.png" | od -An -c | grep -q "P   N   G" || fail "plot is not a PNG"
+fi
+
+"$TK_PYTHON" - "$dir/r.json" <<'PY'
+import json, math, sys
+import numpy as np
+r = json.load(open(sys.argv[1]))
+for k in ("git_commit", "date", "machine", "model", "options", "series"):
+    assert k in r, k
+for k in ("cpu", "features", "isa", "n_cores", "probe"):
+    assert k in r["machine"], k
+assert r["machine"]["probe"]["read_bw_gbs"] > 0
+assert r["model"]["weight_dtype"] == "bf16"
+metrics = ["ttft_mean_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p50_ms",
+           "tpot_p95_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms", "e2e_mean_ms", "e2e_p99_ms",
+           "output_tok_s", "total_tok_s", "requests_s", "mean_output_len", "kv_peak_blocks", "kv_peak_mb",
+           "decode_read_gb_s", "roofline_pct", "duration_s"]
+(s,) = r["series"]
+assert s["engine"]["n_threads"] == 1, s["engine"]
+assert [p["concurrency"] for p in s["points"]] == [1, 3]
+for p in s["points"]:
+    assert len(p["runs"]) == 2
+    assert not p["output_length_mismatch"]
+    for k in metrics:
+        assert k in p["median"] and k in p["min"] and k in p["max"], k
+    vals = sorted(run["metrics"]["output_tok_s"] for run in p["runs"])
+    assert abs(p["median"]["output_tok_s"] - (vals[0] + vals[1]) / 2) < 1e-6 * vals[1]
+    for run in p["runs"]:
+        m = run["metrics"]
+        for k in metrics:
+            assert k in m, k
+        reqs = run["requests"]
+        assert len(reqs) == 3
+        ttft, tpot, e2e, itl = [], [], [], []
+        for q in reqs:
+            assert q["n_output"] == 6 and q["n_prompt"] == 8, q
+            assert q["finish"] == "length", q["finish"]
+            assert len(q["itl_s"]) == 5
+            assert q["ttft_s"] > 0 and q["tpot_s"] > 0
+            assert abs(q["e2e_s"] - (q["ttft_s"] + q["tpot_s"] * 5)) < 1e-9, q
+            assert abs(np.mean(q["itl_s"]) - q["tpot_s"]) < 1e-9
+            ttft.append(q["ttft_s"]); tpot.append(q["tpot_s"]); e2e.append(q["e2e_s"]); itl += q["itl_s"]
+        close = lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b))
+        assert close(m["ttft_p50_ms"], 1e3 * np.percentile(ttft, 50))
+        assert close(m["ttft_p99_ms"], 1e3 * np.percentile(ttft, 99))
+        assert close(m["tpot_mean_ms"], 1e3 * np.mean(tpot))
+        assert close(m["tpot_p95_ms"], 1e3 * np.percentile(tpot, 95))
+        assert close(m["itl_p99_ms"], 1e3 * np.percentile(itl, 99))
+        assert close(m["e2e_p99_ms"], 1e3 * np.percentile(e2e, 99))
+        assert m["mean_output_len"] == 6
+        assert close(m["output_tok_s"], 18 / m["duration_s"])
+        assert close(m["total_tok_s"], (18 + 24) / m["duration_s"])
+        assert m["duration_s"] >= max(q["t_last_s"] for q in reqs) - 1e-9
+        assert m["kv_peak_blocks"] >= 1
+        # The roofline's samples are real decode steps when any was seen.
+        for st in run["decode_steps"]:
+            assert st["bytes"] > 0 and st["time_s"] > 0
+        if run["decode_steps"]:
+            b = sum(st["bytes"] for st in run["decode_steps"]); t = sum(st["time_s"] for st in run["decode_steps"])
+            assert close(m["decode_read_gb_s"], b / t / 1e9)
+            assert close(m["roofline_pct"], 100 * b / t / 1e9 / run["read_bw_gbs"])
+print("json ok")
+PY
+
+# The ablation: each rung must run (and report through engine stats) what it names.
+"$TK_CLI" bench -m "$model" --ablation --in 8 --out 4 --batch 1,2 --requests 2 --warmup 0 --threads 1 -q \
+  --json "$dir/a.json" >"$dir/a.md"
+grep -q "## Ablation" "$dir/a.md" || fail "no ablation table"
+"$TK_PYTHON" - "$dir/a.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+want = [  # weights, kv, unfused, static, no_chunking
+    ("bf16", "bf16", True, True, True),
+    ("q8_0", "bf16", True, True, True),
+    ("q8_0", "int8", True, True, True),
+    ("q8_0", "int8", False, True, True),
+    ("q8_0", "int8", False, False, False),
+]
+got = [(s["engine"]["weight_dtype"], s["engine"]["kv_type"], s["engine"]["unfused"], s["engine"]["static_batching"],
+        s["engine"]["no_chunking"]) for s in r["series"]]
+assert got == want, got
+assert len(r["ablation"]) == 5
+assert abs(r["ablation"][0]["output_tok_s_hi_speedup"] - 1) < 1e-9
+for a in r["ablation"]:
+    assert a["lo_concurrency"] == 1 and a["hi_concurrency"] == 2
+    assert a["tpot_p50_lo_ms"] > 0 and a["output_tok_s_hi"] > 0
+print("ablation ok")
+PY
+echo "test_bench: ok"
