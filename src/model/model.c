@@ -440,6 +440,23 @@ tk_status tk_model_open(const char *path, const tk_model_opts *opts, tk_model **
     return st;
 }
 
+void model_dtype_bytes(const tk_model *m, uint64_t *bytes) {
+    const tk_hparams *hp = &m->hp;
+    memset(bytes, 0, TK_DTYPE_COUNT * sizeof *bytes);
+    int64_t vec = hp->n_embd;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const tk_layer *L = &m->layers[l];
+        const tk_tensor *mm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) bytes[mm[i]->type] += mm[i]->nbytes;
+        vec += 2 * (int64_t)hp->n_embd;
+        if (L->bq) vec += ((int64_t)hp->n_head + 2 * hp->n_head_kv) * hp->head_dim;
+        if (L->q_norm) vec += 2 * (int64_t)hp->head_dim;
+    }
+    bytes[TK_DTYPE_F32] += vec_bytes(vec);
+    bytes[m->tok_embd.type] += m->tok_embd.nbytes;
+    if (m->output.data != m->tok_embd.data) bytes[m->output.type] += m->output.nbytes;
+}
+
 void tk_model_get_info(const tk_model *m, tk_model_info *out) {
     const tk_hparams *hp = &m->hp;
     memset(out, 0, sizeof *out);
