@@ -69,6 +69,69 @@ INLINE __m256 exp8_neg(__m256 x) {
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
+/* Rows (or dim chunks) processed at once for a tile of T heads: enough
+ * independent FMA chains to hide the FMA latency within 16 registers. */
+#define KV_ROWS(T) ((T) == 1 ? 8 : (T) == 2 ? 4 : 2)
+
+/* Scores of rows [j0, j0+R) of a block for T heads: s[t*bs + j]. Each (row,
+ * head) is its own chain in the same order whatever R and T are. */
+INLINE void dot_rows(const uint8_t *K, size_t row_bytes, int j0, int hd, const float *const *q,
+                     const float *ks, int sstride, float scale, float *s, int bs, const int R, const int T,
+                     const tk_kv_type type) {
+    __m256 d[8][KV_ATTN_TILE];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) d[r][t] = _mm256_setzero_ps();
+    for (int c = 0; c < hd; c += 8) {
+        __m256 qv[KV_ATTN_TILE];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) qv[t] = _mm256_loadu_ps(q[t] + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m256 k = load8(K + (size_t)(j0 + r) * row_bytes, c, type);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) d[r][t] = _mm256_fmadd_ps(qv[t], k, d[r][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float x = hsum8(d[r][t]);
+            if (type == TK_KV_INT8) x *= ks[(j0 + r) * sstride];
+            s[t * bs + j0 + r] = x * scale;
+        }
+}
+
+/* acc[t*hd + c..] = acc * corr[t] + sum_j w[t*bs + j] * V_j[c..] for C chunks
+ * of 8 dims from c; each (chunk, head) is its own chain, rows in order. */
+INLINE void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const float *corr,
+                     const float *w, int bs, float *acc, const int C, const int T, const tk_kv_type type) {
+    __m256 a[8][KV_ATTN_TILE];
+#pragma GCC unroll 8
+    for (int u = 0; u < C; u++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            a[u][t] = _mm256_mul_ps(_mm256_loadu_ps(acc + t * hd + c + 8 * u), _mm256_set1_ps(corr[t]));
+    for (int j = 0; j < n; j++) {
+        __m256 wv[KV_ATTN_TILE];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) wv[t] = _mm256_broadcast_ss(w + t * bs + j);
+        const uint8_t *vr = V + (size_t)j * row_bytes;
+#pragma GCC unroll 8
+        for (int u = 0; u < C; u++) {
+            const __m256 v = load8(vr, c + 8 * u, type);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) a[u][t] = _mm256_fmadd_ps(wv[t], v, a[u][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < C; u++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm256_storeu_ps(acc + t * hd + c + 8 * u, a[u][t]);
+}
+
 /* Running softmax state of a tile: per head t, scores/weights s[t*bs + j],
  * weighted V sum acc[t*hd + c], running max m[t] and sum l[t]. */
 typedef struct tile_state {
@@ -84,20 +147,11 @@ INLINE void tile_block(const kv_geom *g, int32_t blk, int kvh, int n, const floa
     const uint8_t *K = kv_geom_k(g, blk, kvh), *V = kv_geom_v(g, blk, kvh);
     const float *ks = kv_geom_ks(g, blk, kvh), *vs = kv_geom_vs(g, blk, kvh);
 
-    for (int j = 0; j < n; j++) {
-        const uint8_t *kr = K + (size_t)j * row_bytes;
-        __m256 d[KV_ATTN_TILE];
-        for (int t = 0; t < T; t++) d[t] = _mm256_setzero_ps();
-        for (int c = 0; c < hd; c += 8) {
-            const __m256 k = load8(kr, c, type);
-            for (int t = 0; t < T; t++) d[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[t] + c), k, d[t]);
-        }
-        for (int t = 0; t < T; t++) {
-            float x = hsum8(d[t]);
-            if (type == TK_KV_INT8) x *= ks[j * sstride];
-            st->s[t * bs + j] = x * scale;
-        }
-    }
+    /* Rows in groups of R, so R*T dot products run as independent chains. */
+    const int R = KV_ROWS(T);
+    int j0 = 0;
+    for (; j0 + R <= n; j0 += R) dot_rows(K, row_bytes, j0, hd, q, ks, sstride, scale, st->s, bs, R, T, type);
+    for (; j0 < n; j0++) dot_rows(K, row_bytes, j0, hd, q, ks, sstride, scale, st->s, bs, 1, T, type);
     /* Pad to whole vectors with -inf: exp gives 0 and max ignores them. */
     const int n8 = (n + 7) & ~7;
     for (int t = 0; t < T; t++)
@@ -125,17 +179,12 @@ INLINE void tile_block(const kv_geom *g, int32_t blk, int kvh, int n, const floa
         st->l[t] = st->l[t] * corr[t] + hsum8(sum);
     }
 
-    for (int c = 0; c < hd; c += 8) {
-        __m256 a[KV_ATTN_TILE];
-        for (int t = 0; t < T; t++)
-            a[t] = _mm256_mul_ps(_mm256_loadu_ps(st->acc + t * hd + c), _mm256_set1_ps(corr[t]));
-        for (int j = 0; j < n; j++) {
-            const __m256 v = load8(V + (size_t)j * row_bytes, c, type);
-            for (int t = 0; t < T; t++)
-                a[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(st->s + t * bs + j), v, a[t]);
-        }
-        for (int t = 0; t < T; t++) _mm256_storeu_ps(st->acc + t * hd + c, a[t]);
-    }
+    /* C chunks of 8 dims at a time, so C*T accumulations run as independent chains. */
+    const int C = KV_ROWS(T);
+    int c = 0;
+    for (; c + 8 * C <= hd; c += 8 * C)
+        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, C, T, type);
+    for (; c < hd; c += 8) acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, 1, T, type);
 }
 
 /* T heads sharing kv head kvh, one query position, context length len. */

@@ -9,7 +9,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* 8 elements at c of a row of the KV type, as floats (int8 unscaled). */
+/* 16 elements at c of a row of the KV type, as floats (int8 unscaled). */
 INLINE __m512 load16(const uint8_t *row, int c, const tk_kv_type type) {
     switch (type) {
     case TK_KV_F32:
@@ -47,6 +47,69 @@ INLINE __m512 exp16_neg(__m512 x) {
     return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(y, n));
 }
 
+/* Rows (or dim chunks) processed at once for a tile of T heads: enough
+ * independent FMA chains to hide the FMA latency (as in the AVX2 kernel). */
+#define KV_ROWS(T) ((T) == 1 ? 8 : (T) == 2 ? 4 : 2)
+
+/* Scores of rows [j0, j0+R) of a block for T heads: s[t*bs + j]. Each (row,
+ * head) is its own chain in the same order whatever R and T are. */
+INLINE void dot_rows(const uint8_t *K, size_t row_bytes, int j0, int hd, const float *const *q,
+                     const float *ks, int sstride, float scale, float *s, int bs, const int R, const int T,
+                     const tk_kv_type type) {
+    __m512 d[8][KV_ATTN_TILE];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) d[r][t] = _mm512_setzero_ps();
+    for (int c = 0; c < hd; c += 16) {
+        __m512 qv[KV_ATTN_TILE];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) qv[t] = _mm512_loadu_ps(q[t] + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512 k = load16(K + (size_t)(j0 + r) * row_bytes, c, type);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) d[r][t] = _mm512_fmadd_ps(qv[t], k, d[r][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            float x = _mm512_reduce_add_ps(d[r][t]);
+            if (type == TK_KV_INT8) x *= ks[(j0 + r) * sstride];
+            s[t * bs + j0 + r] = x * scale;
+        }
+}
+
+/* acc[t*hd + c..] = acc * corr[t] + sum_j w[t*bs + j] * V_j[c..] for C chunks
+ * of 16 dims from c; each (chunk, head) is its own chain, rows in order. */
+INLINE void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const float *corr,
+                     const float *w, int bs, float *acc, const int C, const int T, const tk_kv_type type) {
+    __m512 a[8][KV_ATTN_TILE];
+#pragma GCC unroll 8
+    for (int u = 0; u < C; u++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            a[u][t] = _mm512_mul_ps(_mm512_loadu_ps(acc + t * hd + c + 16 * u), _mm512_set1_ps(corr[t]));
+    for (int j = 0; j < n; j++) {
+        __m512 wv[KV_ATTN_TILE];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) wv[t] = _mm512_set1_ps(w[t * bs + j]);
+        const uint8_t *vr = V + (size_t)j * row_bytes;
+#pragma GCC unroll 8
+        for (int u = 0; u < C; u++) {
+            const __m512 v = load16(vr, c + 16 * u, type);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) a[u][t] = _mm512_fmadd_ps(wv[t], v, a[u][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < C; u++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm512_storeu_ps(acc + t * hd + c + 16 * u, a[u][t]);
+}
+
 /* Running softmax state of a tile: per head t, scores/weights s[t*bs + j],
  * weighted V sum acc[t*hd + c], running max m[t] and sum l[t]. */
 typedef struct tile_state {
@@ -62,20 +125,11 @@ INLINE void tile_block(const kv_geom *g, int32_t blk, int kvh, int n, const floa
     const uint8_t *K = kv_geom_k(g, blk, kvh), *V = kv_geom_v(g, blk, kvh);
     const float *ks = kv_geom_ks(g, blk, kvh), *vs = kv_geom_vs(g, blk, kvh);
 
-    for (int j = 0; j < n; j++) {
-        const uint8_t *kr = K + (size_t)j * row_bytes;
-        __m512 d[KV_ATTN_TILE];
-        for (int t = 0; t < T; t++) d[t] = _mm512_setzero_ps();
-        for (int c = 0; c < hd; c += 16) {
-            const __m512 k = load16(kr, c, type);
-            for (int t = 0; t < T; t++) d[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q[t] + c), k, d[t]);
-        }
-        for (int t = 0; t < T; t++) {
-            float x = _mm512_reduce_add_ps(d[t]);
-            if (type == TK_KV_INT8) x *= ks[j * sstride];
-            st->s[t * bs + j] = x * scale;
-        }
-    }
+    /* Rows in groups of R, so R*T dot products run as independent chains. */
+    const int R = KV_ROWS(T);
+    int j0 = 0;
+    for (; j0 + R <= n; j0 += R) dot_rows(K, row_bytes, j0, hd, q, ks, sstride, scale, st->s, bs, R, T, type);
+    for (; j0 < n; j0++) dot_rows(K, row_bytes, j0, hd, q, ks, sstride, scale, st->s, bs, 1, T, type);
     /* Pad to whole vectors with -inf: exp gives 0 and max ignores them. */
     const int n16 = (n + 15) & ~15;
     for (int t = 0; t < T; t++)
@@ -103,16 +157,12 @@ INLINE void tile_block(const kv_geom *g, int32_t blk, int kvh, int n, const floa
         st->l[t] = st->l[t] * corr[t] + _mm512_reduce_add_ps(sum);
     }
 
-    for (int c = 0; c < hd; c += 16) {
-        __m512 a[KV_ATTN_TILE];
-        for (int t = 0; t < T; t++)
-            a[t] = _mm512_mul_ps(_mm512_loadu_ps(st->acc + t * hd + c), _mm512_set1_ps(corr[t]));
-        for (int j = 0; j < n; j++) {
-            const __m512 v = load16(V + (size_t)j * row_bytes, c, type);
-            for (int t = 0; t < T; t++) a[t] = _mm512_fmadd_ps(_mm512_set1_ps(st->s[t * bs + j]), v, a[t]);
-        }
-        for (int t = 0; t < T; t++) _mm512_storeu_ps(st->acc + t * hd + c, a[t]);
-    }
+    /* C chunks of 16 dims at a time, so C*T accumulations run as independent chains. */
+    const int C = KV_ROWS(T);
+    int c = 0;
+    for (; c + 16 * C <= hd; c += 16 * C)
+        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, C, T, type);
+    for (; c < hd; c += 16) acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, 1, T, type);
 }
 
 /* T heads sharing kv head kvh, one query position, context length len. */
