@@ -135,27 +135,32 @@ static void gemv_quant(dot_q_fn dot, size_t block_bytes, int64_t nb, const void 
     size_t row_bytes = (size_t)nb * block_bytes;
     for (int64_t r = r0; r < r1; r++)
         for (int t = 0; t < n_tok; t++)
-            y[t * ldy + r] = dot((const char *)w + (size_t)r * row_bytes, (const char *)xq + (size_t)t * xq_stride, nb);
+            y[t * ldy + r] =
+                dot((const char *)w + (size_t)r * row_bytes, (const char *)xq + (size_t)t * xq_stride, nb);
 }
 
 void kern_gemv_q8_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
-    gemv_quant(kern_dot_q8_0_ref, sizeof(tk_block_q8_0), k / TK_QK8_0, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    gemv_quant(kern_dot_q8_0_ref, sizeof(tk_block_q8_0), k / TK_QK8_0, w, r0, r1, xq, xq_stride, n_tok, y,
+               ldy);
 }
 
 void kern_gemv_q4_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
-    gemv_quant(kern_dot_q4_0_ref, sizeof(tk_block_q4_0), k / TK_QK4_0, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    gemv_quant(kern_dot_q4_0_ref, sizeof(tk_block_q4_0), k / TK_QK4_0, w, r0, r1, xq, xq_stride, n_tok, y,
+               ldy);
 }
 
 void kern_gemv_q4_k_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
-    gemv_quant(kern_dot_q4_k_ref, sizeof(tk_block_q4_k), k / TK_QK_K, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    gemv_quant(kern_dot_q4_k_ref, sizeof(tk_block_q4_k), k / TK_QK_K, w, r0, r1, xq, xq_stride, n_tok, y,
+               ldy);
 }
 
 void kern_gemv_q6_k_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
-    gemv_quant(kern_dot_q6_k_ref, sizeof(tk_block_q6_k), k / TK_QK_K, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    gemv_quant(kern_dot_q6_k_ref, sizeof(tk_block_q6_k), k / TK_QK_K, w, r0, r1, xq, xq_stride, n_tok, y,
+               ldy);
 }
 
 /* ---- norms, activations ------------------------------------------------------------ */

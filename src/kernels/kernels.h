@@ -30,8 +30,8 @@ typedef void (*tk_quant_act_fn)(const float *x, void *xq, int64_t k);
 typedef struct tk_kernels {
     tk_isa isa;
     tk_gemv_fn gemv[TK_DTYPE_COUNT]; /* NULL for unsupported weight types */
-    tk_quant_act_fn quant_q8_0;       /* k % 32 == 0 */
-    tk_quant_act_fn quant_q8_k;       /* k % 256 == 0 */
+    tk_quant_act_fn quant_q8_0;      /* k % 32 == 0 */
+    tk_quant_act_fn quant_q8_k;      /* k % 256 == 0 */
     /* out[i] = x[i] * w[i] / rms(x) ; out may alias x */
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
     /* x += y */

@@ -14,7 +14,9 @@ static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? 
 
 /* ---- dequantization ----------------------------------------------------------- */
 
-void kern_dequant_f32_ref(const void *row, float *out, int64_t k) { memcpy(out, row, (size_t)k * sizeof(float)); }
+void kern_dequant_f32_ref(const void *row, float *out, int64_t k) {
+    memcpy(out, row, (size_t)k * sizeof(float));
+}
 
 void kern_dequant_f16_ref(const void *row, float *out, int64_t k) {
     const tk_f16 *h = row;
@@ -211,10 +213,12 @@ static void quantize_q4_k(const float *x, tk_block_q4_k *b, int64_t nb) {
         for (int j = 0; j < 8; j++) {
             float sc = d * ls[j], m = dmin * lm[j];
             for (int l = 0; l < 32; l++)
-                L[32 * j + l] = (uint8_t)(sc > 0.0f ? clampi(round_even((v[32 * j + l] + m) / sc), 0, 15) : 0);
+                L[32 * j + l] =
+                    (uint8_t)(sc > 0.0f ? clampi(round_even((v[32 * j + l] + m) / sc), 0, 15) : 0);
         }
         for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) b[i].qs[32 * j + l] = (uint8_t)(L[64 * j + l] | (L[64 * j + 32 + l] << 4));
+            for (int l = 0; l < 32; l++)
+                b[i].qs[32 * j + l] = (uint8_t)(L[64 * j + l] | (L[64 * j + 32 + l] << 4));
     }
 }
 
@@ -238,7 +242,8 @@ static void quantize_q6_k(const float *x, tk_block_q6_k *b, int64_t nb) {
             b[i].scales[j] = (int8_t)ls;
             float sc = d * (float)ls;
             for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (uint8_t)(sc > 0.0f ? clampi(round_even(v[16 * j + l] / sc), -32, 31) + 32 : 32);
+                L[16 * j + l] =
+                    (uint8_t)(sc > 0.0f ? clampi(round_even(v[16 * j + l] / sc), -32, 31) + 32 : 32);
         }
         uint8_t *ql = b[i].ql, *qh = b[i].qh;
         for (int n = 0; n < TK_QK_K; n += 128) {
@@ -246,7 +251,8 @@ static void quantize_q6_k(const float *x, tk_block_q6_k *b, int64_t nb) {
                 const uint8_t *q = L + n + l;
                 ql[l] = (uint8_t)((q[0] & 0x0f) | ((q[64] & 0x0f) << 4));
                 ql[l + 32] = (uint8_t)((q[32] & 0x0f) | ((q[96] & 0x0f) << 4));
-                qh[l] = (uint8_t)((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));
+                qh[l] =
+                    (uint8_t)((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));
             }
             ql += 64;
             qh += 32;
@@ -257,7 +263,9 @@ static void quantize_q6_k(const float *x, tk_block_q6_k *b, int64_t nb) {
 bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k) {
     if (k < 0) return false;
     switch (t) {
-    case TK_DTYPE_F32: memcpy(out, x, (size_t)k * sizeof(float)); return true;
+    case TK_DTYPE_F32:
+        memcpy(out, x, (size_t)k * sizeof(float));
+        return true;
     case TK_DTYPE_F16:
         for (int64_t i = 0; i < k; i++) ((tk_f16 *)out)[i] = tk_f32_to_f16(x[i]);
         return true;
@@ -284,6 +292,7 @@ bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k) {
         if (k % TK_QK_K) return false;
         kern_quant_q8_k_ref(x, out, k);
         return true;
-    default: return false;
+    default:
+        return false;
     }
 }

@@ -6,7 +6,9 @@
 #include <math.h>
 #include <stdint.h>
 
-typedef struct { uint64_t s; } kt_rng;
+typedef struct {
+    uint64_t s;
+} kt_rng;
 
 static inline uint32_t kt_u32(kt_rng *r) {
     /* splitmix64: tiny, seedable, good enough for test data */
@@ -16,7 +18,9 @@ static inline uint32_t kt_u32(kt_rng *r) {
     return (uint32_t)((z ^ (z >> 31)) >> 32);
 }
 
-static inline int kt_int(kt_rng *r, int lo, int hi) { return lo + (int)(kt_u32(r) % (uint32_t)(hi - lo + 1)); }
+static inline int kt_int(kt_rng *r, int lo, int hi) {
+    return lo + (int)(kt_u32(r) % (uint32_t)(hi - lo + 1));
+}
 
 static inline float kt_unif(kt_rng *r) { return ((float)kt_u32(r) + 0.5f) / 4294967296.0f; }
 

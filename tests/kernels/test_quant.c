@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
 #include <cmocka.h>
 
 #include "kern_util.h"
@@ -60,9 +61,9 @@ static void test_quant_q4_0_known(void **state) {
     x[7] = 1.0f;
     assert_true(kern_quantize_row(TK_DTYPE_Q4_0, x, &b, 32));
     assert_true(tk_f16_to_f32(b.d) == 0.5f);
-    assert_int_equal(b.qs[3] & 15, 0);     /* -4 / 0.5 = -8 -> 0 */
-    assert_int_equal(b.qs[4] >> 4, 15);    /* 3.5 / 0.5 = 7 -> 15 */
-    assert_int_equal(b.qs[7] & 15, 10);    /* 1 / 0.5 = 2 -> 10 */
+    assert_int_equal(b.qs[3] & 15, 0);  /* -4 / 0.5 = -8 -> 0 */
+    assert_int_equal(b.qs[4] >> 4, 15); /* 3.5 / 0.5 = 7 -> 15 */
+    assert_int_equal(b.qs[7] & 15, 10); /* 1 / 0.5 = 2 -> 10 */
     assert_int_equal(b.qs[0] & 15, 8);
 }
 
@@ -154,8 +155,8 @@ static void test_quant_act_known(void **state) {
     kern_quant_q8_0_ref(x, &q, 32);
     assert_true(tk_f16_to_f32(q.d) == 1.0f);
     assert_int_equal(q.qs[5], -127);
-    assert_int_equal(q.qs[1], 0);  /* 0.5 rounds to even */
-    assert_int_equal(q.qs[3], 2);  /* 1.5 rounds to even */
+    assert_int_equal(q.qs[1], 0); /* 0.5 rounds to even */
+    assert_int_equal(q.qs[3], 2); /* 1.5 rounds to even */
     assert_int_equal(q.qs[6], 3);
     /* all zero: d = 0, q = 0 */
     memset(x, 0, sizeof x);
@@ -167,9 +168,12 @@ static void test_quant_act_known(void **state) {
 /* Quantize -> dequantize error per format on Gaussian rows, stated as NMSE. */
 static void test_quant_roundtrip_error(void **state) {
     (void)state;
-    static const struct { tk_dtype t; double tol; } cases[] = {
+    static const struct {
+        tk_dtype t;
+        double tol;
+    } cases[] = {
         /* measured 4e-8, 3e-6, 2.5e-5, 6.4e-3, 5.6e-3, 3.3e-4, 7.4e-5; bounds about 2x that */
-        {TK_DTYPE_F32, 0.0},    {TK_DTYPE_F16, 1e-7},    {TK_DTYPE_BF16, 1e-5}, {TK_DTYPE_Q8_0, 6e-5},
+        {TK_DTYPE_F32, 0.0},     {TK_DTYPE_F16, 1e-7},    {TK_DTYPE_BF16, 1e-5}, {TK_DTYPE_Q8_0, 6e-5},
         {TK_DTYPE_Q4_0, 1.2e-2}, {TK_DTYPE_Q4_K, 1.2e-2}, {TK_DTYPE_Q6_K, 8e-4}, {TK_DTYPE_Q8_K, 2e-4},
     };
     kt_rng r = {42};
@@ -182,17 +186,34 @@ static void test_quant_roundtrip_error(void **state) {
         memset(o, 0, k * sizeof *o);
         assert_true(kern_quantize_row(cases[c].t, x, q, k));
         switch (cases[c].t) {
-        case TK_DTYPE_F32: kern_dequant_f32_ref(q, o, k); break;
-        case TK_DTYPE_F16: kern_dequant_f16_ref(q, o, k); break;
-        case TK_DTYPE_BF16: kern_dequant_bf16_ref(q, o, k); break;
-        case TK_DTYPE_Q8_0: kern_dequant_q8_0_ref(q, o, k); break;
-        case TK_DTYPE_Q4_0: kern_dequant_q4_0_ref(q, o, k); break;
-        case TK_DTYPE_Q4_K: kern_dequant_q4_k_ref(q, o, k); break;
-        case TK_DTYPE_Q6_K: kern_dequant_q6_k_ref(q, o, k); break;
-        default: kern_dequant_q8_k_ref(q, o, k); break;
+        case TK_DTYPE_F32:
+            kern_dequant_f32_ref(q, o, k);
+            break;
+        case TK_DTYPE_F16:
+            kern_dequant_f16_ref(q, o, k);
+            break;
+        case TK_DTYPE_BF16:
+            kern_dequant_bf16_ref(q, o, k);
+            break;
+        case TK_DTYPE_Q8_0:
+            kern_dequant_q8_0_ref(q, o, k);
+            break;
+        case TK_DTYPE_Q4_0:
+            kern_dequant_q4_0_ref(q, o, k);
+            break;
+        case TK_DTYPE_Q4_K:
+            kern_dequant_q4_k_ref(q, o, k);
+            break;
+        case TK_DTYPE_Q6_K:
+            kern_dequant_q6_k_ref(q, o, k);
+            break;
+        default:
+            kern_dequant_q8_k_ref(q, o, k);
+            break;
         }
         double e = kt_nmse(o, x, k);
-        if (e > cases[c].tol) fail_msg("%s roundtrip nmse %.3g > %.3g", dtype_name(cases[c].t), e, cases[c].tol);
+        if (e > cases[c].tol)
+            fail_msg("%s roundtrip nmse %.3g > %.3g", dtype_name(cases[c].t), e, cases[c].tol);
     }
     /* constant and all-negative blocks stay valid */
     for (int64_t i = 0; i < k; i++) x[i] = -1.0f - (float)(i % 3);
@@ -326,11 +347,11 @@ static void test_quant_dispatch(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_quant_f16_bf16_known),    cmocka_unit_test(test_quant_q8_0_known),
-        cmocka_unit_test(test_quant_q4_0_known),        cmocka_unit_test(test_quant_q4_k_known),
-        cmocka_unit_test(test_quant_q6_k_known),        cmocka_unit_test(test_quant_act_known),
-        cmocka_unit_test(test_quant_roundtrip_error),   cmocka_unit_test(test_quant_gemv_ref_vs_dequant),
-        cmocka_unit_test(test_quant_norm_act_known),    cmocka_unit_test(test_quant_rope_direct),
+        cmocka_unit_test(test_quant_f16_bf16_known),  cmocka_unit_test(test_quant_q8_0_known),
+        cmocka_unit_test(test_quant_q4_0_known),      cmocka_unit_test(test_quant_q4_k_known),
+        cmocka_unit_test(test_quant_q6_k_known),      cmocka_unit_test(test_quant_act_known),
+        cmocka_unit_test(test_quant_roundtrip_error), cmocka_unit_test(test_quant_gemv_ref_vs_dequant),
+        cmocka_unit_test(test_quant_norm_act_known),  cmocka_unit_test(test_quant_rope_direct),
         cmocka_unit_test(test_quant_dispatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

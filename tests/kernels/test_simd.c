@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
 #include <cmocka.h>
 
 #include "kern_util.h"
@@ -50,7 +51,8 @@ static void gemv_case(const tk_kernels *K, tk_dtype t, int n_tok, kt_rng *r) {
     size_t xb = kern_act_row_bytes(t, k) + (size_t)kt_int(r, 0, 3) * 4; /* padded stride */
     float *wf = malloc((size_t)k * sizeof *wf), *xf = malloc((size_t)k * sizeof *xf);
     char *wq = malloc((size_t)(rows * rb)), *xq = malloc(xb * (size_t)n_tok);
-    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y), *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
+    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
+          *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
     for (int64_t i = 0; i < rows; i++) {
         kt_fill(r, wf, k, 0.5f);
         assert_true(kern_quantize_row(t, wf, wq + i * rb, k));
@@ -67,8 +69,9 @@ static void gemv_case(const tk_kernels *K, tk_dtype t, int n_tok, kt_rng *r) {
         for (int64_t i = 0; i < ldy; i++) {
             float a = y[tt * ldy + i], b = want[tt * ldy + i];
             if (i < r0 || i >= r1) {
-                if (!isnan(a)) fail_msg("%s %s wrote outside rows: t %d row %lld", cpu_isa_name(K->isa),
-                                        dtype_name(t), tt, (long long)i);
+                if (!isnan(a))
+                    fail_msg("%s %s wrote outside rows: t %d row %lld", cpu_isa_name(K->isa), dtype_name(t),
+                             tt, (long long)i);
                 continue;
             }
             num += ((double)a - b) * ((double)a - b);
@@ -134,7 +137,8 @@ static void test_simd_gemv_model_shapes(void **state) {
                 R->gemv[t](k, wq, 0, rows, xq, xb, n_tok, want, rows);
                 K->gemv[t](k, wq, 0, rows, xq, xb, n_tok, y, rows);
                 double e = kt_nmse(y, want, rows * n_tok);
-                if (!(e <= GEMV_TOL)) fail_msg("%s %s n_tok %d nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), n_tok, e);
+                if (!(e <= GEMV_TOL))
+                    fail_msg("%s %s n_tok %d nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), n_tok, e);
             }
             free(wq);
             free(xq);
@@ -159,7 +163,7 @@ static void test_simd_quant_act_exact(void **state) {
             if (rep == 1) memset(x, 0, 256 * sizeof *x); /* zero blocks: d = 0 */
             if (rep == 2)                                /* exact halves: ties round to even */
                 for (int64_t i = 0; i < k; i++) x[i] = (float)((int)(i % 255) - 127) * 0.5f;
-            if (rep == 3) x[17] = 1e30f;                 /* one huge value */
+            if (rep == 3) x[17] = 1e30f; /* one huge value */
             kern_quant_q8_0_ref(x, a, k);
             K->quant_q8_0(x, b, k);
             assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q8_0, k));

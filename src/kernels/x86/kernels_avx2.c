@@ -4,10 +4,19 @@
 
 #include <immintrin.h>
 
+/* A test build overrides these to run other tile shapes (tests/kernels). */
+#ifndef KNT
+#define KNT 2
+#endif
+#ifndef KNT_K
+#define KNT_K 4
+#endif
+#ifndef KFN
 #define KFN(name) kern_##name##_avx2
+#endif
 
-/* maddubs needs an unsigned operand: |w| times x carrying w's sign. Pairs
- * saturate at 2 * 128 * 127 < 32767, so no overflow is possible. */
+/* maddubs needs an unsigned operand: |w| times x carrying w's sign. A pair
+ * reaches at most 2 * 128 * 127 = 32512 < 32767, so it never saturates. */
 static inline __attribute__((always_inline)) __m256i dot_s8(__m256i aw, __m256i w, __m256i x) {
     __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));

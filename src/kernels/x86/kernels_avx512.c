@@ -5,7 +5,16 @@
 
 #include <immintrin.h>
 
+/* A test build overrides these to run other tile shapes (tests/kernels). */
+#ifndef KNT
+#define KNT 4
+#endif
+#ifndef KNT_K
+#define KNT_K 4
+#endif
+#ifndef KFN
 #define KFN(name) kern_##name##_avx512
+#endif
 
 static inline __attribute__((always_inline)) __m256i dot_s8(__m256i aw, __m256i w, __m256i x) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w));

@@ -1,21 +1,28 @@
-/* The x86 kernel bodies, shared by gemv_avx2.c and gemv_avx512.c. Each of
- * those files defines, before including this one:
+/* The x86 kernel bodies, shared by kernels_avx2.c and kernels_avx512.c. Each
+ * of those files defines, before including this one:
  *   KFN(name)            the exported name, e.g. kern_name_avx2
+ *   KNT                  the token tile for float and Q8_0/Q4_0 weights:
+ *                        accumulators per row (2 fit AVX2's 16 registers,
+ *                        4 AVX-512's 32)
+ *   KNT_K                the same for Q4_K/Q6_K, whose per-row setup (scale
+ *                        unpacking) pays to share across more tokens
  *   dot_s8(aw, w, x)     8 int32 lanes that sum to dot(w, x) over 32 int8
  *                        pairs, given aw = |w| (the sign trick)
  *   dot_u8s8(u, x)       8 int32 lanes that sum to dot(u, x), u unsigned
  *                        (at most 127 here, so maddubs cannot saturate)
  * and is compiled with its own target flags, so the same source becomes two
  * binaries: the AVX2 one is what the tests run here, the AVX-512 one differs
- * only in dot_s8/dot_u8s8 (VNNI) and in the wider register file the compiler gets.
+ * only in those definitions (VNNI dots) and in the wider register file the
+ * compiler gets. Tests build the AVX2 file with KNT=4 too, so the tiles the
+ * AVX-512 build uses are exercised on machines without AVX-512.
  *
  * gemv layout: rows in groups of 4 (activation blocks are loaded once per
- * group), tokens in tiles of 2 inside a group, so a group's weights stay in L1
+ * group), tokens in tiles of KNT inside a group, so a group's weights stay in L1
  * while every token tile reads them: each weight byte comes from memory once
  * per call. Accumulators stay in registers; horizontal sums happen once per
  * output. Not thread-aware: callers split [r0, r1) across threads. */
-#ifndef KFN
-#error "define KFN and dot_s8 before including simd_body.h"
+#if !defined(KFN) || !defined(KNT) || !defined(KNT_K)
+#error "define KFN, KNT, KNT_K, dot_s8 and dot_u8s8 before including simd_body.h"
 #endif
 
 #include <immintrin.h>
@@ -51,8 +58,8 @@ AI void prefetch_ahead(const void *p, size_t dist) {
 }
 
 /* Write the NR x NT tile of sums; rows are contiguous in y for one token. */
-AI void store_tile(__m256 acc[4][2], int nr, int nt, float *y, int64_t ldy, int64_t r) {
-#pragma GCC unroll 2
+AI void store_tile(__m256 acc[4][4], int nr, int nt, float *y, int64_t ldy, int64_t r) {
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) {
         if (nr == 4) {
             _mm_storeu_ps(y + t * ldy + r, hsum8x4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
@@ -63,21 +70,46 @@ AI void store_tile(__m256 acc[4][2], int nr, int nt, float *y, int64_t ldy, int6
     }
 }
 
-/* Runs the NR x NT tiles over [r0, r1) x [0, n_tok) with NR in {4, 1} and NT
- * in {2, 1}, each a compile-time constant after inlining. */
-#define GEMV_DRIVE(TILE, ...)                                                                               \
-    do {                                                                                                    \
-        int64_t r_ = r0;                                                                                    \
-        for (; r_ + 4 <= r1; r_ += 4) {                                                                     \
-            int t_ = 0;                                                                                     \
-            for (; t_ + 2 <= n_tok; t_ += 2) TILE(__VA_ARGS__, r_, t_, 4, 2);                               \
-            if (t_ < n_tok) TILE(__VA_ARGS__, r_, t_, 4, 1);                                                \
-        }                                                                                                   \
-        for (; r_ < r1; r_++) {                                                                             \
-            int t_ = 0;                                                                                     \
-            for (; t_ + 2 <= n_tok; t_ += 2) TILE(__VA_ARGS__, r_, t_, 1, 2);                               \
-            if (t_ < n_tok) TILE(__VA_ARGS__, r_, t_, 1, 1);                                                \
-        }                                                                                                   \
+/* Runs the NR x NT tiles over [r0, r1) x [0, n_tok): NR in {4, 1}, NT up to
+ * NTMAX (how many token accumulators the registers hold), each a
+ * compile-time constant after inlining. */
+#define GEMV_DRIVE(TILE, NTMAX, ...)                                                                         \
+    do {                                                                                                     \
+        int64_t r_ = r0;                                                                                     \
+        for (; r_ + 4 <= r1; r_ += 4) {                                                                      \
+            int t_ = 0;                                                                                      \
+            for (; t_ + NTMAX <= n_tok; t_ += NTMAX) TILE(__VA_ARGS__, r_, t_, 4, NTMAX);                    \
+            switch (n_tok - t_) {                                                                            \
+            case 3:                                                                                          \
+                TILE(__VA_ARGS__, r_, t_, 4, 3);                                                             \
+                break;                                                                                       \
+            case 2:                                                                                          \
+                TILE(__VA_ARGS__, r_, t_, 4, 2);                                                             \
+                break;                                                                                       \
+            case 1:                                                                                          \
+                TILE(__VA_ARGS__, r_, t_, 4, 1);                                                             \
+                break;                                                                                       \
+            default:                                                                                         \
+                break;                                                                                       \
+            }                                                                                                \
+        }                                                                                                    \
+        for (; r_ < r1; r_++) {                                                                              \
+            int t_ = 0;                                                                                      \
+            for (; t_ + NTMAX <= n_tok; t_ += NTMAX) TILE(__VA_ARGS__, r_, t_, 1, NTMAX);                    \
+            switch (n_tok - t_) {                                                                            \
+            case 3:                                                                                          \
+                TILE(__VA_ARGS__, r_, t_, 1, 3);                                                             \
+                break;                                                                                       \
+            case 2:                                                                                          \
+                TILE(__VA_ARGS__, r_, t_, 1, 2);                                                             \
+                break;                                                                                       \
+            case 1:                                                                                          \
+                TILE(__VA_ARGS__, r_, t_, 1, 1);                                                             \
+                break;                                                                                       \
+            default:                                                                                         \
+                break;                                                                                       \
+            }                                                                                                \
+        }                                                                                                    \
     } while (0)
 
 /* ---- float weights (f32, f16, bf16) x f32 activations --------------------------------- */
@@ -100,35 +132,35 @@ AI float dot_tail(int wt, const void *w, const float *x, int64_t n) {
 
 /* With one token a row has a single FMA chain; two accumulators per row (k in
  * steps of 16) hide the FMA latency. With two tokens the tile has 8 chains. */
-AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
-                   int t0, int nr, int nt) {
+AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy,
+                   int64_t r, int t0, int nr, int nt) {
     const size_t esz = wt == WT_F32 ? 4 : 2;
     const int u = nt == 1 ? 2 : 1;
     const char *wr[4];
-    const float *xt[2];
+    const float *xt[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) wr[i] = (const char *)w + (size_t)(r + i) * (size_t)k * esz;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const float *)((const char *)x + (size_t)(t0 + t) * xs);
-    __m256 acc[2][4][2];
-#pragma GCC unroll 2
+    __m256 acc[2][4][4];
+#pragma GCC unroll 4
     for (int uu = 0; uu < u; uu++)
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_setzero_ps();
     const int64_t step = 8 * u, kv = k / step * step;
     for (int64_t j = 0; j < kv; j += step) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int uu = 0; uu < u; uu++) {
-            __m256 xv[2];
-#pragma GCC unroll 2
+            __m256 xv[4];
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) xv[t] = _mm256_loadu_ps(xt[t] + j + 8 * uu);
 #pragma GCC unroll 4
             for (int i = 0; i < nr; i++) {
                 __m256 wv = load8_w(wr[i], j + 8 * uu, wt);
                 prefetch_ahead(wr[i] + (size_t)(j + 8 * uu) * esz, 4 * (size_t)k * esz);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_fmadd_ps(wv, xv[t], acc[uu][i][t]);
             }
         }
@@ -136,7 +168,7 @@ AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, f
     if (u == 2)
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) acc[0][i][t] = _mm256_add_ps(acc[0][i][t], acc[1][i][t]);
     store_tile(acc[0], nr, nt, y, ldy, r);
     if (kv < k)
@@ -149,27 +181,27 @@ AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, f
  * gives the even ones as f32 and a mask the odd ones, against activations
  * split into even and odd vectors once per step for the whole row group.
  * One load and two ALU ops per 16 weights instead of two widening loads. */
-AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r, int t0,
-                  int nr, int nt) {
+AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
+                  int t0, int nr, int nt) {
     const int u = nt == 1 ? 2 : 1; /* one token: even and odd sums in separate chains */
     const uint16_t *wr[4];
-    const float *xt[2];
+    const float *xt[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) wr[i] = (const uint16_t *)w + (size_t)(r + i) * (size_t)k;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const float *)((const char *)x + (size_t)(t0 + t) * xs);
-    __m256 acc[2][4][2];
-#pragma GCC unroll 2
+    __m256 acc[2][4][4];
+#pragma GCC unroll 4
     for (int uu = 0; uu < u; uu++)
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_setzero_ps();
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     const int64_t kv = k / 16 * 16;
     for (int64_t j = 0; j < kv; j += 16) {
-        __m256 xe[2], xo[2];
-#pragma GCC unroll 2
+        __m256 xe[4], xo[4];
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             __m256 a = _mm256_loadu_ps(xt[t] + j), b = _mm256_loadu_ps(xt[t] + j + 8);
             /* [x0 x2 x8 x10 | x4 x6 x12 x14], then the middle 64-bit pairs swapped */
@@ -183,7 +215,7 @@ AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, 
             prefetch_ahead(wr[i] + j, 8 * (size_t)k);
             __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
             __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 acc[0][i][t] = _mm256_fmadd_ps(we, xe[t], acc[0][i][t]);
                 acc[u - 1][i][t] = _mm256_fmadd_ps(wo, xo[t], acc[u - 1][i][t]);
@@ -196,26 +228,29 @@ AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, 
     store_tile(acc[0], nr, nt, y, ldy, r);
     if (kv < k)
         for (int t = 0; t < nt; t++)
-            for (int i = 0; i < nr; i++) y[t * ldy + r + i] += kern_dot_bf16_ref(wr[i] + kv, xt[t] + kv, k - kv);
+            for (int i = 0; i < nr; i++)
+                y[t * ldy + r + i] += kern_dot_bf16_ref(wr[i] + kv, xt[t] + kv, k - kv);
 }
 
-#define BF16_TILE(k, w, x, xs, y, ldy, r, t, nr, nt) bf16_tile(k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+#define BF16_TILE(k, w, x, xs, y, ldy, r, t, nr, nt)                                                         \
+    bf16_tile(k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
 
-#define FLOAT_TILE(wt, k, w, x, xs, y, ldy, r, t, nr, nt) float_tile(wt, k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+#define FLOAT_TILE(wt, k, w, x, xs, y, ldy, r, t, nr, nt)                                                    \
+    float_tile(wt, k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
 
-void KFN(gemv_f32)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
-                   float *y, int64_t ldy) {
-    GEMV_DRIVE(FLOAT_TILE, WT_F32, k, w, xq, xq_stride, y, ldy);
+void KFN(gemv_f32)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                   int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(FLOAT_TILE, KNT, WT_F32, k, w, xq, xq_stride, y, ldy);
 }
 
-void KFN(gemv_f16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
-                   float *y, int64_t ldy) {
-    GEMV_DRIVE(FLOAT_TILE, WT_F16, k, w, xq, xq_stride, y, ldy);
+void KFN(gemv_f16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                   int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(FLOAT_TILE, KNT, WT_F16, k, w, xq, xq_stride, y, ldy);
 }
 
-void KFN(gemv_bf16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
-                    float *y, int64_t ldy) {
-    GEMV_DRIVE(BF16_TILE, k, w, xq, xq_stride, y, ldy);
+void KFN(gemv_bf16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                    int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(BF16_TILE, KNT, k, w, xq, xq_stride, y, ldy);
 }
 
 /* ---- Q8_0 and Q4_0 weights x Q8_0 activations ------------------------------------------ */
@@ -250,20 +285,20 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
                 int t0, int nr, int nt) {
     const size_t bb = q4 ? sizeof(tk_block_q4_0) : sizeof(tk_block_q8_0), rb = (size_t)nb * bb;
     const char *wr[4];
-    const tk_block_q8_0 *xt[2];
+    const tk_block_q8_0 *xt[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) wr[i] = (const char *)w + (size_t)(r + i) * rb;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)(t0 + t) * xs);
-    __m256 acc[4][2];
+    __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i xv[2], xoff[2];
-        __m256 dx[2], sc[4][2];
-#pragma GCC unroll 2
+        __m256i xv[4], xoff[4];
+        __m256 dx[4], sc[4][4];
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) {
             xv[t] = _mm256_loadu_si256((const __m256i *)xt[t][b].qs);
             dx[t] = _mm256_set1_ps(f16_to_f32(xt[t][b].d));
@@ -272,7 +307,7 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
         }
         if (nr == 4) {
             __m256 d4 = scales4(q4, wr, b);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 __m256 s = _mm256_mul_ps(d4, dx[t]);
                 sc[0][t] = _mm256_permute_ps(s, 0x00);
@@ -281,15 +316,16 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
                 sc[3][t] = _mm256_permute_ps(s, 0xff);
             }
         } else {
-#pragma GCC unroll 2
-            for (int t = 0; t < nt; t++) sc[0][t] = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(block_d(q4, wr[0], b))), dx[t]);
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++)
+                sc[0][t] = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(block_d(q4, wr[0], b))), dx[t]);
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             if (b & 1) prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb); /* two blocks per line */
             if (q4) {
                 __m256i wv = load_q4_0(wr[i], b);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int t = 0; t < nt; t++) {
                     __m256i p = _mm256_sub_epi32(dot_u8s8(wv, xv[t]), xoff[t]);
                     acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc[i][t], acc[i][t]);
@@ -297,25 +333,27 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
             } else {
                 __m256i wv = load_q8_0(wr[i], b);
                 __m256i aw = _mm256_sign_epi8(wv, wv);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int t = 0; t < nt; t++)
-                    acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8(aw, wv, xv[t])), sc[i][t], acc[i][t]);
+                    acc[i][t] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8(aw, wv, xv[t])), sc[i][t], acc[i][t]);
             }
         }
     }
     store_tile(acc, nr, nt, y, ldy, r);
 }
 
-#define Q8_TILE(q4, nb, w, x, xs, y, ldy, r, t, nr, nt) q8_tile(q4, nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+#define Q8_TILE(q4, nb, w, x, xs, y, ldy, r, t, nr, nt)                                                      \
+    q8_tile(q4, nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
 
-void KFN(gemv_q8_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
-                    float *y, int64_t ldy) {
-    GEMV_DRIVE(Q8_TILE, 0, k / TK_QK8_0, w, xq, xq_stride, y, ldy);
+void KFN(gemv_q8_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                    int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(Q8_TILE, KNT, 0, k / TK_QK8_0, w, xq, xq_stride, y, ldy);
 }
 
-void KFN(gemv_q4_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
-                    float *y, int64_t ldy) {
-    GEMV_DRIVE(Q8_TILE, 1, k / TK_QK4_0, w, xq, xq_stride, y, ldy);
+void KFN(gemv_q4_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                    int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(Q8_TILE, KNT, 1, k / TK_QK4_0, w, xq, xq_stride, y, ldy);
 }
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
@@ -343,28 +381,29 @@ AI __m128i q4_k_scales_mins(const uint8_t *scales) {
 /* Pairwise sums of a Q8_K block's 16 bsums: the activation sum of each
  * 32-element sub-block, as 8 int16. */
 AI __m128i q8_k_sums32(const tk_block_q8_k *xb) {
-    __m128i lo = _mm_loadu_si128((const __m128i *)xb->bsums), hi = _mm_loadu_si128((const __m128i *)xb->bsums + 1);
+    __m128i lo = _mm_loadu_si128((const __m128i *)xb->bsums),
+            hi = _mm_loadu_si128((const __m128i *)xb->bsums + 1);
     return _mm_hadd_epi16(lo, hi);
 }
 
-AI void q4_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r, int t0,
-                  int nr, int nt) {
+AI void q4_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
+                  int t0, int nr, int nt) {
     const size_t rb = (size_t)nb * sizeof(tk_block_q4_k);
     const tk_block_q4_k *wr[4];
-    const tk_block_q8_k *xt[2];
+    const tk_block_q8_k *xt[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) wr[i] = (const tk_block_q4_k *)((const char *)w + (size_t)(r + i) * rb);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_k *)((const char *)x + (size_t)(t0 + t) * xs);
-    __m256 acc[4][2];
+    __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
-        __m128i xsum[2];
-#pragma GCC unroll 2
+        __m128i xsum[4];
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) xsum[t] = q8_k_sums32(&xt[t][b]);
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
@@ -374,15 +413,15 @@ AI void q4_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
             __m256i sm = _mm256_cvtepu8_epi16(sm8); /* 8 scales, then 8 mins, int16 */
             __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);
             __m128i mins = _mm256_extracti128_si256(sm, 1);
-            __m256i isum[2];
-#pragma GCC unroll 2
+            __m256i isum[4];
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * j));
                 __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                 __m256i sl = spread_i16(sc, 2 * j), sh = spread_i16(sc, 2 * j + 1);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int t = 0; t < nt; t++) {
                     const int8_t *xqs = xt[t][b].qs + 64 * j;
                     __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xqs));
@@ -393,41 +432,43 @@ AI void q4_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
                 }
             }
             float d = f16_to_f32(wb->d), dmin = f16_to_f32(wb->dmin);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 float dx = xt[t][b].d;
                 acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(isum[t]), acc[i][t]);
                 /* the mins term, in the low four lanes (the upper ones add 0) */
                 __m128 mf = _mm_cvtepi32_ps(_mm_madd_epi16(mins, xsum[t]));
-                acc[i][t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_zextps128_ps256(mf), acc[i][t]);
+                acc[i][t] =
+                    _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_zextps128_ps256(mf), acc[i][t]);
             }
         }
     }
     store_tile(acc, nr, nt, y, ldy, r);
 }
 
-#define Q4_K_TILE(nb, w, x, xs, y, ldy, r, t, nr, nt) q4_k_tile(nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+#define Q4_K_TILE(nb, w, x, xs, y, ldy, r, t, nr, nt)                                                        \
+    q4_k_tile(nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
 
-void KFN(gemv_q4_k)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
-                    float *y, int64_t ldy) {
-    GEMV_DRIVE(Q4_K_TILE, k / TK_QK_K, w, xq, xq_stride, y, ldy);
+void KFN(gemv_q4_k)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                    int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(Q4_K_TILE, KNT_K, k / TK_QK_K, w, xq, xq_stride, y, ldy);
 }
 
 /* Q6_K: q - 32 is split as q * x - 32 * x; the second part is sum over
  * sub-blocks of scale * bsum, one madd per block instead of four maddubs. */
-AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r, int t0,
-                  int nr, int nt) {
+AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
+                  int t0, int nr, int nt) {
     const size_t rb = (size_t)nb * sizeof(tk_block_q6_k);
     const tk_block_q6_k *wr[4];
-    const tk_block_q8_k *xt[2];
+    const tk_block_q8_k *xt[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) wr[i] = (const tk_block_q6_k *)((const char *)w + (size_t)(r + i) * rb);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_k *)((const char *)x + (size_t)(t0 + t) * xs);
-    __m256 acc[4][2];
+    __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
     for (int64_t b = 0; b < nb; b++) {
@@ -437,19 +478,21 @@ AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
             for (int o = 0; o < (int)sizeof *wb; o += 64) prefetch_ahead((const char *)wb + o, 4 * rb);
             __m128i sc8 = _mm_loadu_si128((const __m128i *)wb->scales);
             __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-            __m256i isum[2];
-#pragma GCC unroll 2
+            __m256i isum[4];
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 __m256i bs = _mm256_loadu_si256((const __m256i *)xt[t][b].bsums);
-                isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+                isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
             }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int h = 0; h < 2; h++) {
                 __m256i l1 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64 * h));
                 __m256i l2 = _mm256_loadu_si256((const __m256i *)(wb->ql + 64 * h + 32));
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(wb->qh + 32 * h));
                 __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+                q[0] =
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
                 q[1] = _mm256_or_si256(_mm256_and_si256(l2, m4),
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
                 q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
@@ -460,8 +503,9 @@ AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
                 for (int c = 0; c < 4; c++) {
                     /* scales 8h + 2c (first 16 elements) and 8h + 2c + 1 (next 16) */
                     int s = 8 * h + 2 * c;
-                    __m256i scv = _mm256_set_m128i(_mm_set1_epi16(wb->scales[s + 1]), _mm_set1_epi16(wb->scales[s]));
-#pragma GCC unroll 2
+                    __m256i scv =
+                        _mm256_set_m128i(_mm_set1_epi16(wb->scales[s + 1]), _mm_set1_epi16(wb->scales[s]));
+#pragma GCC unroll 4
                     for (int t = 0; t < nt; t++) {
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(xt[t][b].qs + 128 * h + 32 * c));
                         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[c], xv), scv);
@@ -470,19 +514,21 @@ AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
                 }
             }
             float d = f16_to_f32(wb->d);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int t = 0; t < nt; t++)
-                acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xt[t][b].d), _mm256_cvtepi32_ps(isum[t]), acc[i][t]);
+                acc[i][t] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(d * xt[t][b].d), _mm256_cvtepi32_ps(isum[t]), acc[i][t]);
         }
     }
     store_tile(acc, nr, nt, y, ldy, r);
 }
 
-#define Q6_K_TILE(nb, w, x, xs, y, ldy, r, t, nr, nt) q6_k_tile(nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+#define Q6_K_TILE(nb, w, x, xs, y, ldy, r, t, nr, nt)                                                        \
+    q6_k_tile(nb, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
 
-void KFN(gemv_q6_k)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride, int n_tok,
-                    float *y, int64_t ldy) {
-    GEMV_DRIVE(Q6_K_TILE, k / TK_QK_K, w, xq, xq_stride, y, ldy);
+void KFN(gemv_q6_k)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                    int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(Q6_K_TILE, KNT_K, k / TK_QK_K, w, xq, xq_stride, y, ldy);
 }
 
 /* ---- activation quantizers ------------------------------------------------------------- */
@@ -534,8 +580,10 @@ void KFN(quant_q8_k)(const float *x, void *xq, int64_t k) {
             __m256i q = quant32(v + j, id);
             _mm256_storeu_si256((__m256i *)(b[i].qs + j), q);
             /* two bsums per 32: widen to int16 and sum each 16 by madd + hadd */
-            __m256i s = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16(1));
-            __m256i s2 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16(1));
+            __m256i s =
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16(1));
+            __m256i s2 =
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16(1));
             __m256i h = _mm256_hadd_epi32(s, s2); /* [s01 s23 t01 t23 | s45 s67 t45 t67] */
             h = _mm256_hadd_epi32(h, h);          /* [s0-3 t0-3 .. | s4-7 t4-7 ..] */
             __m128i tot = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -561,13 +609,15 @@ void KFN(rmsnorm)(float *out, const float *x, const float *w, int64_t n, float e
     const __m256 s = _mm256_set1_ps(scale);
     i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s), _mm256_loadu_ps(w + i)));
+        _mm256_storeu_ps(out + i,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s), _mm256_loadu_ps(w + i)));
     for (; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
 void KFN(add)(float *x, const float *y, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     if (i < n) kern_add_ref(x + i, y + i, n - i);
 }
 

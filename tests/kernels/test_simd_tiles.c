@@ -1,0 +1,104 @@
+/* The AVX2 kernels rebuilt with 4-token tiles for every weight type (the shape
+ * the AVX-512 build uses), so the 3- and 4-token tile code is checked against
+ * the reference on any machine with AVX2, not only on AVX-512 ones. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kern_util.h"
+#include "kernels/kernels_ref.h"
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define KNT       4
+#define KNT_K     4
+#define KFN(name) t4_##name
+#include "kernels/x86/kernels_avx2.c"
+#pragma GCC pop_options
+#define HAVE_T4 1
+#endif
+
+#define GEMV_TOL 1e-9
+
+#ifdef HAVE_T4
+static const tk_gemv_fn T4[TK_DTYPE_COUNT] = {
+    [TK_DTYPE_F32] = t4_gemv_f32,   [TK_DTYPE_F16] = t4_gemv_f16,   [TK_DTYPE_BF16] = t4_gemv_bf16,
+    [TK_DTYPE_Q8_0] = t4_gemv_q8_0, [TK_DTYPE_Q4_0] = t4_gemv_q4_0, [TK_DTYPE_Q4_K] = t4_gemv_q4_k,
+    [TK_DTYPE_Q6_K] = t4_gemv_q6_k,
+};
+#endif
+
+static void test_simd_tiles_four_tokens(void **state) {
+    (void)state;
+#ifdef HAVE_T4
+    tk_cpu c;
+    cpu_detect(&c);
+    if (cpu_best_isa(&c) < TK_ISA_AVX2) {
+        print_message("no AVX2: skipped\n");
+        return;
+    }
+    static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
+                                     TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
+    kt_rng r = {77};
+    for (size_t ci = 0; ci < sizeof types / sizeof types[0]; ci++) {
+        tk_dtype t = types[ci];
+        int be = dtype_block_elems(t);
+        for (int n_tok = 1; n_tok <= 9; n_tok++) {
+            int64_t k = be == 1 ? kt_int(&r, 1, 200) : be * kt_int(&r, 1, 3);
+            int64_t rows = kt_int(&r, 1, 13), r0 = kt_int(&r, 0, (int)rows - 1),
+                    r1 = kt_int(&r, (int)r0 + 1, (int)rows);
+            uint64_t rb;
+            assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
+            size_t xb = kern_act_row_bytes(t, k);
+            float *f = malloc((size_t)k * sizeof *f);
+            char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
+            float *y = malloc(rows * n_tok * sizeof *y), *want = malloc(rows * n_tok * sizeof *want);
+            for (int64_t i = 0; i < rows; i++) {
+                kt_fill(&r, f, k, 0.5f);
+                assert_true(kern_quantize_row(t, f, wq + i * rb, k));
+            }
+            for (int i = 0; i < n_tok; i++) {
+                kt_fill(&r, f, k, 1.0f);
+                kern_quant_act(R, t, f, xq + i * xb, k);
+            }
+            for (int64_t i = 0; i < rows * n_tok; i++) y[i] = want[i] = NAN;
+            R->gemv[t](k, wq, r0, r1, xq, xb, n_tok, want, rows);
+            T4[t](k, wq, r0, r1, xq, xb, n_tok, y, rows);
+            double num = 0, den = 0;
+            for (int tt = 0; tt < n_tok; tt++)
+                for (int64_t i = 0; i < rows; i++) {
+                    float a = y[tt * rows + i], b = want[tt * rows + i];
+                    if (i < r0 || i >= r1) {
+                        assert_true(isnan(a));
+                        continue;
+                    }
+                    num += ((double)a - b) * ((double)a - b);
+                    den += (double)b * b;
+                }
+            if (!(num <= GEMV_TOL * den))
+                fail_msg("4-token tiles %s n_tok %d k %lld: nmse %.3g", dtype_name(t), n_tok, (long long)k,
+                         num / den);
+            free(f);
+            free(wq);
+            free(xq);
+            free(y);
+            free(want);
+        }
+    }
+#else
+    print_message("not x86-64: skipped\n");
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_simd_tiles_four_tokens)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
