@@ -311,17 +311,23 @@ static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, c
     }
 }
 
-void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v) {
+void kv_write_heads(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v, int kvh0,
+                    int kvh1) {
     TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0);
+    TK_ASSERT(0 <= kvh0 && kvh0 <= kvh1 && kvh1 <= kv->o.n_head_kv);
     kv_geom g = geom_of(kv, l);
     int32_t b = block_at(kv, bt, pos);
     int slot = pos % kv->o.block_size;
-    for (int h = 0; h < kv->o.n_head_kv; h++) {
+    for (int h = kvh0; h < kvh1; h++) {
         const float *kx = k + (size_t)h * kv->o.head_dim, *vx = v + (size_t)h * kv->o.head_dim;
         /* The geometry hands out const pointers for the kernels; the pool is ours to write. */
         write_vec(kv, (uint8_t *)kv_geom_k(&g, b, h), (float *)kv_geom_ks(&g, b, h), slot, kx);
         write_vec(kv, (uint8_t *)kv_geom_v(&g, b, h), (float *)kv_geom_vs(&g, b, h), slot, vx);
     }
+}
+
+void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v) {
+    kv_write_heads(kv, l, bt, pos, k, v, 0, kv->o.n_head_kv);
 }
 
 static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, int slot, float *x) {

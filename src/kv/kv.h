@@ -46,8 +46,16 @@ int kv_blocks_free(const tk_kv *kv);
 int kv_blocks_total(const tk_kv *kv);
 
 /* Write the K and V vectors ([n_head_kv][head_dim] floats each) of one token at
- * position pos of a sequence with block table bt, in layer l. */
+ * position pos of a sequence with block table bt, in layer l.
+ * Threads: writes of different positions may run at once, except with int8
+ * per-head scales, where a (block, kv head) must be written by one thread in
+ * position order (a new vector may rescale the earlier ones, and slot 0 starts
+ * the block afresh): split such writes by sequence or by kv head. */
 void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v);
+/* kv_write for kv heads [kvh0, kvh1) only (k and v are still the whole
+ * [n_head_kv][head_dim] rows), so threads can split a token's writes by head. */
+void kv_write_heads(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, const float *v, int kvh0,
+                    int kvh1);
 
 /* Read back (dequantize) the K and V vectors of position pos, as kv_write's
  * layout ([n_head_kv][head_dim] floats each). For tests and debugging. */
@@ -60,7 +68,8 @@ float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head
  *   q:   [n_q][n_head][head_dim]  (RoPE applied)
  *   out: [n_q][n_head][head_dim]
  * query i sits at position pos0 + i and attends causally to positions [0, pos0+i].
- * GQA: head h reads kv head h / (n_head / n_head_kv). scratch: kv_attn_scratch_size floats.
+ * GQA: head h reads kv head h / (n_head / n_head_kv). scratch: kv_attn_scratch_floats floats.
+ * Threads: read-only on the pool; many may run at once (own scratch each).
  * The SIMD variant is picked from the kernels table at kv_init. */
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                   int h0, int h1, float scale, float *out, float *scratch);

@@ -549,6 +549,38 @@ static void test_kv_attention_invariance(void **state) {
         }
 }
 
+/* Writes split by kv head, heads in any order, give the same pool bytes as
+ * whole-token writes (what lets threads split int8 per-head writes by head). */
+static void test_kv_write_heads(void **state) {
+    (void)state;
+    enum { NKV = 3, HD = 32, LEN = 70 };
+    for (int kind = 0; kind < N_KINDS; kind++) {
+        tk_kv_opts o = opts_make(1, NKV, HD, 32, 3, KINDS[kind].t, KINDS[kind].sc);
+        tk_kv *a, *b;
+        assert_int_equal(kv_init(&o, &a), TK_OK);
+        assert_int_equal(kv_init(&o, &b), TK_OK);
+        int32_t bt[3];
+        for (int i = 0; i < 3; i++) bt[i] = kv_block_alloc(a), assert_int_equal(kv_block_alloc(b), bt[i]);
+        static float k[LEN][NKV * HD], v[LEN][NKV * HD];
+        uint64_t rng = 8;
+        for (int p = 0; p < LEN; p++)
+            for (int i = 0; i < NKV * HD; i++)
+                k[p][i] = rng_unit(&rng) * (1 + p * 0.1f), v[p][i] = rng_unit(&rng) * (1 + p * 0.1f);
+        for (int p = 0; p < LEN; p++) kv_write(a, 0, bt, p, k[p], v[p]);
+        for (int h = NKV - 1; h >= 0; h--) /* head by head, last head first */
+            for (int p = 0; p < LEN; p++) kv_write_heads(b, 0, bt, p, k[p], v[p], h, h + 1);
+        float ka[NKV * HD], va[NKV * HD], kb[NKV * HD], vb[NKV * HD];
+        for (int p = 0; p < LEN; p++) {
+            kv_read(a, 0, bt, p, ka, va);
+            kv_read(b, 0, bt, p, kb, vb);
+            assert_memory_equal(ka, kb, sizeof ka);
+            assert_memory_equal(va, vb, sizeof va);
+        }
+        kv_free(a);
+        kv_free(b);
+    }
+}
+
 /* The kernels of every level agree with each other closely (not bitwise). */
 static void test_kv_attention_isa_agree(void **state) {
     (void)state;
@@ -584,7 +616,8 @@ int main(void) {
         cmocka_unit_test(test_kv_bytes_per_token),      cmocka_unit_test(test_kv_roundtrip_float),
         cmocka_unit_test(test_kv_roundtrip_int8_token), cmocka_unit_test(test_kv_int8_head_rescale),
         cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
-        cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_attention_isa_agree),
+        cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_write_heads),
+        cmocka_unit_test(test_kv_attention_isa_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
