@@ -242,7 +242,8 @@ static float absmax(const float *x, int n) {
 
 static int8_t quant_one(float x, float s) {
     float r = nearbyintf(x / s);
-    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+    /* NaN (a broken activation) stores 0 rather than an undefined cast. */
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r == r ? r : 0);
 }
 
 static void quant_vec(const float *x, int8_t *q, int n, float s) {

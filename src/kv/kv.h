@@ -70,7 +70,8 @@ float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head
  * query i sits at position pos0 + i and attends causally to positions [0, pos0+i].
  * GQA: head h reads kv head h / (n_head / n_head_kv). scratch: kv_attn_scratch_floats floats.
  * Threads: read-only on the pool; many may run at once (own scratch each).
- * The SIMD variant is picked from the kernels table at kv_init. */
+ * The kernel (reference, AVX2, AVX-512; see kv_simd.h) is picked at kv_init
+ * from cpu_isa_from_env (TOKAMAK_ISA caps it). */
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                   int h0, int h1, float scale, float *out, float *scratch);
 /* Softmax is computed online a block at a time, so the scratch size depends on
