@@ -148,6 +148,68 @@ static void test_simd_gemv_model_shapes(void **state) {
     free(xf);
 }
 
+/* Blocks of raw random bytes reach values the quantizers never write (q8_0
+ * weights of -128, q6_k scales of -128, every 6-bit q4_k scale and min), which
+ * is where an int8/int16 overflow in a SIMD path would show. */
+static void fill_raw_blocks(kt_rng *r, tk_dtype t, char *p, int64_t nblocks) {
+    size_t bb = dtype_block_bytes(t);
+    for (size_t i = 0; i < (size_t)nblocks * bb; i++) p[i] = (char)kt_u32(r);
+    for (int64_t b = 0; b < nblocks; b++) {
+        char *blk = p + (size_t)b * bb;
+        tk_f16 d = tk_f32_to_f16((kt_unif(r) - 0.5f) * 0.02f), dmin = tk_f32_to_f16(kt_unif(r) * 0.01f);
+        switch (t) {
+        case TK_DTYPE_Q8_0:
+            memcpy(blk + offsetof(tk_block_q8_0, d), &d, 2);
+            break;
+        case TK_DTYPE_Q4_0:
+            memcpy(blk + offsetof(tk_block_q4_0, d), &d, 2);
+            break;
+        case TK_DTYPE_Q4_K:
+            memcpy(blk + offsetof(tk_block_q4_k, d), &d, 2);
+            memcpy(blk + offsetof(tk_block_q4_k, dmin), &dmin, 2);
+            break;
+        default:
+            memcpy(blk + offsetof(tk_block_q6_k, d), &d, 2);
+            break;
+        }
+    }
+}
+
+static void test_simd_gemv_raw_blocks(void **state) {
+    (void)state;
+    static const tk_dtype types[] = {TK_DTYPE_Q8_0, TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    tk_isa levels[2];
+    int nl = isa_levels(levels);
+    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
+    kt_rng r = {2024};
+    const int64_t k = 512, rows = 9;
+    const int n_tok = 5;
+    float xf[512];
+    for (int l = 0; l < nl; l++) {
+        const tk_kernels *K = kernels_get(levels[l]);
+        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+            tk_dtype t = types[c];
+            int64_t nb = k / dtype_block_elems(t);
+            size_t rb = (size_t)nb * dtype_block_bytes(t), xb = kern_act_row_bytes(t, k);
+            char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
+            fill_raw_blocks(&r, t, wq, rows * nb);
+            for (int i = 0; i < n_tok; i++) {
+                kt_fill(&r, xf, k, 1.0f);
+                if (i == 0) /* full-scale activations: q = +-127 everywhere */
+                    for (int64_t j = 0; j < k; j++) xf[j] = j % 3 ? 1.0f : -1.0f;
+                kern_quant_act(R, t, xf, xq + i * xb, k);
+            }
+            float y[5 * 9], want[5 * 9];
+            R->gemv[t](k, wq, 0, rows, xq, xb, n_tok, want, rows);
+            K->gemv[t](k, wq, 0, rows, xq, xb, n_tok, y, rows);
+            double e = kt_nmse(y, want, rows * n_tok);
+            if (!(e <= GEMV_TOL)) fail_msg("%s raw %s: nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), e);
+            free(wq);
+            free(xq);
+        }
+    }
+}
+
 static void test_simd_quant_act_exact(void **state) {
     (void)state;
     tk_isa levels[2];
@@ -240,8 +302,8 @@ static void test_simd_tables_complete(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simd_tables_complete),   cmocka_unit_test(test_simd_gemv),
-        cmocka_unit_test(test_simd_gemv_model_shapes), cmocka_unit_test(test_simd_quant_act_exact),
-        cmocka_unit_test(test_simd_elementwise),
+        cmocka_unit_test(test_simd_gemv_model_shapes), cmocka_unit_test(test_simd_gemv_raw_blocks),
+        cmocka_unit_test(test_simd_quant_act_exact),   cmocka_unit_test(test_simd_elementwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

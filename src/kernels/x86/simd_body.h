@@ -322,7 +322,7 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
-            if (b & 1) prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb); /* two blocks per line */
+            prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb);
             if (q4) {
                 __m256i wv = load_q4_0(wr[i], b);
 #pragma GCC unroll 4
