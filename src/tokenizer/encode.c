@@ -167,8 +167,13 @@ static bool pair_eval(const tk_tokenizer *t, const char *text, const merge_sym *
                       merge_ent *e) {
     const merge_sym *a = &sym[l], *b = &sym[r];
     if (t->kind == TOK_KIND_BPE) {
-        const tok_pair *p = tok_pair_find(t, a->id, b->id);
-        if (!p) return false;
+        const tok_pair *p;
+        if (a->len == 1 && b->len == 1) { /* two single bytes: the small table */
+            p = &t->byte_pairs[(unsigned char)text[a->start] << 8 | (unsigned char)text[b->start]];
+            if (p->rank == INT32_MAX) return false;
+        } else if (!(p = tok_pair_find(t, a->id, b->id))) {
+            return false;
+        }
         *e = (merge_ent){(double)p->rank, l, a->id, b->id, a->len + b->len, p->out};
         return true;
     }
@@ -199,6 +204,10 @@ static tk_status merge_heap(const tk_tokenizer *t, const char *text, scratch *s,
         b->len = 0;
         a->next = b->next;
         if (b->next >= 0) sym[b->next].prev = e.pos;
+        if (t->kind == TOK_KIND_BPE) { /* both neighbours' lookups miss the cache: start them together */
+            if (a->prev >= 0) tok_pair_prefetch(t, sym[a->prev].id, a->id);
+            if (a->next >= 0) tok_pair_prefetch(t, a->id, sym[a->next].id);
+        }
         /* each merge removes one entry and adds at most two, so 3n never overflows */
         if (a->prev >= 0 && pair_eval(t, text, sym, a->prev, e.pos, &e)) heap_push(s->heap, &hn, e);
         if (a->next >= 0 && pair_eval(t, text, sym, (int32_t)(a - sym), a->next, &e)) heap_push(s->heap, &hn, e);
@@ -208,7 +217,7 @@ static tk_status merge_heap(const tk_tokenizer *t, const char *text, scratch *s,
 
 /* ---- byte-level BPE ---- */
 
-#define NAIVE_MAX 128 /* below this, a rescan beats the heap */
+#define NAIVE_MAX 32 /* below this, a rescan beats the heap */
 
 static inline tok_pair pair_at(const tk_tokenizer *t, int32_t l, int32_t r) {
     const tok_pair *p = tok_pair_find(t, l, r);
@@ -240,6 +249,9 @@ static tk_status bpe_merge(const tk_tokenizer *t, const unsigned char *w, size_t
             memmove(sym + bi + 1, sym + bi + 2, (k - bi - 2) * sizeof *sym);
             if (bi + 2 < k) memmove(pr + bi + 1, pr + bi + 2, (k - bi - 2) * sizeof *pr);
             k--;
+            /* both neighbours' lookups miss the cache: start them together */
+            if (bi > 0) tok_pair_prefetch(t, sym[bi - 1], sym[bi]);
+            if (bi + 1 < k) tok_pair_prefetch(t, sym[bi], sym[bi + 1]);
             if (bi > 0) pr[bi - 1] = pair_at(t, sym[bi - 1], sym[bi]);
             if (bi + 1 < k) pr[bi] = pair_at(t, sym[bi], sym[bi + 1]);
         }

@@ -130,6 +130,10 @@ static inline const tok_pair *tok_pair_find(const tk_tokenizer *t, int32_t l, in
         if (!p->key) return NULL;
     }
 }
+static inline void tok_pair_prefetch(const tk_tokenizer *t, int32_t l, int32_t r) {
+    uint64_t key = (((uint64_t)(uint32_t)l << 32) | (uint32_t)r) + 1;
+    if (t->pairs) __builtin_prefetch(&t->pairs[tok_mix64(key) & (t->pair_cap - 1)]);
+}
 /* Raw bytes of a normal token -> id (BPE), -1 on a miss. */
 int32_t tok_find_raw(const tk_tokenizer *t, const char *s, size_t len);
 /* Register an added token (matched in text before BPE). */
