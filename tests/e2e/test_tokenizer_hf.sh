@@ -70,14 +70,15 @@ echo "12 999999999" | "$TK_CLI" detokenize -m "$MODEL" > /dev/null 2> "$OUT/err"
 set -e
 [ "$rc" -eq 1 ] && grep -q "not a token id" "$OUT/err" || fail "bad id not rejected: $(cat "$OUT/err")"
 
-# 5. throughput (reported, and tokamak must beat the JS package by 5x)
+# 5. throughput (reported; outside sanitizer builds tokamak must beat the JS package by 5x)
 cat "$OUT/js_time" "$OUT/tk_time_lines" "$OUT/tk_time_whole"
-"$PY" - "$OUT/js_time" "$OUT/tk_time_whole" <<'PY'
+case "${TK_SANITIZE:-OFF}" in ON|on|1|TRUE|true) check_speed=0 ;; *) check_speed=1 ;; esac
+"$PY" - "$OUT/js_time" "$OUT/tk_time_whole" "$check_speed" <<'PY'
 import re, sys
 js = max(float(x) for x in re.findall(r"= ([0-9.]+) MB/s", open(sys.argv[1]).read()))
 tk = float(re.findall(r"= ([0-9.]+) MB/s", open(sys.argv[2]).read())[0])
 print("speed: tokamak %.2f MB/s, transformers.js %.2f MB/s, %.1fx" % (tk, js, tk / js))
-if tk < 5 * js:
+if sys.argv[3] == "1" and tk < 5 * js:
     sys.exit("FAIL: tokamak is less than 5x the JS tokenizer")
 PY
 echo "PASS"
