@@ -76,9 +76,9 @@ struct tk_tokenizer {
     int32_t *map;        /* (map_cap) */
     uint64_t map_cap;    /* power of two */
 
-    /* BPE merges in rank order, as token ids, and (left,right) -> rank. */
+    /* BPE merges in rank order, as token ids, and (left, right) -> rank and result. */
     int64_t n_merges;
-    int32_t *merge_l, *merge_r, *merge_out; /* (n_merges) */
+    int32_t *merge_l, *merge_r; /* (n_merges) the pair each merge joins, for tok_merge */
     struct tok_pair *pairs; /* (pair_cap) open addressing; one cache line answers a lookup */
     uint64_t pair_cap;
     bool ignore_merges;  /* a whole word found in the vocab skips merging (Llama-3) */

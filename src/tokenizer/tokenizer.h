@@ -54,7 +54,7 @@ const char *tok_model_name(const tk_tokenizer *t);    /* "gpt2" | "llama" */
 const char *tok_pre_name(const tk_tokenizer *t);      /* "qwen2" | "llama-bpe" | "gpt2" | ... (GGUF tokenizer.ggml.pre) */
 const char *tok_chat_template(const tk_tokenizer *t); /* raw template text or NULL */
 
-/* Streaming detokenizer (one per request). push/flush write at most
+/* Streaming detokenizer (one per request, one thread). push/flush write at most
  * tok_stream_bound bytes of complete UTF-8; bytes of an unfinished character are
  * held back until the next push; flush emits what is left (invalid -> U+FFFD). */
 typedef struct tok_stream tok_stream;
@@ -65,7 +65,10 @@ size_t tok_stream_push(tok_stream *s, int32_t id, char *out, size_t cap); /* com
 size_t tok_stream_flush(tok_stream *s, char *out, size_t cap);
 
 /* Chat formatting (no template evaluation): the family is recognised from the
- * model's chat template (Qwen3 ChatML, Llama-3, plain ChatML fallback). */
+ * model's chat template (Qwen3 ChatML, Llama-3, plain ChatML fallback). Roles:
+ * system, user, assistant, tool (others: TK_ERR_INVALID). The text holds no BOS:
+ * encode it with tok_encode(add_bos=true, parse_special=true). *out is
+ * NUL-terminated; free it with tk_free. Thread-safe. */
 typedef struct tk_chat_msg {
     const char *role;
     const char *content;

@@ -42,7 +42,6 @@ void tok_free(tk_tokenizer *t) {
     tk_free(t->map);
     tk_free(t->merge_l);
     tk_free(t->merge_r);
-    tk_free(t->merge_out);
     tk_free(t->pairs);
     tk_free(t->raw_map);
     tk_free(t->byte_pairs);
@@ -123,11 +122,10 @@ tk_status tok_set_merges(tk_tokenizer *t, int64_t n, const char *const *l, const
     if (n == 0) return TK_OK;
     t->merge_l = tk_malloc((size_t)n * sizeof(int32_t));
     t->merge_r = tk_malloc((size_t)n * sizeof(int32_t));
-    t->merge_out = tk_malloc((size_t)n * sizeof(int32_t));
     t->pair_cap = pow2_at_least((uint64_t)n * 2);
     t->pairs = tk_calloc(t->pair_cap, sizeof *t->pairs);
     char *cat = tk_malloc(2 * TOK_MAX_PIECE + 1);
-    if (!t->merge_l || !t->merge_r || !t->merge_out || !t->pairs || !cat) {
+    if (!t->merge_l || !t->merge_r || !t->pairs || !cat) {
         tk_free(cat);
         return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory for %lld merges", (long long)n);
     }
@@ -150,7 +148,6 @@ tk_status tok_set_merges(tk_tokenizer *t, int64_t n, const char *const *l, const
         }
         t->merge_l[i] = a;
         t->merge_r[i] = b;
-        t->merge_out[i] = c;
         uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1, mask = t->pair_cap - 1;
         for (uint64_t h = tok_mix64(key) & mask;; h = (h + 1) & mask) {
             if (t->pairs[h].key == key) break; /* a repeated merge keeps its first (best) rank */
