@@ -72,7 +72,7 @@ static tk_status eof_fail(const rd *r, const char *what) {
 }
 
 static tk_status rd_u32(rd *r, uint32_t *v, const char *what) {
-    uint64_t x;
+    uint64_t x = 0;
     if (!rd_uint(r, 4, &x)) return eof_fail(r, what);
     *v = (uint32_t)x;
     return TK_OK;
@@ -85,7 +85,7 @@ static tk_status rd_u64(rd *r, uint64_t *v, const char *what) {
 
 /* A length-prefixed string; the bytes stay in the mapping. */
 static tk_status rd_str(rd *r, gguf_str *s, const char *what) {
-    uint64_t len;
+    uint64_t len = 0;
     if (!rd_uint(r, 8, &len)) return eof_fail(r, what);
     if (len > rd_left(r))
         return tk_fail(TK_ERR_FORMAT, "gguf: %s length %" PRIu64 " at offset %" PRIu64 " is past the end of the file (%" PRIu64 " bytes left)",
@@ -243,7 +243,7 @@ static tk_status skip_array_body(rd *r, const gguf_kv *kv, gguf_vtype et, uint64
         return tk_fail(TK_ERR_FORMAT, "gguf: key '%.*s': array of %" PRIu64 " arrays runs past the end of the file (%" PRIu64 " bytes left)",
                        KEYFMT(kv), n, rd_left(r));
     for (uint64_t i = 0; i < n; i++) {
-        uint32_t t2;
+        uint32_t t2 = 0;
         uint64_t n2 = 0;
         tk_status st = rd_u32(r, &t2, "nested array type");
         if (st == TK_OK) st = check_vtype(t2, kv->key.ptr, kv->key.len, "nested array element");
@@ -261,7 +261,7 @@ static tk_status parse_kv(rd *r, int64_t idx, gguf_kv *kv) {
         return st;
     }
     if (kv->key.len == 0) return tk_fail(TK_ERR_FORMAT, "gguf: kv %" PRId64 ": key is empty", idx);
-    uint32_t t;
+    uint32_t t = 0;
     if ((st = rd_u32(r, &t, "value type")) != TK_OK) return st;
     if ((st = check_vtype(t, kv->key.ptr, kv->key.len, "value")) != TK_OK) return st;
     kv->type = (gguf_vtype)t;
@@ -280,7 +280,7 @@ static tk_status parse_kv(rd *r, int64_t idx, gguf_kv *kv) {
         if (st != TK_OK) tk_error_prefix("key '%.*s'", KEYFMT(kv));
         return st;
     }
-    uint32_t et;
+    uint32_t et = 0;
     if ((st = rd_u32(r, &et, "array element type")) != TK_OK) return st;
     if ((st = check_vtype(et, kv->key.ptr, kv->key.len, "array element")) != TK_OK) return st;
     kv->arr_type = (gguf_vtype)et;
@@ -301,7 +301,7 @@ static tk_status check_header(rd *r, gguf_file *f, uint64_t *n_tensors, uint64_t
         return tk_fail(TK_ERR_FORMAT, "gguf: bad magic %02x %02x %02x %02x (expected \"GGUF\")", r->base[0], r->base[1], r->base[2],
                        r->base[3]);
     r->pos = 4;
-    uint64_t v;
+    uint64_t v = 0;
     rd_uint(r, 4, &v);
     f->version = (uint32_t)v;
     if (f->version == 1)
@@ -377,7 +377,7 @@ static tk_status parse_kvs(rd *r, gguf_file *f, uint64_t n_kv) {
 static tk_status parse_tensor_info(rd *r, gguf_file *f, int64_t i) {
     tk_tensor *t = &f->tensors[i];
     gguf_str name;
-    uint64_t len;
+    uint64_t len = 0;
     if (!rd_uint(r, 8, &len)) return eof_fail(r, "tensor name");
     if (len == 0) return tk_fail(TK_ERR_FORMAT, "gguf: tensor %" PRId64 ": name is empty", i);
     if (len > GGUF_MAX_NAME)
@@ -391,14 +391,14 @@ static tk_status parse_tensor_info(rd *r, gguf_file *f, int64_t i) {
     if (!copy) return tk_fail(TK_ERR_NOMEM, "gguf: cannot copy a tensor name");
     t->name = copy;
     f->n_tensors = i + 1; /* count it now so close frees the name */
-    uint32_t nd;
+    uint32_t nd = 0;
     if ((st = rd_u32(r, &nd, "tensor n_dims")) != TK_OK) return st;
     if (nd == 0 || nd > 4) return tk_fail(TK_ERR_FORMAT, "gguf: tensor '%s': n_dims %u is not in 1..4", copy, nd);
     t->n_dims = (int)nd;
     int64_t n_el = 1;
     for (int d = 0; d < 4; d++) t->ne[d] = 1;
     for (uint32_t d = 0; d < nd; d++) {
-        uint64_t v;
+        uint64_t v = 0;
         if ((st = rd_u64(r, &v, "tensor ne")) != TK_OK) return st;
         if ((int64_t)v <= 0)
             return tk_fail(TK_ERR_FORMAT, "gguf: tensor '%s': ne[%u] = %" PRId64 " is not positive", copy, d, (int64_t)v);
@@ -406,7 +406,7 @@ static tk_status parse_tensor_info(rd *r, gguf_file *f, int64_t i) {
         if (!tk_mul_i64(n_el, t->ne[d], &n_el))
             return tk_fail(TK_ERR_FORMAT, "gguf: tensor '%s': product of dims overflows at ne[%u] = %" PRId64, copy, d, t->ne[d]);
     }
-    uint32_t type;
+    uint32_t type = 0;
     if ((st = rd_u32(r, &type, "tensor type")) != TK_OK) return st;
     if (!dtype_known(type)) return tk_fail(TK_ERR_FORMAT, "gguf: tensor '%s': type id %u is unknown", copy, type);
     if (!dtype_supported(type))

@@ -210,7 +210,7 @@ tk_status gguf_w_tensor_info(gguf_writer *w, const char *name, tk_dtype type, in
         if (!tk_mul_i64(n_el, ne[d], &n_el)) return tk_fail(TK_ERR_RANGE, "gguf writer: tensor '%s': element count overflows", name);
         t.ne[d] = ne[d];
     }
-    uint64_t row;
+    uint64_t row = 0;
     if (!dtype_row_bytes(type, (uint64_t)ne[0], &row))
         return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': ne[0] = %" PRId64 " is not a multiple of the %s block size %d", name,
                        ne[0], dtype_name(type), dtype_block_elems(type));

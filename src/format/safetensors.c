@@ -83,7 +83,7 @@ static tk_status parse_entry(st_file *f, const cJSON *e, int64_t i) {
     t->n_dims = nd ? nd : 1;
     for (int d = 0; d < 4; d++) t->ne[d] = 1;
     for (int d = 0; d < nd; d++) t->ne[d] = (int64_t)dims[nd - 1 - d]; /* GGML order */
-    uint64_t b, en;
+    uint64_t b = 0, en = 0;
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !json_uint(offs->child, &b) ||
         !json_uint(offs->child->next, &en))
         return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': data_offsets is not a pair of non-negative integers", name);
