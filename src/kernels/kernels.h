@@ -21,7 +21,11 @@
 
 /* y[t * ldy + r] = dot(W row r, x row t) for r in [r0, r1), t in [0, n_tok).
  * w: the weight rows (row stride = row bytes of wtype, k elements per row);
- * xq: n_tok activation rows in the activation format, row stride xq_stride bytes. */
+ * xq: n_tok activation rows in the activation format, row stride xq_stride bytes.
+ * Writes only those outputs; pure, so threads may run disjoint row ranges.
+ * Invariance (tested): on one ISA level, each output is bitwise the same
+ * whatever n_tok, the token's place among them, and where [r0, r1) is cut, so
+ * results do not depend on the batch or the thread split. */
 typedef void (*tk_gemv_fn)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
 /* Quantize one activation row of k floats to the activation format. */

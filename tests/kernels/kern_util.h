@@ -5,6 +5,10 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
 
 typedef struct {
     uint64_t s;
@@ -43,6 +47,42 @@ static inline double kt_nmse(const float *a, const float *b, int64_t n) {
     }
     if (den == 0) return num == 0 ? 0 : INFINITY;
     return num / den;
+}
+
+/* Batch and split invariance of one gemv: a (row, token) result must be
+ * bitwise the same computed with all tokens and rows at once, one token at a
+ * time, for a middle subset of tokens, or with the rows cut at odd places
+ * (the forward pass relies on it: a sequence's logits do not depend on the
+ * batch or on the thread split). Needs cmocka.h before this header. */
+static inline void kt_check_invariance(tk_gemv_fn fn, tk_dtype t, kt_rng *r, const char *what) {
+    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
+    int be = dtype_block_elems(t);
+    int64_t k = be == 1 ? 200 + kt_int(r, 0, 40) : be * 3, rows = 13;
+    const int n_tok = 7;
+    uint64_t rb;
+    assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
+    size_t xb = kern_act_row_bytes(t, k);
+    float *f = malloc((size_t)k * sizeof *f), all[7 * 13], part[7 * 13];
+    char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
+    for (int64_t i = 0; i < rows; i++) {
+        kt_fill(r, f, k, 0.5f);
+        assert_true(kern_quantize_row(t, f, wq + i * rb, k));
+    }
+    for (int i = 0; i < n_tok; i++) {
+        kt_fill(r, f, k, 1.0f);
+        kern_quant_act(R, t, f, xq + i * xb, k);
+    }
+    fn(k, wq, 0, rows, xq, xb, n_tok, all, rows);
+    for (int i = 0; i < n_tok; i++) fn(k, wq, 0, rows, xq + i * xb, xb, 1, part + i * rows, rows);
+    if (memcmp(all, part, sizeof all)) fail_msg("%s %s: one token at a time differs", what, dtype_name(t));
+    fn(k, wq, 0, rows, xq + 2 * xb, xb, 3, part + 2 * rows, rows);
+    if (memcmp(all, part, sizeof all)) fail_msg("%s %s: tokens 2..4 alone differ", what, dtype_name(t));
+    static const int64_t cuts[] = {0, 3, 5, 6, 11, 13};
+    for (int c = 0; c + 1 < 6; c++) fn(k, wq, cuts[c], cuts[c + 1], xq, xb, n_tok, part, rows);
+    if (memcmp(all, part, sizeof all)) fail_msg("%s %s: rows cut at 3, 5, 6, 11 differ", what, dtype_name(t));
+    free(f);
+    free(wq);
+    free(xq);
 }
 
 #endif

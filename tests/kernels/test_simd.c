@@ -284,6 +284,21 @@ static void test_simd_elementwise(void **state) {
     }
 }
 
+static void test_simd_gemv_invariance(void **state) {
+    (void)state;
+    static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
+                                     TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    kt_rng r = {31};
+    for (int isa = 0; isa <= (int)TK_ISA_AVX512; isa++) {
+        tk_isa levels[2];
+        int nl = isa_levels(levels);
+        if (isa > 0 && (nl == 0 || isa > (int)levels[nl - 1])) break;
+        const tk_kernels *K = kernels_get((tk_isa)isa);
+        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++)
+            kt_check_invariance(K->gemv[types[c]], types[c], &r, cpu_isa_name(K->isa));
+    }
+}
+
 static void test_simd_tables_complete(void **state) {
     (void)state;
     static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
@@ -303,7 +318,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simd_tables_complete),   cmocka_unit_test(test_simd_gemv),
         cmocka_unit_test(test_simd_gemv_model_shapes), cmocka_unit_test(test_simd_gemv_raw_blocks),
-        cmocka_unit_test(test_simd_quant_act_exact),   cmocka_unit_test(test_simd_elementwise),
+        cmocka_unit_test(test_simd_gemv_invariance),   cmocka_unit_test(test_simd_quant_act_exact),
+        cmocka_unit_test(test_simd_elementwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,6 +93,8 @@ static void test_simd_tiles_four_tokens(void **state) {
             free(want);
         }
     }
+    for (size_t ci = 0; ci < sizeof types / sizeof types[0]; ci++)
+        kt_check_invariance(T4[types[ci]], types[ci], &r, "avx2 4-token tiles");
 #else
     print_message("not x86-64: skipped\n");
 #endif

@@ -33,19 +33,17 @@
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
-AI float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Four horizontal sums at once: lane i of the result is the sum of a_i. */
 AI __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
     __m256 s = _mm256_hadd_ps(s01, s23);
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
+
+/* One horizontal sum in exactly the order hsum8x4 uses, so a row's result is
+ * the same whether it falls in a 4-row group or in the tail rows (row-split
+ * invariance: threads may cut [r0, r1) anywhere). */
+AI float hsum8(__m256 v) { return _mm_cvtss_f32(hsum8x4(v, v, v, v)); }
 
 AI float f16_to_f32(tk_f16 h) { return _cvtsh_ss(h); }
 
@@ -130,47 +128,37 @@ AI float dot_tail(int wt, const void *w, const float *x, int64_t n) {
     return kern_dot_bf16_ref(w, x, n);
 }
 
-/* With one token a row has a single FMA chain; two accumulators per row (k in
- * steps of 16) hide the FMA latency. With two tokens the tile has 8 chains. */
+/* One FMA chain per (row, token) in every tile shape, so a token's result does
+ * not depend on how many tokens share its tile (batch invariance); a lone
+ * token's four row chains still cover most of the FMA latency. */
 AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy,
                    int64_t r, int t0, int nr, int nt) {
     const size_t esz = wt == WT_F32 ? 4 : 2;
-    const int u = nt == 1 ? 2 : 1;
     const char *wr[4];
     const float *xt[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) wr[i] = (const char *)w + (size_t)(r + i) * (size_t)k * esz;
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const float *)((const char *)x + (size_t)(t0 + t) * xs);
-    __m256 acc[2][4][4];
+    __m256 acc[4][4];
 #pragma GCC unroll 4
-    for (int uu = 0; uu < u; uu++)
+    for (int i = 0; i < nr; i++)
 #pragma GCC unroll 4
-        for (int i = 0; i < nr; i++)
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
+    const int64_t kv = k / 8 * 8;
+    for (int64_t j = 0; j < kv; j += 8) {
+        __m256 xv[4];
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_setzero_ps();
-    const int64_t step = 8 * u, kv = k / step * step;
-    for (int64_t j = 0; j < kv; j += step) {
+        for (int t = 0; t < nt; t++) xv[t] = _mm256_loadu_ps(xt[t] + j);
 #pragma GCC unroll 4
-        for (int uu = 0; uu < u; uu++) {
-            __m256 xv[4];
+        for (int i = 0; i < nr; i++) {
+            __m256 wv = load8_w(wr[i], j, wt);
+            prefetch_ahead(wr[i] + (size_t)j * esz, 4 * (size_t)k * esz);
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) xv[t] = _mm256_loadu_ps(xt[t] + j + 8 * uu);
-#pragma GCC unroll 4
-            for (int i = 0; i < nr; i++) {
-                __m256 wv = load8_w(wr[i], j + 8 * uu, wt);
-                prefetch_ahead(wr[i] + (size_t)(j + 8 * uu) * esz, 4 * (size_t)k * esz);
-#pragma GCC unroll 4
-                for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_fmadd_ps(wv, xv[t], acc[uu][i][t]);
-            }
+            for (int t = 0; t < nt; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
         }
     }
-    if (u == 2)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++)
-#pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) acc[0][i][t] = _mm256_add_ps(acc[0][i][t], acc[1][i][t]);
-    store_tile(acc[0], nr, nt, y, ldy, r);
+    store_tile(acc, nr, nt, y, ldy, r);
     if (kv < k)
         for (int t = 0; t < nt; t++)
             for (int i = 0; i < nr; i++)
@@ -180,23 +168,21 @@ AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, f
 /* BF16 without widening: a 32-bit lane holds elements (2i, 2i+1), so a shift
  * gives the even ones as f32 and a mask the odd ones, against activations
  * split into even and odd vectors once per step for the whole row group.
- * One load and two ALU ops per 16 weights instead of two widening loads. */
+ * One load and two ALU ops per 16 weights instead of two widening loads.
+ * Even then odd into one chain per (row, token), whatever the tile shape. */
 AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
                   int t0, int nr, int nt) {
-    const int u = nt == 1 ? 2 : 1; /* one token: even and odd sums in separate chains */
     const uint16_t *wr[4];
     const float *xt[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nr; i++) wr[i] = (const uint16_t *)w + (size_t)(r + i) * (size_t)k;
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const float *)((const char *)x + (size_t)(t0 + t) * xs);
-    __m256 acc[2][4][4];
+    __m256 acc[4][4];
 #pragma GCC unroll 4
-    for (int uu = 0; uu < u; uu++)
+    for (int i = 0; i < nr; i++)
 #pragma GCC unroll 4
-        for (int i = 0; i < nr; i++)
-#pragma GCC unroll 4
-            for (int t = 0; t < nt; t++) acc[uu][i][t] = _mm256_setzero_ps();
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm256_setzero_ps();
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     const int64_t kv = k / 16 * 16;
     for (int64_t j = 0; j < kv; j += 16) {
@@ -217,15 +203,12 @@ AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, 
             __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
-                acc[0][i][t] = _mm256_fmadd_ps(we, xe[t], acc[0][i][t]);
-                acc[u - 1][i][t] = _mm256_fmadd_ps(wo, xo[t], acc[u - 1][i][t]);
+                acc[i][t] = _mm256_fmadd_ps(we, xe[t], acc[i][t]);
+                acc[i][t] = _mm256_fmadd_ps(wo, xo[t], acc[i][t]);
             }
         }
     }
-    if (u == 2)
-#pragma GCC unroll 4
-        for (int i = 0; i < nr; i++) acc[0][i][0] = _mm256_add_ps(acc[0][i][0], acc[1][i][0]);
-    store_tile(acc[0], nr, nt, y, ldy, r);
+    store_tile(acc, nr, nt, y, ldy, r);
     if (kv < k)
         for (int t = 0; t < nt; t++)
             for (int i = 0; i < nr; i++)
