@@ -30,7 +30,7 @@ void cpu_detect(tk_cpu *c) {
     bool ymm_ok = avx && (xcr0 & 0x6) == 0x6;
     bool zmm_ok = ymm_ok && (xcr0 & 0xe0) == 0xe0;
     if (!ymm_ok) c->fma = c->f16c = false;
-    if (__get_cpuid_max(0, NULL) >= 7) {
+    if ((unsigned)__get_cpuid_max(0, NULL) >= 7u) {
         __cpuid_count(7, 0, a, b, cx, d);
         c->avx2 = ymm_ok && (b & (1u << 5));
         c->avx512f = zmm_ok && (b & (1u << 16));
@@ -42,7 +42,7 @@ void cpu_detect(tk_cpu *c) {
         c->avxvnni = ymm_ok && (a & (1u << 4));
     }
     unsigned regs[12];
-    if (__get_cpuid_max(0x80000000, NULL) >= 0x80000004) {
+    if ((unsigned)__get_cpuid_max(0x80000000, NULL) >= 0x80000004u) {
         __get_cpuid(0x80000002, &regs[0], &regs[1], &regs[2], &regs[3]);
         __get_cpuid(0x80000003, &regs[4], &regs[5], &regs[6], &regs[7]);
         __get_cpuid(0x80000004, &regs[8], &regs[9], &regs[10], &regs[11]);
