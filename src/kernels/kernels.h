@@ -52,7 +52,9 @@ const tk_kernels *kernels_get(tk_isa isa);
 /* kernels_get(cpu_isa_from_env(detected CPU)), computed once. */
 const tk_kernels *kernels_default(void);
 
-/* Activation format for a weight type, and its row size for k elements. */
+/* Activation format for a weight type, and its row size for k elements
+ * (TK_DTYPE_COUNT and 0 for a weight type without a gemv; 0 too when k is not
+ * a multiple of the activation block). kern_quant_act does nothing for those. */
 tk_dtype kern_act_type(tk_dtype wtype);
 size_t kern_act_row_bytes(tk_dtype wtype, int64_t k);
 /* Quantize one row for wtype's activation format (f32: memcpy). */
