@@ -15,13 +15,21 @@
 #include "kernels/kernels_ref.h"
 
 #if defined(__x86_64__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 #define KNT       4
 #define KNT_K     4
 #define KFN(name) t4_##name
 #include "kernels/x86/kernels_avx2.c"
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #define HAVE_T4 1
 #endif
 
