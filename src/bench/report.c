@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 static const char *kv_str(tk_kv_type t) {
@@ -148,11 +149,22 @@ void report_markdown(const bench_result *r, FILE *f) {
                "%.1f KB of f16 KV per context token)\n",
             in->model_path, in->model_name, in->model_arch, in->model_dtype, (double)in->n_params / 1e9,
             (double)in->weight_bytes / 1e6, (double)in->decode_bytes / 1e6, (double)in->kv_bytes_per_token / 1e3);
-    fprintf(f, "- options: --in %d --out %d, %d requests per level%s, warmup %d, repeat %d, seed %llu; engine: "
-               "threads %d%s, ctx %d, block %d, max batch %d, step budget %d, KV %s\n",
-            o->n_in, o->n_out, o->requests, o->requests ? "" : " (0: 2 x level)", o->warmup, o->repeat,
-            (unsigned long long)o->seed, e->n_threads, e->pin_threads ? " pinned" : "", e->ctx, e->block_size,
-            e->max_batch, e->step_tokens, kv_str(e->kv_type));
+    char threads[16] = "auto";
+    if (e->n_threads > 0) snprintf(threads, sizeof threads, "%d", e->n_threads);
+    fprintf(f, "- options: --in %d --out %d, ", o->n_in, o->n_out);
+    if (o->requests > 0)
+        fprintf(f, "%d requests per level", o->requests);
+    else
+        fprintf(f, "requests per level: 2 x concurrency (16 per rate)");
+    char repack[48] = "";
+    if (o->model.repack_dtype >= 0 && !o->ablation)
+        snprintf(repack, sizeof repack, ", weights repacked to %s", dtype_name((uint32_t)o->model.repack_dtype));
+    fprintf(f, ", warmup %d, repeat %d, seed %llu; engine: threads %s%s, ctx %d, block %d, max batch %d, "
+               "step budget %d%s, KV %s%s%s%s%s\n",
+            o->warmup, o->repeat, (unsigned long long)o->seed, threads, e->pin_threads ? " pinned" : "", e->ctx,
+            e->block_size, e->max_batch, e->step_tokens, e->step_tokens ? "" : " (engine default)",
+            kv_str(e->kv_type), e->unfused ? ", unfused" : "", e->static_batching ? ", static batching" : "",
+            e->no_chunking ? ", no chunking" : "", repack);
     fprintf(f, "- commit %s, %s\n", in->git_commit, in->date);
     for (int i = 0; i < r->n_series; i++) md_series(r, &r->series[i], f);
     if (o->ablation && r->n_series > 0) {
@@ -230,7 +242,9 @@ static cJSON *js_level(const bench_level *l) {
         cJSON_AddNumberToObject(j, "n_preempted", q->n_preempted);
         cJSON_AddStringToObject(j, "finish", finish_str(q->finish));
         cJSON *itl = cJSON_AddArrayToObject(j, "itl_s");
-        int n_itl = q->n_output > 1 ? q->n_output - 1 : 0;
+        /* Gaps were kept for at most n_asked_out + 1 tokens (the slot's buffer). */
+        int kept = q->n_output < l->n_asked_out + 1 ? q->n_output : l->n_asked_out + 1;
+        int n_itl = kept > 1 ? kept - 1 : 0;
         for (int k = 0; k < n_itl && q->itl_off + (size_t)k < l->n_itl; k++)
             cJSON_AddItemToArray(itl, cJSON_CreateNumber(l->itl[q->itl_off + (size_t)k]));
         cJSON_AddItemToArray(reqs, j);
@@ -410,9 +424,20 @@ tk_status report_csv_write(const bench_result *r, const char *path) {
 
 /* ---- plot ------------------------------------------------------------------ */
 
+/* Text from a model file goes into a gnuplot script, which can run shell
+ * commands: keep only characters that cannot end a string or expand. */
+static void plot_safe(char *dst, size_t n, const char *src) {
+    size_t k = 0;
+    for (; src && *src && k + 1 < n; src++) {
+        unsigned char ch = (unsigned char)*src;
+        dst[k++] = (ch < 32 || ch == '"' || ch == '\\' || ch == '`' || ch == '$' || ch == '\'' || ch >= 127) ? '_' : (char)ch;
+    }
+    dst[k] = 0;
+}
+
 tk_status report_plot_write(const bench_result *r, const char *path) {
-    if (strchr(path, '"') || strchr(path, '\n'))
-        return tk_fail(TK_ERR_INVALID, "bench: plot path %s holds a quote or newline", path);
+    if (strpbrk(path, "\"`\n"))
+        return tk_fail(TK_ERR_INVALID, "bench: plot path %s holds a quote, backquote or newline", path);
     char script[] = "/tmp/tokamak-plot-XXXXXX";
     int fd = mkstemp(script);
     if (fd < 0) return tk_fail(TK_ERR_IO, "bench: cannot create a gnuplot script: %s", strerror(errno));
@@ -439,16 +464,24 @@ tk_status report_plot_write(const bench_result *r, const char *path) {
         fprintf(f, "EOD\n");
     }
     const char *xl = rate ? "arrival rate (req/s)" : "concurrency";
-    fprintf(f, "set multiplot layout 1,2 title \"tokamak bench: %s, in %d / out %d (commit %s)\"\n",
-            r->info.model_name, r->opts.n_in, r->opts.n_out, r->info.git_commit);
+    char name[128], commit[64];
+    plot_safe(name, sizeof name, r->info.model_name);
+    plot_safe(commit, sizeof commit, r->info.git_commit);
+    fprintf(f, "set multiplot layout 1,2 title \"tokamak bench: %s, in %d / out %d (commit %s)\"\n", name,
+            r->opts.n_in, r->opts.n_out, commit);
     fprintf(f, "set xlabel '%s'\nset ylabel 'TPOT (ms)'\nset title 'TPOT P50 / P99'\nplot ", xl);
-    for (int s = 0; s < r->n_series; s++)
+    char label[96];
+    for (int s = 0; s < r->n_series; s++) {
+        plot_safe(label, sizeof label, r->series[s].label);
         fprintf(f, "%s$s%d using 1:2 with linespoints lw 2 title \"%s P50\", $s%d using 1:3 with linespoints dt 2 "
                    "title \"%s P99\"",
-                s ? ", " : "", s, r->series[s].label, s, r->series[s].label);
+                s ? ", " : "", s, label, s, label);
+    }
     fprintf(f, "\nset ylabel 'output tokens/s'\nset title 'Throughput'\nplot ");
-    for (int s = 0; s < r->n_series; s++)
-        fprintf(f, "%s$s%d using 1:4 with linespoints lw 2 title \"%s\"", s ? ", " : "", s, r->series[s].label);
+    for (int s = 0; s < r->n_series; s++) {
+        plot_safe(label, sizeof label, r->series[s].label);
+        fprintf(f, "%s$s%d using 1:4 with linespoints lw 2 title \"%s\"", s ? ", " : "", s, label);
+    }
     fprintf(f, "\nunset multiplot\n");
     bool ok = !ferror(f);
     ok &= fclose(f) == 0;

@@ -333,6 +333,11 @@ static void test_bench_plot(void **state) {
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) skip();
     bench_result r;
     make_result(&r);
+    /* A hostile model name must not break (or run code from) the script. */
+    char pwned[64];
+    snprintf(pwned, sizeof pwned, "/tmp/tk_bench_pwned_%d", (int)getpid());
+    unlink(pwned);
+    snprintf(r.info.model_name, sizeof r.info.model_name, "a\"b`touch %s`$x\nset", pwned);
     char path[512];
     tmp_path(path, sizeof path, "r.png");
     assert_int_equal(report_plot_write(&r, path), TK_OK);
@@ -342,6 +347,7 @@ static void test_bench_plot(void **state) {
     assert_int_equal(fread(magic, 1, 4, f), 4);
     fclose(f);
     assert_memory_equal(magic, "\x89PNG", 4);
+    assert_int_not_equal(access(pwned, F_OK), 0);
     unlink(path);
     assert_int_equal(report_plot_write(&r, "/tmp/bad\"name.png"), TK_ERR_INVALID);
     free_result(&r);
