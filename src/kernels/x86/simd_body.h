@@ -437,6 +437,15 @@ void KFN(gemv_q4_k)(int64_t k, const void *w, int64_t r0, int64_t r1, const void
     GEMV_DRIVE(Q4_K_TILE, KNT_K, k / TK_QK_K, w, xq, xq_stride, y, ldy);
 }
 
+/* Shuffle mask putting int16 lane 2c of each 128-bit half in the low half's
+ * eight lanes and lane 2c + 1 in the high half's: one vpshufb per 32 elements
+ * builds the pair of Q6_K sub-block scales a maddubs result needs. */
+AI __m256i q6_k_pair_mask(int c) {
+    const char a = (char)(4 * c), b = (char)(4 * c + 1), e = (char)(4 * c + 2), f = (char)(4 * c + 3);
+    return _mm256_setr_epi8(a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, e, f, e, f, e, f, e, f, e, f, e,
+                            f, e, f, e, f);
+}
+
 /* Q6_K: q - 32 is split as q * x - 32 * x; the second part is sum over
  * sub-blocks of scale * bsum, one madd per block instead of four maddubs. */
 AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
@@ -482,12 +491,13 @@ AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
                 q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+                /* this half's eight int16 scales in both 128-bit lanes */
+                __m256i sh = h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00)
+                                    : _mm256_permute2x128_si256(sc16, sc16, 0x11);
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
                     /* scales 8h + 2c (first 16 elements) and 8h + 2c + 1 (next 16) */
-                    int s = 8 * h + 2 * c;
-                    __m256i scv =
-                        _mm256_set_m128i(_mm_set1_epi16(wb->scales[s + 1]), _mm_set1_epi16(wb->scales[s]));
+                    __m256i scv = _mm256_shuffle_epi8(sh, q6_k_pair_mask(c));
 #pragma GCC unroll 4
                     for (int t = 0; t < nt; t++) {
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(xt[t][b].qs + 128 * h + 32 * c));
