@@ -122,13 +122,16 @@ static void quant_cols(const fwd_ctx *f, int s, int t0, int t1, int64_t c0, int6
     }
 }
 
-/* Tokens a gemv over float weights is called with. The SIMD float kernels
- * reduce a lone token in a tile of its own in a different order (two FMA
- * chains) than tokens that share a tile, so an odd count gets one padding row
- * (its result is ignored): every token then sits in a tile of two or more and
- * its dot product does not depend on how many others are in the step. The
- * quantized kernels already reduce every token the same way. */
-static int gemv_tokens(tk_dtype wtype, int n_tok) { return act_of(wtype) < 0 && (n_tok & 1) ? n_tok + 1 : n_tok; }
+/* Tokens a gemv is called with. Batch invariance needs each token's dot
+ * product to be reduced the same way whatever n_tok and its place in a tile;
+ * the kernels guarantee that now (one chain per row and token), so no padding.
+ * Should a kernel special-case a lone token again, returning n_tok + 1 for odd
+ * counts here restores invariance: every buffer keeps a spare row for it and
+ * output_logits handles the padded case. test_forward_batch_invariance checks. */
+static int gemv_tokens(tk_dtype wtype, int n_tok) {
+    (void)wtype;
+    return n_tok;
+}
 
 /* y[t, r] = W row r . act row t for rows [r0, r1) of all step tokens (y and the
  * activations hold one spare row for the padding above). */
