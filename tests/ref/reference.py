@@ -465,6 +465,9 @@ def cmd_compare(a):
         bad = [i for i in range(len(gen)) if ref_top[i] != gen[i]]
         print("FAIL: top-1 differs at steps %s" % bad[:10])
         ok = False
+    if a.min_agree and agree < a.min_agree * len(gen):
+        print("FAIL: top-1 agrees at %d/%d steps, expected >= %.0f%%" % (agree, len(gen), 100 * a.min_agree))
+        ok = False
     if a.min_distinct and distinct < a.min_distinct:
         print("FAIL: only %d distinct generated tokens (degenerate model?)" % distinct)
         ok = False
@@ -488,6 +491,7 @@ def main():
     p.add_argument("--dump", required=True)
     p.add_argument("--tol", type=float)
     p.add_argument("--top1", action="store_true")
+    p.add_argument("--min-agree", type=float, default=0.0, help="fraction of steps with the same top-1")
     p.add_argument("--min-distinct", type=int, default=0)
     a = ap.parse_args()
     try:
