@@ -181,12 +181,16 @@ static void heads_bias_norm_rope(fwd_ctx *f, float *base, int64_t width, const f
     }
 }
 
+/* Split by KV head, each thread writing every token in position order: int8
+ * KV with per-head scales may rescale a block's earlier values for a head, so
+ * one thread must own a (block, head) and see its tokens in order. */
 static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
-    int t0, t1;
-    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
-    for (int t = t0; t < t1; t++)
-        kv_write(f->kv, l, f->b->bt[f->tok_seq[t]], f->tok_pos[t], f->k + (size_t)t * f->kv_dim,
-                 f->v + (size_t)t * f->kv_dim);
+    long g0, g1;
+    pool_split(f->hp->n_head_kv, ith, nth, 1, &g0, &g1);
+    if (g0 >= g1) return;
+    for (int t = 0; t < f->b->n_tok; t++)
+        kv_write_heads(f->kv, l, f->b->bt[f->tok_seq[t]], f->tok_pos[t], f->k + (size_t)t * f->kv_dim,
+                       f->v + (size_t)t * f->kv_dim, (int)g0, (int)g1);
 }
 
 /* Attention over (sequence, head group) units; with quant, each thread also
