@@ -347,18 +347,21 @@ AI __m256i spread_i16(__m256i v, int s) {
     return _mm256_shuffle_epi8(v, m);
 }
 
-/* Sub-block scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K block, as GGML
- * unpacks them: four 32-bit moves instead of sixteen bit-field extractions. */
+/* Sub-block scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K block: GGML's
+ * 32-bit word unpacking, done in one vector register instead of four GPRs. */
 AI __m128i q4_k_scales_mins(const uint8_t *scales) {
-    uint32_t u[4];
-    memcpy(u, scales, 12);
-    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
-    uint32_t a = u[1] & m1;
-    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
-    u[2] = a;
-    u[0] &= m1;
-    return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);
+    /* 32-bit words u0 u1 u2 = bytes 0..3, 4..7, 8..11 (the load's fourth word
+     * is the block's first qs bytes, unused). Scales 0-3 = u0 & 0x3f..,
+     * mins 0-3 = u1 & 0x3f.., scales 4-7 = (u2 & 0x0f..) | ((u0 >> 6) & 3..) << 4,
+     * mins 4-7 = ((u2 >> 4) & 0x0f..) | ((u1 >> 6) & 3..) << 4. */
+    __m128i v = _mm_loadu_si128((const __m128i *)scales);
+    __m128i lo = _mm_and_si128(v, _mm_set1_epi32(0x3f3f3f3f)); /* [sc0-3, m0-3, ., .] */
+    __m128i p = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 3, 2, 2)); /* [u2, u2, ., .] */
+    __m128i q = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 3, 1, 0)); /* [u0, u1, ., .] */
+    p = _mm_and_si128(_mm_srlv_epi32(p, _mm_setr_epi32(0, 4, 0, 0)), _mm_set1_epi32(0x0f0f0f0f));
+    q = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(q, 6), _mm_set1_epi32(0x03030303)), 4);
+    __m128i hi = _mm_or_si128(p, q);   /* [sc4-7, m4-7, ., .] */
+    return _mm_unpacklo_epi32(lo, hi); /* [sc0-3, sc4-7, m0-3, m4-7] */
 }
 
 /* Pairwise sums of a Q8_K block's 16 bsums: the activation sum of each
