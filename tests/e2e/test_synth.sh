@@ -106,7 +106,10 @@ assert 0.018 < e.std() < 0.022 and abs(e.mean()) < 1e-3, e.std()
 n = g.tensor('blk.0.attn_norm.weight')
 assert 0.08 < n.std() < 0.12 and abs(n.mean() - 1) < 0.02, (n.mean(), n.std())
 " || fail "qwen3-0.6b --layers 2 file"
-"$TK_CLI" info -m "$W/s.gguf" >"$W/info.txt" 2>&1 || fail "tokamak info on the synthesized file: $(cat "$W/info.txt")"
+"$TK_CLI" info -m "$W/s.gguf" --bw 20 >"$W/info.txt" 2>&1 || fail "tokamak info on the synthesized file: $(cat "$W/info.txt")"
+grep -q "layers 2, embd 1024, heads 16, kv heads 8, head_dim 128, ff 3072, vocab 151936" "$W/info.txt" ||
+    fail "tokamak info shows other shapes: $(cat "$W/info.txt")"
+grep -q "parameters *187045376 " "$W/info.txt" || fail "tokamak info parameter count: $(cat "$W/info.txt")"
 rm -f "$W/s.gguf"
 
 # ---- HF sharding: --shard-mb gives shards + an index that covers them exactly ---------
