@@ -98,6 +98,7 @@ tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char 
     int nt = 0;
     gguf_writer *w = NULL;
     float *fbuf = NULL;
+    bool began = false;
     tk_status st = synth_plan(c, &ts, &nt);
     if (st != TK_OK) return st;
     if ((st = gguf_writer_init(32, &w)) != TK_OK) goto done;
@@ -115,6 +116,7 @@ tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char 
         goto done;
     }
     if ((st = gguf_w_begin(w, path)) != TK_OK) goto done;
+    began = true;
     for (int i = 0; i < nt; i++)
         if ((st = write_tensor(w, c, &ts[i], fbuf, fcap)) != TK_OK) goto done;
     st = gguf_w_finish(w);
@@ -122,6 +124,7 @@ done:
     if (st != TK_OK) tk_error_prefix("%s", path);
     tk_free(fbuf);
     gguf_writer_free(w);
+    if (st != TK_OK && began) remove(path); /* no half-written model left to be loaded later */
     tk_free(ts);
     return st;
 }

@@ -280,9 +280,31 @@ def dequant(t, raw, k):
 
 # ---- the model -----------------------------------------------------------------
 
+def act_quant(x, wtype):
+    """Optional emulation of tokamak's activation formats (kernels.h): Q8_0 rows
+    (blocks of 32, f16 scale) for Q8_0/Q4_0 weights, Q8_K (blocks of 256, f32
+    scale) for Q4_K/Q6_K; d = absmax / 127, q = round-half-even(x / d) in f32.
+    With it the quantized-weight comparisons isolate the weight formats."""
+    if wtype in (8, 2):
+        blk, f16_scale = 32, True
+    elif wtype in (12, 14):
+        blk, f16_scale = 256, False
+    else:
+        return x
+    shp = x.shape
+    v = x.astype(np.float32).reshape(-1, blk)
+    d = (np.abs(v).max(axis=1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.clip(np.round(v * inv[:, None]), -127, 127)
+    if f16_scale:
+        d = d.astype(np.float16).astype(np.float32)
+    return (q.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(shp)
+
+
 class Model:
-    def __init__(self, g):
+    def __init__(self, g, emulate_act_quant=False):
         self.g = g
+        self.aq = emulate_act_quant
         kv = g.kv
         a = kv["general.architecture"]
         if a not in ("qwen3", "qwen2", "llama"):
@@ -323,9 +345,16 @@ class Model:
                     w[k] = g.tensor(p + k + ".weight")
             self.L.append(w)
         self.out_norm = g.tensor("output_norm.weight")
-        self.out = g.tensor("output.weight" if "output.weight" in g.tensors else "token_embd.weight")
+        self.out_name = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
+        self.out = g.tensor(self.out_name)
         self.n_vocab = self.out.shape[0]
         self.reset()
+
+    def mm(self, x, w, name):
+        """x @ W.T, with the activation quantized as tokamak does when asked."""
+        if self.aq:
+            x = act_quant(x, self.g.tensors[name]["type"])
+        return x @ w.T
 
     def reset(self):
         self.k = [np.zeros((0, self.n_head_kv, self.head_dim)) for _ in range(self.n_layer)]
@@ -358,10 +387,11 @@ class Model:
         H, KV, d = self.n_head, self.n_head_kv, self.head_dim
         group = H // KV
         for i, w in enumerate(self.L):
+            p = "blk.%d." % i
             h = self.rms(x, w["attn_norm"])
-            q = h @ w["attn_q"].T
-            k = h @ w["attn_k"].T
-            v = h @ w["attn_v"].T
+            q = self.mm(h, w["attn_q"], p + "attn_q.weight")
+            k = self.mm(h, w["attn_k"], p + "attn_k.weight")
+            v = self.mm(h, w["attn_v"], p + "attn_v.weight")
             if "attn_q.bias" in w:
                 q, k, v = q + w["attn_q.bias"], k + w["attn_k.bias"], v + w["attn_v.bias"]
             q, k, v = q.reshape(T, H, d), k.reshape(T, KV, d), v.reshape(T, KV, d)
@@ -379,12 +409,12 @@ class Model:
                 sc = np.where(mask, sc, -np.inf)
                 sc = np.exp(sc - sc.max(axis=1, keepdims=True))
                 att[:, hh, :] = (sc / sc.sum(axis=1, keepdims=True)) @ V[:, hh // group, :]
-            x = x + att.reshape(T, H * d) @ w["attn_output"].T
+            x = x + self.mm(att.reshape(T, H * d), w["attn_output"], p + "attn_output.weight")
             h = self.rms(x, w["ffn_norm"])
-            gt, up = h @ w["ffn_gate"].T, h @ w["ffn_up"].T
-            x = x + (gt / (1.0 + np.exp(-gt)) * up) @ w["ffn_down"].T
+            gt, up = self.mm(h, w["ffn_gate"], p + "ffn_gate.weight"), self.mm(h, w["ffn_up"], p + "ffn_up.weight")
+            x = x + self.mm(gt / (1.0 + np.exp(-gt)) * up, w["ffn_down"], p + "ffn_down.weight")
         self.n_past += T
-        return self.rms(x, self.out_norm) @ self.out.T
+        return self.mm(self.rms(x, self.out_norm), self.out, self.out_name)
 
 
 def llama3_scale(inv, factor, low, high, orig):
@@ -433,14 +463,14 @@ def cmd_info(a):
 
 
 def cmd_logits(a):
-    m = Model(GGUF(a.model))
+    m = Model(GGUF(a.model), a.act_quant)
     rows, gen = run_sequence(m, parse_ids(a.tokens), parse_ids(a.gen) if a.gen else None, a.n)
     rows.astype("<f4").tofile(a.out)
     print(",".join(map(str, gen)))
 
 
 def cmd_compare(a):
-    m = Model(GGUF(a.model))
+    m = Model(GGUF(a.model), a.act_quant)
     prompt = parse_ids(a.tokens)
     dump = np.fromfile(a.dump, dtype="<f4")
     if dump.size == 0 or dump.size % m.n_vocab:
@@ -485,12 +515,14 @@ def main():
     p.add_argument("--gen")
     p.add_argument("-n", type=int, default=1)
     p.add_argument("--out", required=True)
+    p.add_argument("--act-quant", action="store_true", help="emulate tokamak's Q8 activation formats")
     p = sub.add_parser("compare")
     p.add_argument("model")
     p.add_argument("--tokens", required=True)
     p.add_argument("--dump", required=True)
     p.add_argument("--tol", type=float)
     p.add_argument("--top1", action="store_true")
+    p.add_argument("--act-quant", action="store_true", help="emulate tokamak's Q8 activation formats")
     p.add_argument("--min-agree", type=float, default=0.0, help="fraction of steps with the same top-1")
     p.add_argument("--min-distinct", type=int, default=0)
     a = ap.parse_args()
