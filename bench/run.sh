@@ -3,8 +3,9 @@
 #   bench/run.sh TOKAMAK_BINARY MODEL
 # Prints the markdown report; writes JSON, CSV and a PNG next to the build
 # (BENCH_OUT, default <build>/bench). Sized to finish well within 5 minutes on
-# 2 cores with qwen3-0.6b Q8_0: 128-token prompts, 64 output tokens, one
-# request per slot at concurrency 1, 4 and 8. Extra arguments go to bench
+# 2 cores with qwen3-0.6b Q8_0 (about 1.5 minutes when the machine is quiet):
+# 64-token prompts, 64 output tokens, one request per slot (--requests 1x) at
+# concurrency 1, 4 and 8. Extra arguments go to bench
 # (e.g. bench/run.sh build/bin/tokamak models/x.gguf --repeat 3).
 set -euo pipefail
 if [ $# -lt 2 ]; then
@@ -17,7 +18,7 @@ shift 2
 out=${BENCH_OUT:-$(cd "$(dirname "$bin")/.." && pwd)/bench}
 mkdir -p "$out"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
-"$bin" bench -m "$model" --in 128 --out 64 --batch 1,4,8 --requests 8 --warmup 1 --repeat 1 \
+"$bin" bench -m "$model" --in 64 --out 64 --batch 1,4,8 --requests 1x --warmup 1 --repeat 1 \
   --json "$out/bench-$stamp.json" --csv "$out/bench-$stamp.csv" --plot "$out/bench-$stamp.png" "$@"
 echo
 echo "bench: raw samples in $out/bench-$stamp.json, plot $out/bench-$stamp.png"

@@ -83,6 +83,7 @@ void bench_opts_default(bench_opts *o) {
     o->n_levels = 5;
     o->warmup = 1;
     o->repeat = 1;
+    o->requests_x = 2;
     o->seed = 1234;
     tk_model_opts_default(&o->model);
     tk_engine_opts_default(&o->engine);
@@ -357,7 +358,8 @@ static int max_level(const bench_opts *o) {
 
 static int level_requests(const bench_opts *o, int level) {
     if (o->requests > 0) return o->requests;
-    return level > 0 ? 2 * level : 16;
+    int x = o->requests_x > 0 ? o->requests_x : 2;
+    return level > 0 ? x * level : 16;
 }
 
 static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk_model *m, bench_info *info,
@@ -476,6 +478,8 @@ static tk_status check_opts(const bench_opts *o) {
     if (o->repeat < 1 || o->repeat > 64) return tk_fail(TK_ERR_RANGE, "bench: --repeat %d not in 1..64", o->repeat);
     if (o->requests < 0 || o->requests > 1000000)
         return tk_fail(TK_ERR_RANGE, "bench: --requests %d not in 0..1000000", o->requests);
+    if (o->requests_x < 0 || o->requests_x > 1000)
+        return tk_fail(TK_ERR_RANGE, "bench: --requests %dx not in 1x..1000x", o->requests_x);
     if (o->warmup < 0 || o->warmup > 10000) return tk_fail(TK_ERR_RANGE, "bench: --warmup %d not in 0..10000", o->warmup);
     return TK_OK;
 }

@@ -24,7 +24,8 @@ typedef struct bench_opts {
     int n_levels;
     double rates[BENCH_MAX_LEVELS]; /* Poisson arrival rates (req/s); used when n_rates > 0 */
     int n_rates;
-    int requests;     /* per level; 0: 2 x the level (rate mode: 16) */
+    int requests;     /* per level; 0: requests_x x the level (rate mode: 16) */
+    int requests_x;   /* requests per level as a multiple of the level when requests is 0 (default 2) */
     int warmup;       /* unmeasured requests before the first level */
     int repeat;       /* measured runs of each level (>= 1) */
     uint64_t seed;    /* prompts and arrival times */

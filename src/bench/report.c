@@ -155,7 +155,7 @@ void report_markdown(const bench_result *r, FILE *f) {
     if (o->requests > 0)
         fprintf(f, "%d requests per level", o->requests);
     else
-        fprintf(f, "requests per level: 2 x concurrency (16 per rate)");
+        fprintf(f, "requests per level: %d x concurrency (16 per rate)", o->requests_x > 0 ? o->requests_x : 2);
     char repack[48] = "";
     if (o->model.repack_dtype >= 0 && !o->ablation)
         snprintf(repack, sizeof repack, ", weights repacked to %s", dtype_name((uint32_t)o->model.repack_dtype));
@@ -314,6 +314,7 @@ static cJSON *js_result(const bench_result *r) {
     cJSON *rt = cJSON_AddArrayToObject(op, "rate");
     for (int i = 0; i < o->n_rates; i++) cJSON_AddItemToArray(rt, cJSON_CreateNumber(o->rates[i]));
     cJSON_AddNumberToObject(op, "requests", o->requests);
+    cJSON_AddNumberToObject(op, "requests_x", o->requests_x);
     cJSON_AddNumberToObject(op, "warmup", o->warmup);
     cJSON_AddNumberToObject(op, "repeat", o->repeat);
     cJSON_AddNumberToObject(op, "seed", (double)o->seed);

@@ -29,7 +29,7 @@ static void bench_usage(FILE *f) {
             "  --out N               output tokens per request, EOS ignored (512)\n"
             "  --batch LIST          closed-loop concurrency levels (1,4,8,16,32)\n"
             "  --rate LIST           Poisson arrival rates in req/s instead of --batch\n"
-            "  --requests N          requests per level (default 2 x level; 16 per rate)\n"
+            "  --requests N|Nx       requests per level, or N x the level (default 2x; 16 per rate)\n"
             "  --warmup N            unmeasured requests first (1)\n"
             "  --repeat N            runs per level; reports the median and min-max (1)\n"
             "  --seed N              prompts and arrivals (1234)\n"
@@ -151,7 +151,19 @@ int cmd_bench(int argc, char **argv) {
         case OPT_OUT: ok = parse_int_opt("--out", optarg, 1, 1 << 24, &o.n_out); break;
         case OPT_BATCH: ok = parse_list("--batch", optarg, false, o.levels, NULL, &o.n_levels), batch_set = true; break;
         case OPT_RATE: ok = parse_list("--rate", optarg, true, NULL, o.rates, &o.n_rates); break;
-        case OPT_REQUESTS: ok = parse_int_opt("--requests", optarg, 1, 1000000, &o.requests); break;
+        case OPT_REQUESTS: {
+            /* "N" requests per level, or "Nx": N times the level (one wave per slot with 1x). */
+            size_t len = strlen(optarg);
+            if (len > 1 && optarg[len - 1] == 'x') {
+                char num[32];
+                snprintf(num, sizeof num, "%.*s", (int)(len - 1), optarg);
+                ok = parse_int_opt("--requests Nx", num, 1, 1000, &o.requests_x);
+                o.requests = 0;
+            } else {
+                ok = parse_int_opt("--requests", optarg, 1, 1000000, &o.requests);
+            }
+            break;
+        }
         case OPT_WARMUP: ok = parse_int_opt("--warmup", optarg, 0, 10000, &o.warmup); break;
         case OPT_REPEAT: ok = parse_int_opt("--repeat", optarg, 1, 64, &o.repeat); break;
         case OPT_SEED:

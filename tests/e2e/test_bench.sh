@@ -18,7 +18,7 @@ fi
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # Usage errors exit 2 with a message, before any model is loaded.
-for bad in "--batch 0" "--batch 1,,2" "--in x" "--kv-type fp8" "--rate 1 --batch 2" "--bogus"; do
+for bad in "--batch 0" "--batch 1,,2" "--requests 0x" "--in x" "--kv-type fp8" "--rate 1 --batch 2" "--bogus"; do
   set +e
   # shellcheck disable=SC2086
   "$TK_CLI" bench -m "$model" $bad >"$dir/out" 2>"$dir/err"
