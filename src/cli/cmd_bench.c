@@ -15,9 +15,7 @@
 #include "core/dtype.h"
 #include "tokamak.h"
 
-#ifndef TK_GIT_COMMIT
-#define TK_GIT_COMMIT "unknown"
-#endif
+#include "tk_git_commit.h" /* generated at build time: TK_GIT_COMMIT */
 
 static void bench_usage(FILE *f) {
     fprintf(f,

@@ -4,9 +4,7 @@
 #include "cli/cli.h"
 #include "tokamak.h"
 
-#ifndef TK_GIT_COMMIT
-#define TK_GIT_COMMIT "unknown"
-#endif
+#include "tk_git_commit.h" /* generated at build time: TK_GIT_COMMIT */
 
 typedef struct { const char *name; int (*fn)(int, char **); const char *help; } subcommand;
 
