@@ -39,6 +39,7 @@ struct bench_ctx {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int n_done;           /* finishes seen since the last reset (under mu) */
+    int n_first;          /* requests that produced a token since the last reset (under mu) */
     bench_slot *slot;     /* (n_slot) */
     int n_slot;
     double *tok_store;    /* (n_slot * cap) */
@@ -49,7 +50,15 @@ struct bench_ctx {
 static void on_token(void *user, const tk_token_event *ev) {
     bench_slot *s = user;
     if (s->n_tok < s->cap) s->tok_t[s->n_tok] = ev->t;
-    s->n_tok++;
+    /* The first token is announced (once per request) so that a mixed run can
+     * wait until every background stream decodes. */
+    if (s->n_tok++ == 0) {
+        bench_ctx *c = s->ctx;
+        pthread_mutex_lock(&c->mu);
+        c->n_first++;
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
 }
 
 static void on_finish(void *user, const tk_finish_event *ev) {
@@ -88,6 +97,8 @@ void bench_opts_default(bench_opts *o) {
     tk_model_opts_default(&o->model);
     tk_engine_opts_default(&o->engine);
     o->git_commit = "unknown";
+    o->bg_in = 128;
+    o->bg_out = 2048;
 }
 
 static void ctx_free(bench_ctx *c) {
@@ -137,6 +148,7 @@ static tk_status ctx_new(int n_slot, int n_out, int n_in, int n_vocab, bench_ctx
 static void ctx_reset(bench_ctx *c) {
     pthread_mutex_lock(&c->mu);
     c->n_done = 0;
+    c->n_first = 0;
     for (int i = 0; i < c->n_slot; i++) {
         bench_slot *s = &c->slot[i];
         s->n_tok = 0, s->done = false, s->finish = TK_FINISH_NONE;
@@ -155,7 +167,7 @@ typedef struct level_plan {
     bool measure;                /* false for the warm-up */
 } level_plan;
 
-static tk_status submit_one(tk_engine *e, bench_ctx *c, const level_plan *p, int idx) {
+static tk_status submit_one(tk_engine *e, bench_ctx *c, const level_plan *p, int idx, uint64_t *id) {
     uint64_t x = p->seed ^ (0x51ed270b27a1c3f5ull * (uint64_t)(idx + 1));
     for (int i = 0; i < p->n_in; i++) c->prompt[i] = (int32_t)(splitmix64(&x) % (uint64_t)c->n_vocab);
     tk_request r;
@@ -169,8 +181,7 @@ static tk_status submit_one(tk_engine *e, bench_ctx *c, const level_plan *p, int
     r.on_finish = on_finish;
     r.user = &c->slot[idx];
     c->slot[idx].t_submit = tk_now_s();
-    uint64_t id;
-    return tk_engine_submit(e, &r, &id);
+    return tk_engine_submit(e, &r, id);
 }
 
 /* Wait for in-flight requests after a failure so no callback outlives the slots. */
@@ -249,13 +260,15 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
     size_t steps_cap = 0;
     uint64_t arrivals = p->seed ^ 0xa5a5a5a5deadbeefull;
     double t0 = tk_now_s(), next_arrival = t0, last_progress = t0;
+    l->t_origin = t0;
     int submitted = 0, seen_done = 0;
     while (seen_done < p->n_requests) {
         double now = tk_now_s();
         /* Submit what the mode allows now; FULL means retry on the next poll. */
         while (submitted < p->n_requests) {
             if (p->concurrency > 0 ? submitted - seen_done >= p->concurrency : now < next_arrival) break;
-            st = submit_one(e, c, p, submitted);
+            uint64_t id;
+            st = submit_one(e, c, p, submitted, &id);
             if (st == TK_ERR_FULL) break;
             if (st != TK_OK) {
                 tk_error_prefix("bench: submit %d", submitted);
@@ -310,6 +323,110 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
     st = level_collect(c, p, t0, l);
     if (st == TK_OK) st = bench_level_finalize(l);
     return st;
+}
+
+/* ---- background streams (mixed load) -------------------------------------- */
+
+/* Wait for a condition-variable event or 10 ms. Caller holds c->mu. */
+static void wait_tick(bench_ctx *c) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 10000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+}
+
+/* Submit the n streams of bgc and return once every one has its first token:
+ * the measured window must see them decoding, not prefilling. */
+static tk_status bg_start(tk_engine *e, bench_ctx *bgc, const level_plan *bp, uint64_t *ids) {
+    ctx_reset(bgc);
+    int n = bp->n_requests;
+    for (int i = 0; i < n; i++) {
+        tk_status st = submit_one(e, bgc, bp, i, &ids[i]);
+        if (st != TK_OK) {
+            tk_error_prefix("bench: background stream %d", i);
+            for (int k = 0; k < i; k++) tk_engine_cancel(e, ids[k]);
+            drain(bgc, i);
+            return st;
+        }
+    }
+    double last_progress = tk_now_s();
+    int seen = 0;
+    pthread_mutex_lock(&bgc->mu);
+    while (bgc->n_first < n && bgc->n_done == 0 && tk_now_s() - last_progress < BENCH_STALL_S) {
+        wait_tick(bgc);
+        if (bgc->n_first != seen) seen = bgc->n_first, last_progress = tk_now_s();
+    }
+    int first = bgc->n_first, done = bgc->n_done;
+    pthread_mutex_unlock(&bgc->mu);
+    if (first == n && done == 0) return TK_OK;
+    for (int k = 0; k < n; k++) tk_engine_cancel(e, ids[k]);
+    drain(bgc, n);
+    if (done > 0)
+        return tk_fail(TK_ERR_INTERNAL, "bench: a background stream finished before all %d decoded (--bg-out %d)", n,
+                       bp->n_out);
+    return tk_fail(TK_ERR_INTERNAL, "bench: only %d of %d background streams decoded after %.0f s", first, n,
+                   BENCH_STALL_S);
+}
+
+/* Cancel the streams, wait for their finishes, and keep what they did inside
+ * the foreground window of l (its first submit to its last finish). */
+static tk_status bg_stop(tk_engine *e, bench_ctx *bgc, const level_plan *bp, const uint64_t *ids, bench_level *l) {
+    int n = bp->n_requests;
+    for (int i = 0; i < n; i++) tk_engine_cancel(e, ids[i]); /* NOT_FOUND: it already stopped */
+    drain(bgc, n);
+    pthread_mutex_lock(&bgc->mu);
+    int done = bgc->n_done;
+    pthread_mutex_unlock(&bgc->mu);
+    if (done < n)
+        return tk_fail(TK_ERR_INTERNAL, "bench: %d of %d background streams did not finish after cancel", n - done, n);
+    bench_bg *b = &l->bg;
+    size_t n_gap = 0;
+    for (int i = 0; i < n; i++) {
+        int k = bgc->slot[i].n_tok < bgc->slot[i].cap ? bgc->slot[i].n_tok : bgc->slot[i].cap;
+        n_gap += k > 1 ? (size_t)(k - 1) : 0;
+    }
+    b->stream = tk_calloc((size_t)n, sizeof *b->stream);
+    b->itl = n_gap ? tk_calloc(n_gap, sizeof(double)) : NULL;
+    if (!b->stream || (n_gap && !b->itl)) return tk_fail(TK_ERR_NOMEM, "bench: no memory for background samples");
+    b->n_streams = n;
+    b->n_prompt = bp->n_in;
+    b->w0 = 0;
+    b->w1 = l->t_end;
+    double w0 = l->t_origin, w1 = l->t_origin + l->t_end;
+    for (int i = 0; i < n; i++) {
+        const bench_slot *s = &bgc->slot[i];
+        bench_bg_stream *q = &b->stream[i];
+        int k = s->n_tok < s->cap ? s->n_tok : s->cap;
+        q->itl_off = b->n_itl;
+        q->n_window = (int)bench_window_gaps(s->tok_t, k, w0, w1, b->itl ? b->itl + b->n_itl : NULL, &q->tpot);
+        b->n_itl += (size_t)q->n_window;
+        q->n_output = s->n_tok;
+        q->n_preempted = s->times.n_preempted;
+        q->finish = s->finish;
+        /* Stopped on its own inside the window: the window saw fewer streams. */
+        double last = k ? s->tok_t[k - 1] : s->t_submit;
+        if (s->finish != TK_FINISH_CANCELLED && last <= w1) b->exhausted = true;
+    }
+    return bench_bg_finalize(l);
+}
+
+/* One measured run, with the background streams around it in a mixed run. */
+static tk_status measured_run(tk_engine *e, bench_ctx *c, bench_ctx *bgc, const level_plan *p,
+                              const level_plan *bp, uint64_t *ids, bench_level *l) {
+    if (!bgc) return level_run(e, c, p, l);
+    tk_status st = bg_start(e, bgc, bp, ids);
+    if (st != TK_OK) {
+        memset(l, 0, sizeof *l);
+        return st;
+    }
+    st = level_run(e, c, p, l);
+    tk_status st2 = st == TK_OK ? bg_stop(e, bgc, bp, ids, l) : TK_OK;
+    if (st != TK_OK) {
+        for (int i = 0; i < bp->n_requests; i++) tk_engine_cancel(e, ids[i]);
+        drain(bgc, bp->n_requests);
+    }
+    return st != TK_OK ? st : st2;
 }
 
 /* ---- series ---------------------------------------------------------------- */
@@ -396,6 +513,13 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
     tk_model_info mi;
     tk_model_get_info(m, &mi);
     if (st == TK_OK) st = ctx_new(max_req, o->n_out, o->n_in, mi.n_vocab, &c);
+    bench_ctx *bgc = NULL;
+    uint64_t *bg_ids = NULL;
+    if (st == TK_OK && o->n_bg > 0) {
+        st = ctx_new(o->n_bg, o->bg_out, o->bg_in, mi.n_vocab, &bgc);
+        bg_ids = tk_calloc((size_t)o->n_bg, sizeof *bg_ids);
+        if (st == TK_OK && !bg_ids) st = tk_fail(TK_ERR_NOMEM, "bench: no memory for %d stream ids", o->n_bg);
+    }
     if (st == TK_OK && o->warmup > 0) {
         level_plan wp = {.n_requests = o->warmup, .concurrency = o->warmup < max_level(o) ? o->warmup : max_level(o),
                          .n_in = o->n_in, .n_out = o->n_out < BENCH_WARMUP_OUT ? o->n_out : BENCH_WARMUP_OUT,
@@ -423,7 +547,9 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
                              .rate = pt->rate, .n_in = o->n_in, .n_out = o->n_out,
                              .seed = o->seed + 1000003ull * (uint64_t)(i + 1) + 7919ull * (uint64_t)r,
                              .read_bw_gbs = info->read_bw_gbs, .measure = true};
-            st = level_run(e, c, &lp, &pt->rep[r]);
+            level_plan bp = {.n_requests = o->n_bg, .concurrency = o->n_bg, .n_in = o->bg_in, .n_out = o->bg_out,
+                             .seed = lp.seed ^ 0xb6b6b6b6ull, .measure = true};
+            st = measured_run(e, c, bgc, &lp, &bp, bg_ids, &pt->rep[r]);
             pt->n_rep = r + 1;
             if (st == TK_OK && !o->quiet) {
                 const bench_level *l = &pt->rep[r];
@@ -432,6 +558,13 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
                         sp->label, pt->rate > 0 ? "rate" : "concurrency",
                         pt->rate > 0 ? pt->rate : (double)pt->concurrency, r + 1, o->repeat, l->m[BM_TPOT_P50],
                         l->m[BM_OUT_TOK_S], l->m[BM_TTFT_P50], l->m[BM_ROOF_PCT]);
+                if (l->bg.n_streams > 0)
+                    fprintf(stderr,
+                            "bench:   background %d streams: ITL p50 %.2f p99 %.2f max %.2f ms, TPOT p50 %.2f p99 "
+                            "%.2f ms%s\n",
+                            l->bg.n_streams, l->m[BM_BG_ITL_P50], l->m[BM_BG_ITL_P99], l->m[BM_BG_ITL_MAX],
+                            l->m[BM_BG_TPOT_P50], l->m[BM_BG_TPOT_P99],
+                            l->bg.exhausted ? " (a stream ran out inside the window: raise --bg-out)" : "");
             }
         }
         bench_point_summarize(pt);
@@ -439,6 +572,8 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
     /* The engine first: its shutdown fires the callbacks of anything still live. */
     tk_engine_free(e);
     ctx_free(c);
+    ctx_free(bgc);
+    tk_free(bg_ids);
     return st;
 }
 
@@ -481,6 +616,16 @@ static tk_status check_opts(const bench_opts *o) {
     if (o->requests_x < 0 || o->requests_x > 1000)
         return tk_fail(TK_ERR_RANGE, "bench: --requests %dx not in 1x..1000x", o->requests_x);
     if (o->warmup < 0 || o->warmup > 10000) return tk_fail(TK_ERR_RANGE, "bench: --warmup %d not in 0..10000", o->warmup);
+    if (o->n_bg < 0 || o->n_bg > 4096) return tk_fail(TK_ERR_RANGE, "bench: --background %d not in 0..4096", o->n_bg);
+    if (o->n_bg > 0) {
+        if (o->bg_in < 1 || o->bg_in > (1 << 24))
+            return tk_fail(TK_ERR_RANGE, "bench: --bg-in %d not in 1..%d", o->bg_in, 1 << 24);
+        /* Two tokens at least: the first proves a stream decodes, the rest are measured. */
+        if (o->bg_out < 2 || o->bg_out > (1 << 24))
+            return tk_fail(TK_ERR_RANGE, "bench: --bg-out %d not in 2..%d", o->bg_out, 1 << 24);
+        if (o->ablation)
+            return tk_fail(TK_ERR_INVALID, "bench: --background measures one configuration, not --ablation");
+    }
     return TK_OK;
 }
 
@@ -493,9 +638,19 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
     bench_info *info = &out->info;
     /* Size the engine for the run unless told otherwise: every sequence needs
      * n_in + n_out positions, and the largest level must run at once. */
-    if (!ro->engine_ctx_set) ro->engine.ctx = ro->n_in + ro->n_out + 1;
+    if (!ro->engine_ctx_set) {
+        ro->engine.ctx = ro->n_in + ro->n_out + 1;
+        /* A background stream needs its whole prompt + output window too. */
+        if (ro->n_bg > 0 && ro->bg_in + ro->bg_out + 1 > ro->engine.ctx) ro->engine.ctx = ro->bg_in + ro->bg_out + 1;
+    }
     if (!ro->engine_max_batch_set && ro->n_rates == 0 && max_level(ro) > ro->engine.max_batch)
         ro->engine.max_batch = max_level(ro);
+    /* The background streams run beside the foreground: room for both (16
+     * foreground slots in rate mode, where arrivals bound nothing). */
+    if (!ro->engine_max_batch_set && ro->n_bg > 0) {
+        int need = ro->n_bg + (ro->n_rates > 0 ? 16 : max_level(ro));
+        if (need > ro->engine.max_batch) ro->engine.max_batch = need;
+    }
     snprintf(info->git_commit, sizeof info->git_commit, "%s", o->git_commit ? o->git_commit : "unknown");
     snprintf(info->model_path, sizeof info->model_path, "%s", o->model_path);
     time_t now = time(NULL);

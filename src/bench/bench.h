@@ -34,6 +34,10 @@ typedef struct bench_opts {
     tk_model_opts model;
     tk_engine_opts engine;
     bool engine_ctx_set, engine_max_batch_set; /* else sized from the levels */
+    /* Mixed load: n_bg long decode streams (bg_in prompt tokens, at most bg_out
+     * output tokens) start before each measured run, all decode before its
+     * first submit, and are cancelled once its last request finished. */
+    int n_bg, bg_in, bg_out;
     const char *git_commit;
 } bench_opts;
 
@@ -72,8 +76,32 @@ typedef enum bench_metric {
     BM_KV_PEAK_BLOCKS, BM_KV_PEAK_MB,
     BM_STEP_GBS, BM_ROOF_PCT,
     BM_DURATION,
+    /* The background streams inside the foreground window (NaN without --background). */
+    BM_BG_ITL_P50, BM_BG_ITL_P95, BM_BG_ITL_P99, BM_BG_ITL_MAX, BM_BG_ITL_RATIO,
+    BM_BG_TPOT_P50, BM_BG_TPOT_P99, BM_BG_TPOT_RATIO,
     BM_COUNT
 } bench_metric;
+
+/* One background stream of a mixed run, seen through the foreground window. */
+typedef struct bench_bg_stream {
+    int n_output;        /* tokens it produced in all */
+    int n_window;        /* gaps that ended inside the window */
+    double tpot;         /* mean of those gaps, seconds; NaN if none */
+    size_t itl_off;      /* its gaps: bg.itl[itl_off .. itl_off + n_window) */
+    int n_preempted;
+    tk_finish finish;    /* TK_FINISH_CANCELLED unless it ran out (or failed) */
+} bench_bg_stream;
+
+typedef struct bench_bg {
+    int n_streams;           /* 0: no background */
+    int n_prompt;
+    bench_bg_stream *stream; /* (n_streams) */
+    double *itl;             /* (n_itl) seconds, every stream's in-window gaps */
+    size_t n_itl;
+    double w0, w1;           /* the window, relative to the level's start: first submit, last finish */
+    bool exhausted;          /* a stream stopped before the window closed: raise --bg-out */
+    stats_summary s_itl, s_tpot; /* seconds; s_tpot over the streams' tpot */
+} bench_bg;
 
 /* One measured run of a level (one repeat). */
 typedef struct bench_level {
@@ -94,6 +122,8 @@ typedef struct bench_level {
     stats_summary s_ttft, s_tpot, s_itl, s_e2e; /* seconds */
     double m[BM_COUNT];     /* every metric, filled by bench_level_finalize */
     bool out_len_short;     /* a request produced fewer or more tokens than asked */
+    double t_origin;        /* tk_now_s() of the level's start (absolute) */
+    bench_bg bg;            /* the background streams (mixed load) */
 } bench_level;
 
 /* A level over its repeats: the median and the min-max of every metric. */
@@ -156,6 +186,13 @@ const char *bench_metric_name(bench_metric m); /* "tpot_p50_ms" */
 void bench_request_fill(bench_request *r, double t0, double t_submit, const double *tok_t, int n_tok, double *itl);
 /* Derive l->ttft/tpot/itl/e2e summaries and l->m[] from the raw samples. */
 tk_status bench_level_finalize(bench_level *l);
+/* The gaps of one stream's ascending token times tok_t[0..n_tok) that end
+ * inside the window (w0, w1]: written to gaps (room for n_tok - 1), counted
+ * in the return value; *mean is their mean, NaN when there is none. A gap that
+ * began before w0 counts: a stall the window's first arrival caused. */
+size_t bench_window_gaps(const double *tok_t, int n_tok, double w0, double w1, double *gaps, double *mean);
+/* Summaries of l->bg and its l->m[BM_BG_*] (NaN without streams). */
+tk_status bench_bg_finalize(bench_level *l);
 /* Fill p->med/lo/hi from p->rep[*].m. */
 void bench_point_summarize(bench_point *p);
 void bench_level_free(bench_level *l);

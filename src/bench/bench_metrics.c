@@ -21,6 +21,10 @@ static const char *const METRIC_NAMES[BM_COUNT] = {
     [BM_MEAN_OUT_LEN] = "mean_output_len", [BM_KV_PEAK_BLOCKS] = "kv_peak_blocks",
     [BM_KV_PEAK_MB] = "kv_peak_mb",      [BM_STEP_GBS] = "decode_read_gb_s",
     [BM_ROOF_PCT] = "roofline_pct",      [BM_DURATION] = "duration_s",
+    [BM_BG_ITL_P50] = "bg_itl_p50_ms",   [BM_BG_ITL_P95] = "bg_itl_p95_ms",
+    [BM_BG_ITL_P99] = "bg_itl_p99_ms",   [BM_BG_ITL_MAX] = "bg_itl_max_ms",
+    [BM_BG_ITL_RATIO] = "bg_itl_p99_over_p50", [BM_BG_TPOT_P50] = "bg_tpot_p50_ms",
+    [BM_BG_TPOT_P99] = "bg_tpot_p99_ms", [BM_BG_TPOT_RATIO] = "bg_tpot_p99_over_p50",
 };
 
 const char *bench_metric_name(bench_metric m) {
@@ -86,6 +90,43 @@ tk_status bench_level_finalize(bench_level *l) {
     for (size_t i = 0; i < l->n_steps; i++) bytes += (double)l->steps[i].bytes, secs += l->steps[i].time;
     m[BM_STEP_GBS] = secs > 0 ? bytes / secs / 1e9 : NAN;
     m[BM_ROOF_PCT] = secs > 0 && l->read_bw_gbs > 0 ? 100.0 * m[BM_STEP_GBS] / l->read_bw_gbs : NAN;
+    return bench_bg_finalize(l);
+}
+
+size_t bench_window_gaps(const double *tok_t, int n_tok, double w0, double w1, double *gaps, double *mean) {
+    size_t n = 0;
+    double sum = 0;
+    for (int j = 1; j < n_tok; j++) {
+        if (!(tok_t[j] > w0) || tok_t[j] > w1) continue;
+        double g = tok_t[j] - tok_t[j - 1];
+        gaps[n++] = g;
+        sum += g;
+    }
+    *mean = n ? sum / (double)n : NAN;
+    return n;
+}
+
+tk_status bench_bg_finalize(bench_level *l) {
+    bench_bg *b = &l->bg;
+    double *m = l->m;
+    for (int k = BM_BG_ITL_P50; k <= BM_BG_TPOT_RATIO; k++) m[k] = NAN;
+    if (b->n_streams <= 0) {
+        memset(&b->s_itl, 0, sizeof b->s_itl);
+        memset(&b->s_tpot, 0, sizeof b->s_tpot);
+        return TK_OK;
+    }
+    double *tpot = tk_calloc((size_t)b->n_streams, sizeof(double));
+    if (!tpot) return tk_fail(TK_ERR_NOMEM, "bench: cannot summarise %d background streams", b->n_streams);
+    for (int i = 0; i < b->n_streams; i++) tpot[i] = b->stream[i].tpot;
+    tk_status st = stats_summarize(tpot, (size_t)b->n_streams, &b->s_tpot);
+    tk_free(tpot);
+    if (st == TK_OK) st = stats_summarize(b->itl, b->n_itl, &b->s_itl);
+    if (st != TK_OK) return st;
+    m[BM_BG_ITL_P50] = b->s_itl.p50 * 1e3, m[BM_BG_ITL_P95] = b->s_itl.p95 * 1e3;
+    m[BM_BG_ITL_P99] = b->s_itl.p99 * 1e3, m[BM_BG_ITL_MAX] = b->s_itl.max * 1e3;
+    m[BM_BG_ITL_RATIO] = b->s_itl.p50 > 0 ? b->s_itl.p99 / b->s_itl.p50 : NAN;
+    m[BM_BG_TPOT_P50] = b->s_tpot.p50 * 1e3, m[BM_BG_TPOT_P99] = b->s_tpot.p99 * 1e3;
+    m[BM_BG_TPOT_RATIO] = b->s_tpot.p50 > 0 ? b->s_tpot.p99 / b->s_tpot.p50 : NAN;
     return TK_OK;
 }
 
@@ -109,7 +150,10 @@ void bench_level_free(bench_level *l) {
     tk_free(l->req);
     tk_free(l->itl);
     tk_free(l->steps);
+    tk_free(l->bg.stream);
+    tk_free(l->bg.itl);
     l->req = NULL, l->itl = NULL, l->steps = NULL;
+    l->bg.stream = NULL, l->bg.itl = NULL, l->bg.n_streams = 0, l->bg.n_itl = 0;
 }
 
 void bench_point_free(bench_point *p) {

@@ -48,6 +48,54 @@ static void md_cell(FILE *f, double v, int prec) {
         fprintf(f, " %.*f |", prec, v);
 }
 
+/* The background streams of a mixed run, inside each run's foreground window. */
+static void md_background(const bench_result *r, const bench_series *s, FILE *f) {
+    bool rate = r->opts.n_rates > 0;
+    fprintf(f, "\nBackground decode: %d streams (prompt %d tokens) decoding before the first foreground submit, "
+               "measured from it to the last foreground finish:\n\n",
+            r->opts.n_bg, r->opts.bg_in);
+    fprintf(f, "| %s | window s | gaps | ITL P50 | ITL P95 | ITL P99 | ITL max (longest stall) | ITL P99/P50 | "
+               "TPOT P50 | TPOT P99 | TPOT P99/P50 | preempted |\n"
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            rate ? "rate (req/s)" : "concurrency");
+    bool any_exhausted = false;
+    for (int i = 0; i < s->n_points; i++) {
+        const bench_point *p = &s->points[i];
+        if (rate)
+            fprintf(f, "| %g |", p->rate);
+        else
+            fprintf(f, "| %d |", p->concurrency);
+        size_t gaps = 0;
+        int preempted = 0;
+        double window = 0;
+        bool exhausted = false;
+        for (int k = 0; k < p->n_rep; k++) {
+            const bench_bg *b = &p->rep[k].bg;
+            gaps += b->n_itl;
+            window += b->w1 - b->w0;
+            exhausted |= b->exhausted;
+            for (int j = 0; j < b->n_streams; j++) preempted += b->stream[j].n_preempted;
+        }
+        any_exhausted |= exhausted;
+        md_cell(f, p->n_rep ? window / p->n_rep : NAN, 2);
+        fprintf(f, " %zu%s |", gaps, exhausted ? " !" : "");
+        static const bench_metric bm[] = {BM_BG_ITL_P50, BM_BG_ITL_P95, BM_BG_ITL_P99, BM_BG_ITL_MAX};
+        for (size_t k = 0; k < sizeof bm / sizeof bm[0]; k++) md_cell(f, p->med[bm[k]], 2);
+        md_cell(f, p->med[BM_BG_ITL_RATIO], 2);
+        md_cell(f, p->med[BM_BG_TPOT_P50], 2);
+        md_cell(f, p->med[BM_BG_TPOT_P99], 2);
+        md_cell(f, p->med[BM_BG_TPOT_RATIO], 2);
+        fprintf(f, " %d |\n", preempted);
+    }
+    fprintf(f, "\nLatencies in ms (median over repeats; window and gaps: mean window, all gaps of all repeats). ITL: "
+               "every gap between two tokens of a stream that ended inside the window; TPOT: one value per stream, "
+               "the mean of its gaps in the window.\n");
+    if (any_exhausted)
+        fprintf(f, "\n**!** a background stream stopped inside the window (--bg-out %d too small): fewer streams "
+                   "decoded than asked for part of it.\n",
+                r->opts.bg_out);
+}
+
 static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
     const tk_engine_stats *e = &s->engine;
     fprintf(f, "\n## %s\n\nweights %s, KV %s%s, %s kernels, %s batching, %s prefill, block %d, step budget %d, "
@@ -92,6 +140,7 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         fprintf(f, "\n**!** some request produced a different number of tokens than --out %d: its level's "
                    "throughput and TPOT are not comparable.\n",
                 r->opts.n_out);
+    if (r->opts.n_bg > 0) md_background(r, s, f);
     if (r->opts.repeat > 1) {
         fprintf(f, "\nSpread over %d repeats (median, min-max):\n\n| %s | TTFT P50 | TPOT P50 | TPOT P99 | out tok/s "
                    "| roofline %% |\n|---:|---:|---:|---:|---:|---:|\n",
@@ -165,6 +214,9 @@ void report_markdown(const bench_result *r, FILE *f) {
             e->block_size, e->max_batch, e->step_tokens, e->step_tokens ? "" : " (engine default)",
             kv_str(e->kv_type), e->unfused ? ", unfused" : "", e->static_batching ? ", static batching" : "",
             e->no_chunking ? ", no chunking" : "", repack);
+    if (o->n_bg > 0)
+        fprintf(f, "- mixed load: --background %d streams, --bg-in %d, --bg-out %d (cancelled when each run ends)\n",
+                o->n_bg, o->bg_in, o->bg_out);
     fprintf(f, "- commit %s, %s\n", in->git_commit, in->date);
     for (int i = 0; i < r->n_series; i++) md_series(r, &r->series[i], f);
     if (o->ablation && r->n_series > 0) {
@@ -212,6 +264,32 @@ static cJSON *js_metrics(const double *m) {
     return o;
 }
 
+static cJSON *js_background(const bench_bg *b) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "n_streams", b->n_streams);
+    cJSON_AddNumberToObject(o, "n_prompt", b->n_prompt);
+    js_num(o, "window_start_s", b->w0);
+    js_num(o, "window_end_s", b->w1);
+    cJSON_AddBoolToObject(o, "exhausted", b->exhausted);
+    cJSON_AddItemToObject(o, "itl_s", js_summary(&b->s_itl));
+    cJSON_AddItemToObject(o, "tpot_s", js_summary(&b->s_tpot));
+    cJSON *arr = cJSON_AddArrayToObject(o, "streams");
+    for (int i = 0; i < b->n_streams; i++) {
+        const bench_bg_stream *q = &b->stream[i];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "n_output", q->n_output);
+        cJSON_AddNumberToObject(j, "n_window", q->n_window);
+        js_num(j, "tpot_s", q->tpot);
+        cJSON_AddNumberToObject(j, "n_preempted", q->n_preempted);
+        cJSON_AddStringToObject(j, "finish", finish_str(q->finish));
+        cJSON *itl = cJSON_AddArrayToObject(j, "itl_s");
+        for (int k = 0; k < q->n_window && q->itl_off + (size_t)k < b->n_itl; k++)
+            cJSON_AddItemToArray(itl, cJSON_CreateNumber(b->itl[q->itl_off + (size_t)k]));
+        cJSON_AddItemToArray(arr, j);
+    }
+    return o;
+}
+
 static cJSON *js_level(const bench_level *l) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "metrics", js_metrics(l->m));
@@ -249,6 +327,7 @@ static cJSON *js_level(const bench_level *l) {
             cJSON_AddItemToArray(itl, cJSON_CreateNumber(l->itl[q->itl_off + (size_t)k]));
         cJSON_AddItemToArray(reqs, j);
     }
+    if (l->bg.n_streams > 0) cJSON_AddItemToObject(o, "background", js_background(&l->bg));
     cJSON *steps = cJSON_AddArrayToObject(o, "decode_steps");
     for (size_t i = 0; i < l->n_steps; i++) {
         cJSON *j = cJSON_CreateObject();
@@ -326,6 +405,9 @@ static cJSON *js_result(const bench_result *r) {
     cJSON_AddNumberToObject(op, "max_batch", o->engine.max_batch);
     cJSON_AddNumberToObject(op, "step_tokens", o->engine.step_tokens);
     cJSON_AddNumberToObject(op, "kv_mem", (double)o->engine.kv_mem);
+    cJSON_AddNumberToObject(op, "background", o->n_bg);
+    cJSON_AddNumberToObject(op, "bg_in", o->bg_in);
+    cJSON_AddNumberToObject(op, "bg_out", o->bg_out);
     cJSON *ser = cJSON_AddArrayToObject(root, "series");
     for (int s = 0; s < r->n_series; s++) {
         const bench_series *sr = &r->series[s];

@@ -32,11 +32,14 @@ static void bench_usage(FILE *f) {
             "  --repeat N            runs per level; reports the median and min-max (1)\n"
             "  --seed N              prompts and arrivals (1234)\n"
             "  --ablation            the optimisation ladder, each rung against the first\n"
+            "  --background N        mixed load: N decode streams run through every measured run\n"
+            "  --bg-in N             prompt tokens of a background stream (128)\n"
+            "  --bg-out N            most output tokens of a background stream; cancelled when the run ends (2048)\n"
             "  --probe               print read bandwidth and peak compute, then exit\n"
             "engine:\n"
             "  --threads N           worker threads (0: one per core)\n"
             "  --pin                 pin threads to cores\n"
-            "  --ctx N               context per sequence (default in + out + 1)\n"
+            "  --ctx N               context per sequence (default max(in + out, bg-in + bg-out) + 1)\n"
             "  --max-batch N         running sequences (default max(32, largest level))\n"
             "  --kv-mem MB           KV pool size (default max batch x ctx)\n"
             "  --block-size N        KV block tokens: 16..256 (128)\n"
@@ -109,6 +112,7 @@ enum {
     OPT_IN = 256, OPT_OUT, OPT_BATCH, OPT_RATE, OPT_REQUESTS, OPT_WARMUP, OPT_REPEAT, OPT_SEED, OPT_ABLATION,
     OPT_PROBE, OPT_THREADS, OPT_PIN, OPT_CTX, OPT_MAX_BATCH, OPT_KV_MEM, OPT_BLOCK, OPT_KV_TYPE, OPT_KV_SCALE,
     OPT_STEP, OPT_NO_CHUNK, OPT_UNFUSED, OPT_STATIC, OPT_REPACK, OPT_JSON, OPT_CSV, OPT_PLOT,
+    OPT_BACKGROUND, OPT_BG_IN, OPT_BG_OUT,
 };
 
 int cmd_bench(int argc, char **argv) {
@@ -127,6 +131,8 @@ int cmd_bench(int argc, char **argv) {
         {"static", no_argument, 0, OPT_STATIC},    {"repack", required_argument, 0, OPT_REPACK},
         {"json", required_argument, 0, OPT_JSON},  {"csv", required_argument, 0, OPT_CSV},
         {"plot", required_argument, 0, OPT_PLOT},  {"quiet", no_argument, 0, 'q'},
+        {"background", required_argument, 0, OPT_BACKGROUND}, {"bg-in", required_argument, 0, OPT_BG_IN},
+        {"bg-out", required_argument, 0, OPT_BG_OUT},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     bench_opts o;
@@ -170,6 +176,9 @@ int cmd_bench(int argc, char **argv) {
             else fprintf(stderr, "tokamak bench: --seed wants a non-negative integer, got '%s'\n", optarg);
             break;
         case OPT_ABLATION: o.ablation = true; break;
+        case OPT_BACKGROUND: ok = parse_int_opt("--background", optarg, 0, 4096, &o.n_bg); break;
+        case OPT_BG_IN: ok = parse_int_opt("--bg-in", optarg, 1, 1 << 24, &o.bg_in); break;
+        case OPT_BG_OUT: ok = parse_int_opt("--bg-out", optarg, 2, 1 << 24, &o.bg_out); break;
         case OPT_PROBE: probe = true; break;
         case OPT_THREADS: ok = parse_int_opt("--threads", optarg, 0, 1024, &o.engine.n_threads); break;
         case OPT_PIN: o.engine.pin_threads = true; break;
@@ -252,6 +261,10 @@ int cmd_bench(int argc, char **argv) {
     if (o.ablation && !batch_set && o.n_rates == 0) {
         o.levels[0] = 1, o.levels[1] = 32;
         o.n_levels = 2;
+    }
+    if (o.ablation && o.n_bg > 0) {
+        fprintf(stderr, "tokamak bench: --background measures one configuration, not --ablation\n");
+        return 2;
     }
     if (o.ablation && o.n_rates > 0) {
         fprintf(stderr, "tokamak bench: --ablation runs closed-loop levels, not --rate\n");
