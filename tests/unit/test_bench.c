@@ -171,6 +171,69 @@ static void test_bench_point_median(void **state) {
     bench_point_free(NULL);
 }
 
+/* A stream with tokens at 1.0 1.1 1.2 1.7 1.8 2.5 and the window (1.15, 1.8]:
+ * the gaps ending at 1.2, 1.7 and 1.8 count (.1 .5 .1); the one ending at 1.1
+ * is before it and the one ending at 2.5 after it. */
+static void test_bench_window_gaps(void **state) {
+    (void)state;
+    const double t[] = {1.0, 1.1, 1.2, 1.7, 1.8, 2.5};
+    double g[5], mean;
+    size_t n = bench_window_gaps(t, 6, 1.15, 1.8, g, &mean);
+    assert_int_equal(n, 3);
+    assert_near(g[0], 0.1, 1e-12);
+    assert_near(g[1], 0.5, 1e-12);
+    assert_near(g[2], 0.1, 1e-12);
+    assert_near(mean, 0.7 / 3, 1e-12);
+    /* A gap that began before the window but ended in it is the window's stall. */
+    n = bench_window_gaps(t, 6, 1.65, 1.75, g, &mean);
+    assert_int_equal(n, 1);
+    assert_near(g[0], 0.5, 1e-12);
+    /* Nothing inside: NaN mean; one token has no gap. */
+    assert_int_equal(bench_window_gaps(t, 6, 3, 4, g, &mean), 0);
+    assert_true(isnan(mean));
+    assert_int_equal(bench_window_gaps(t, 1, 0, 4, g, &mean), 0);
+    assert_true(isnan(mean));
+}
+
+/* Two streams: gaps {10, 10, 50} ms (TPOT 70/3) and {10, 20} ms (TPOT 15). */
+static void test_bench_bg_finalize(void **state) {
+    (void)state;
+    bench_level l;
+    memset(&l, 0, sizeof l);
+    assert_int_equal(bench_bg_finalize(&l), TK_OK); /* no streams: NaN metrics */
+    for (int k = BM_BG_ITL_P50; k <= BM_BG_TPOT_RATIO; k++) assert_true(isnan(l.m[k]));
+    bench_bg *b = &l.bg;
+    b->n_streams = 2;
+    b->stream = tk_calloc(2, sizeof *b->stream);
+    b->itl = tk_calloc(5, sizeof(double));
+    assert_non_null(b->stream);
+    assert_non_null(b->itl);
+    const double gaps[5] = {0.010, 0.010, 0.050, 0.010, 0.020};
+    memcpy(b->itl, gaps, sizeof gaps);
+    b->n_itl = 5;
+    b->stream[0] = (bench_bg_stream){.n_window = 3, .tpot = 0.070 / 3, .itl_off = 0};
+    b->stream[1] = (bench_bg_stream){.n_window = 2, .tpot = 0.015, .itl_off = 3};
+    assert_int_equal(bench_bg_finalize(&l), TK_OK);
+    /* sorted gaps 10 10 10 20 50: P50 10, P95 r=3.8 -> 20 + .8 x 30 = 44, P99 r=3.96 -> 48.8 */
+    assert_int_equal(b->s_itl.n, 5);
+    assert_near(l.m[BM_BG_ITL_P50], 10, 1e-9);
+    assert_near(l.m[BM_BG_ITL_P95], 44, 1e-9);
+    assert_near(l.m[BM_BG_ITL_P99], 48.8, 1e-9);
+    assert_near(l.m[BM_BG_ITL_MAX], 50, 1e-9);
+    assert_near(l.m[BM_BG_ITL_RATIO], 4.88, 1e-9);
+    /* stream TPOTs 15 and 23.33: P50 19.17, P99 = 15 + .99 x 8.33 */
+    double t1 = 70.0 / 3;
+    assert_near(l.m[BM_BG_TPOT_P50], (15 + t1) / 2, 1e-9);
+    assert_near(l.m[BM_BG_TPOT_P99], 15 + 0.99 * (t1 - 15), 1e-9);
+    assert_near(l.m[BM_BG_TPOT_RATIO], (15 + 0.99 * (t1 - 15)) / ((15 + t1) / 2), 1e-9);
+    /* The level's own finalize keeps the background metrics. */
+    assert_int_equal(bench_level_finalize(&l), TK_OK);
+    assert_near(l.m[BM_BG_ITL_MAX], 50, 1e-9);
+    bench_level_free(&l);
+    assert_null(l.bg.stream);
+    assert_int_equal(l.bg.n_streams, 0);
+}
+
 static void test_bench_metric_names(void **state) {
     (void)state;
     for (int k = 0; k < BM_COUNT; k++) {
@@ -370,7 +433,8 @@ int main(void) {
         cmocka_unit_test(test_bench_point_median),      cmocka_unit_test(test_bench_metric_names),
         cmocka_unit_test(test_bench_ablation_ratios),   cmocka_unit_test(test_bench_json_report),
         cmocka_unit_test(test_bench_csv_and_markdown),  cmocka_unit_test(test_bench_plot),
-        cmocka_unit_test(test_bench_probe_sane),
+        cmocka_unit_test(test_bench_probe_sane),        cmocka_unit_test(test_bench_window_gaps),
+        cmocka_unit_test(test_bench_bg_finalize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
