@@ -49,7 +49,11 @@ typedef struct tk_model_opts {
     /* Repack weights to this GGUF type id at load (-1: keep the file's types).
      * Used for W8A8 from a BF16 file (TK_DTYPE_Q8_0), and by the ablation. */
     int repack_dtype;
-    bool no_mmap_check; /* reserved; keep false */
+    /* false (default): copy the weights that are file views into anonymous
+     * memory backed by transparent huge pages (streams faster: no TLB walk or
+     * prefetcher stop every 4 KiB). true: read them through the file mapping
+     * (less memory, instant load; llama.cpp's default). */
+    bool use_mmap;
 } tk_model_opts;
 
 void tk_model_opts_default(tk_model_opts *o);

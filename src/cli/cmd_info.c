@@ -38,6 +38,7 @@ int cmd_info(int argc, char **argv) {
     int threads = 0;
     tk_model_opts mo;
     tk_model_opts_default(&mo);
+    mo.use_mmap = true; /* info reads shapes only: no copy of the weights */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;

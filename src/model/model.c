@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "core/alloc.h"
@@ -29,6 +30,7 @@ void tk_model_free(tk_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) tk_free_aligned(m->owned[i]);
     tk_free(m->owned);
+    if (m->resident) munmap(m->resident, m->resident_size);
     tk_free(m->layers);
     tk_free(m->name);
     tok_free(m->tok);
@@ -357,6 +359,66 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
     return TK_OK;
 }
 
+/* Copy every matmul weight that is still a view into the file to one anonymous
+ * region advised for transparent huge pages. Decode streams all weights every
+ * token; with 4 KiB file pages each page costs a TLB walk and stops the
+ * hardware prefetcher, which measured 10-15% of the read bandwidth here. */
+#define HUGE_PAGE ((size_t)2 << 20)
+static tk_status model_make_resident(tk_model *m, const model_source *src) {
+    int n_layer = m->hp.n_layer, n = 0;
+    tk_tensor **ts = tk_calloc((size_t)n_layer * 7 + 2, 2 * sizeof *ts);
+    if (!ts) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
+    tk_tensor **sel = ts + (size_t)n_layer * 7 + 2; /* the views to copy, each data pointer once */
+    for (int l = 0; l < n_layer; l++) {
+        tk_layer *L = &m->layers[l];
+        tk_tensor *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) ts[n++] = w[i];
+    }
+    ts[n++] = &m->tok_embd;
+    ts[n++] = &m->output;
+    /* Keep the views (the source's own data pointers); owned copies stay. */
+    size_t total = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const tk_tensor *s = src->find(src->ctx, ts[i]->name);
+        bool dup = false;
+        for (int j = 0; j < k; j++) dup |= sel[j]->data == ts[i]->data;
+        if (!s || s->data != ts[i]->data || dup) continue;
+        sel[k++] = ts[i];
+        total += ((size_t)ts[i]->nbytes + 63) & ~(size_t)63;
+    }
+    if (total == 0) {
+        tk_free(ts);
+        return TK_OK;
+    }
+    size_t size = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE, map = size + HUGE_PAGE;
+    unsigned char *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        tk_free(ts);
+        return tk_fail(TK_ERR_NOMEM, "model: cannot map %zu bytes for the weights (use_mmap avoids the copy)", map);
+    }
+    /* Trim to a huge-page-aligned region. */
+    size_t lead = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
+    if (lead) munmap(p, lead);
+    if (map - lead > size) munmap(p + lead + size, map - lead - size);
+    p += lead;
+    madvise(p, size, MADV_HUGEPAGE);
+    size_t off = 0;
+    for (int i = 0; i < k; i++) {
+        const void *old = sel[i]->data;
+        memcpy(p + off, old, (size_t)sel[i]->nbytes);
+        /* A tied output shares the embedding's view: move both. */
+        for (int j = 0; j < n; j++)
+            if (ts[j]->data == old) ts[j]->data = p + off;
+        off += ((size_t)sel[i]->nbytes + 63) & ~(size_t)63;
+    }
+    mprotect(p, size, PROT_READ);
+    m->resident = p;
+    m->resident_size = size;
+    tk_free(ts);
+    return TK_OK;
+}
+
 tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_model_opts *o, tk_model **out) {
     *out = NULL;
     tk_model_opts def;
@@ -371,6 +433,7 @@ tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_m
     if (!m) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
     m->hp = *hp;
     tk_status st = model_build(m, src, o);
+    if (!st && !o->use_mmap) st = model_make_resident(m, src);
     if (st) {
         tk_model_free(m);
         return st;

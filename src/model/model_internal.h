@@ -49,6 +49,8 @@ struct tk_model {
     const float *output_norm;    /* (n_embd) */
     float *rope_freqs;           /* (head_dim/2) inverse frequencies, scaling applied */
     void **owned;                /* (n_owned) aligned buffers freed with the model */
+    void *resident;              /* huge-page copy of the file-view weights (NULL with use_mmap) */
+    size_t resident_size;
     int n_owned, cap_owned;
     bool repacked;
     uint64_t weight_bytes, decode_bytes;
