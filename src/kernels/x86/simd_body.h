@@ -305,7 +305,7 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
-            prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb);
+            if (((uintptr_t)(wr[i] + (size_t)b * bb) & 63) < bb) prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb);
             if (q4) {
                 __m256i wv = load_q4_0(wr[i], b);
 #pragma GCC unroll 4
