@@ -3,11 +3,18 @@
 #ifndef TK_CLI_H
 #define TK_CLI_H
 
+#include <stddef.h>
+#include <stdio.h>
+
 int cmd_synth(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+
+/* Read all of f (at most limit bytes) into a NUL-terminated tk_malloc'd
+ * buffer; NULL on a read error, no memory, or input over the limit. */
+char *cli_read_all(FILE *f, size_t limit, size_t *len);
 
 #endif

@@ -21,33 +21,6 @@ static void detokenize_usage(FILE *f) {
 }
 
 /* Read all of f into a tk_malloc'd buffer (NUL-terminated); NULL on error or past limit. */
-static char *read_all(FILE *f, size_t limit, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = tk_malloc(cap);
-    if (!buf) return NULL;
-    for (;;) {
-        if (cap - n < 4096 + 1) {
-            char *q = cap <= limit ? tk_realloc(buf, cap * 2) : NULL;
-            if (!q) {
-                tk_free(buf);
-                return NULL;
-            }
-            buf = q;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f) || n > limit) {
-        tk_free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 /* Decode the ids in text[0..len) and print them; 1 on a bad id. */
 static int decode_span(const tk_tokenizer *t, const char *text, size_t len, bool special, char *out, size_t cap) {
     tok_stream *s;
@@ -123,7 +96,7 @@ int cmd_detokenize(int argc, char **argv) {
         return 1;
     }
     size_t len = 0;
-    char *text = read_all(in, DETOKENIZE_MAX_INPUT, &len);
+    char *text = cli_read_all(in, DETOKENIZE_MAX_INPUT, &len);
     if (in != stdin) fclose(in);
     if (!text) {
         fprintf(stderr, "tokamak detokenize: cannot read the input (or it is over 1 GiB)\n");

@@ -30,37 +30,6 @@ static void tokenize_usage(FILE *f) {
 }
 
 /* Read all of f into a tk_malloc'd buffer (NUL-terminated); NULL on error or past limit. */
-static char *read_all(FILE *f, size_t limit, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = tk_malloc(cap);
-    if (!buf) return NULL;
-    for (;;) {
-        if (cap - n < 4096 + 1) {
-            if (cap > limit) {
-                tk_free(buf);
-                return NULL;
-            }
-            char *q = tk_realloc(buf, cap * 2);
-            if (!q) {
-                tk_free(buf);
-                return NULL;
-            }
-            buf = q;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f) || n > limit) {
-        tk_free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 static void print_escaped(const char *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
@@ -149,7 +118,7 @@ int cmd_tokenize(int argc, char **argv) {
         return 1;
     }
     size_t len = 0;
-    char *text = read_all(in, TOKENIZE_MAX_INPUT, &len);
+    char *text = cli_read_all(in, TOKENIZE_MAX_INPUT, &len);
     if (in != stdin) fclose(in);
     if (!text) {
         fprintf(stderr, "tokamak tokenize: cannot read the input (or it is over 1 GiB)\n");
