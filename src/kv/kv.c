@@ -70,8 +70,10 @@ static tk_status opts_check(const tk_kv_opts *o) {
 
 /* Options are validated by callers of the size functions only loosely (they
  * return 0 for options kv_init would refuse), so they never set a message. */
+/* The shape of a block: what the per-block and per-token sizes depend on
+ * (n_blocks is not needed; kv_init checks it). */
 static bool opts_valid(const tk_kv_opts *o) {
-    return o && o->n_layer > 0 && o->n_head_kv > 0 && o->head_dim > 0 && o->n_blocks > 0 &&
+    return o && o->n_layer > 0 && o->n_head_kv > 0 && o->head_dim > 0 &&
            block_size_ok(o->block_size) && (unsigned)o->type <= TK_KV_INT8 &&
            (unsigned)o->scale <= TK_KV_SCALE_TOKEN;
 }

@@ -159,6 +159,11 @@ static void test_kv_opts_validation(void **state) {
     assert_int_equal(kv_bytes_per_token(&o), 0);
     o = good, o.block_size = 24;
     assert_int_equal(kv_block_bytes(&o), 0);
+    /* Sizes depend on the block shape only: the engine asks before it knows
+     * how many blocks a kv_mem budget buys. */
+    o = good, o.n_blocks = 0;
+    assert_int_equal(kv_block_bytes(&o), kv_block_bytes(&good));
+    assert_true(kv_block_bytes(&o) > 0 && kv_bytes_per_token(&o) > 0);
     assert_int_equal(kv_bytes_per_token(NULL), 0);
     tk_kv *kv;
     assert_int_equal(kv_init(NULL, &kv), TK_ERR_INVALID);
