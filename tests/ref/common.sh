@@ -34,6 +34,19 @@ check_ref() {
     local arch=$1 dtype=$2 tol=$3
     shift 3
     local m="$WORK/$arch-$dtype.gguf" d="$WORK/$arch-$dtype.f32"
+    # --min-distinct guards against a degenerate synthetic model over the
+    # 64-token Release run; the sanitizer run's 16 tokens are too few to judge
+    # the model by (tiny qwen2 gives 3 distinct there), and the Release run of
+    # the same test keeps the check.
+    if [ "$SAN" = 1 ]; then
+        local args=() skip=0
+        for a in "$@"; do
+            if [ $skip = 1 ]; then skip=0; continue; fi
+            if [ "$a" = --min-distinct ]; then skip=1; continue; fi
+            args+=("$a")
+        done
+        set -- "${args[@]}"
+    fi
     if ! "$TK_CLI" synth --preset tiny --arch "$arch" --dtype "$dtype" --seed 7 -o "$m" 2>"$WORK/synth.err"; then
         echo "FAIL: synth $arch $dtype"
         cat "$WORK/synth.err"
