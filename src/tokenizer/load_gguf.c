@@ -17,25 +17,7 @@ static tk_status token_id(const gguf_file *f, const char *key, int32_t n, int32_
     return TK_OK;
 }
 
-typedef struct gguf_build {
-    const char **pieces; /* (n) */
-    size_t *lens;        /* (n) */
-    uint8_t *types;      /* (n) */
-    const char **ml, **mr; /* (n_merges) */
-    size_t *mll, *mrl;     /* (n_merges) */
-} gguf_build;
-
-static void build_free(gguf_build *b) {
-    tk_free(b->pieces);
-    tk_free(b->lens);
-    tk_free(b->types);
-    tk_free(b->ml);
-    tk_free(b->mr);
-    tk_free(b->mll);
-    tk_free(b->mrl);
-}
-
-static tk_status load_merges(tk_tokenizer *t, const gguf_file *f, gguf_build *b) {
+static tk_status load_merges(tk_tokenizer *t, const gguf_file *f, tok_build *b) {
     const gguf_kv *kv;
     tk_status st = gguf_require_arr(f, "tokenizer.ggml.merges", GGUF_T_STRING, &kv);
     if (st) return st;
@@ -95,7 +77,7 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out) {
     }
 
     tk_tokenizer *t = NULL;
-    gguf_build b = {0};
+    tok_build b = {0};
     if ((st = tok_alloc(kind, n, &t))) return st;
     snprintf(t->model_name, sizeof t->model_name, "%s", kind == TOK_KIND_BPE ? "gpt2" : "llama");
     b.pieces = tk_calloc((size_t)n, sizeof *b.pieces);
@@ -154,11 +136,11 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out) {
         }
     }
     if ((st = tok_finish(t))) goto fail;
-    build_free(&b);
+    tok_build_free(&b);
     *out = t;
     return TK_OK;
 fail:
-    build_free(&b);
+    tok_build_free(&b);
     tok_free(t);
     return st;
 }

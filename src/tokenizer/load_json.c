@@ -116,25 +116,7 @@ static tk_status find_pre(const cJSON *pre, char *name, size_t cap, bool *byte_l
     return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: pre_tokenizer type '%.40s' is not supported", type->valuestring);
 }
 
-typedef struct json_build {
-    const char **pieces; /* (n) */
-    size_t *lens;        /* (n) */
-    uint8_t *types;      /* (n) */
-    const char **ml, **mr; /* (n_merges) */
-    size_t *mll, *mrl;     /* (n_merges) */
-} json_build;
-
-static void build_free(json_build *b) {
-    tk_free(b->pieces);
-    tk_free(b->lens);
-    tk_free(b->types);
-    tk_free(b->ml);
-    tk_free(b->mr);
-    tk_free(b->mll);
-    tk_free(b->mrl);
-}
-
-static tk_status load_merges(tk_tokenizer *t, const cJSON *merges, json_build *b) {
+static tk_status load_merges(tk_tokenizer *t, const cJSON *merges, tok_build *b) {
     if (!merges) return TK_OK;
     if (!cJSON_IsArray(merges)) return tk_fail(TK_ERR_FORMAT, "tokenizer.json: model.merges is not an array");
     int64_t n = cJSON_GetArraySize(merges);
@@ -229,7 +211,7 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
     if (!json) return tk_fail(TK_ERR_INVALID, "tok_load_json: NULL json");
     cJSON *root = NULL, *cfg = NULL;
     tk_tokenizer *t = NULL;
-    json_build b = {0};
+    tok_build b = {0};
     tk_status st = parse_json(json, len, "tokenizer.json", &root);
     if (st) return st;
     if (config_json && (st = parse_json(config_json, strlen(config_json), "tokenizer_config.json", &cfg))) goto fail;
@@ -360,13 +342,13 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
     t->nfc = nfc;
     if ((st = apply_config(t, root, cfg))) goto fail;
     if ((st = tok_finish(t))) goto fail;
-    build_free(&b);
+    tok_build_free(&b);
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     *out = t;
     return TK_OK;
 fail:
-    build_free(&b);
+    tok_build_free(&b);
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     tok_free(t);

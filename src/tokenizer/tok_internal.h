@@ -163,4 +163,16 @@ void tok_free_pre(tk_tokenizer *t);
  * n bytes, n < needed). n must be >= 1. */
 int tok_utf8_next(const unsigned char *s, size_t n, uint32_t *cp);
 
+/* What a loader collects before the vocabulary is built (pointers into the
+ * source file or JSON; the arrays are owned). Shared by the GGUF and JSON loaders. */
+typedef struct tok_build {
+    const char **pieces;   /* (n) */
+    size_t *lens;          /* (n) */
+    uint8_t *types;        /* (n) */
+    const char **ml, **mr; /* (n_merges) */
+    size_t *mll, *mrl;     /* (n_merges) */
+} tok_build;
+
+void tok_build_free(tok_build *b);
+
 #endif

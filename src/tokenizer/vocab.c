@@ -436,3 +436,13 @@ void tok_merge(const tk_tokenizer *t, int64_t i, const char **a, size_t *alen, c
 const char *tok_model_name(const tk_tokenizer *t) { return t->model_name; }
 const char *tok_pre_name(const tk_tokenizer *t) { return t->pre_name; }
 const char *tok_chat_template(const tk_tokenizer *t) { return t->chat_template; }
+
+void tok_build_free(tok_build *b) {
+    tk_free(b->pieces);
+    tk_free(b->lens);
+    tk_free(b->types);
+    tk_free(b->ml);
+    tk_free(b->mr);
+    tk_free(b->mll);
+    tk_free(b->mrl);
+}
