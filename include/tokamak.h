@@ -54,6 +54,10 @@ typedef struct tk_model_opts {
      * prefetcher stop every 4 KiB). true: read them through the file mapping
      * (less memory, instant load; llama.cpp's default). */
     bool use_mmap;
+    /* false (default): in that copy, Q8_0 matmul weights are interleaved by
+     * 8 rows (the layout the fast Q8_0 kernel reads; same bytes). true: keep
+     * the file's row order (for A/B measurements). Ignored with use_mmap. */
+    bool row_layout;
 } tk_model_opts;
 
 void tk_model_opts_default(tk_model_opts *o);

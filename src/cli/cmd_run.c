@@ -39,6 +39,7 @@ static void run_usage(FILE *f) {
             "  --kv-type T         f32, f16 (default), bf16, int8\n"
             "  --repack TYPE       repack matmul weights at load (e.g. q8_0)\n"
             "  --mmap              read weights through the file mapping (default: huge-page copy)\n"
+            "  --row-layout        keep Q8_0 weights in file row order (default: 8-row interleaved)\n"
             "  --unfused           the unfused forward plan (ablation)\n"
             "  --dump-logits FILE  raw float32 logits: last prompt position, then each decode step\n"
             "  --no-probe          skip the bandwidth probe (no %% of peak in the timing line)\n"
@@ -91,7 +92,7 @@ typedef struct run_args {
     const char *model, *prompt, *tokens, *dump;
     long n, threads;
     tk_sampling samp;
-    bool ignore_eos, unfused, no_probe, use_mmap;
+    bool ignore_eos, unfused, no_probe, use_mmap, row_layout;
     tk_kv_type kv_type;
     int repack;
 } run_args;
@@ -115,6 +116,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
         if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = true; continue; }
         if (!strcmp(o, "--unfused")) { a->unfused = true; continue; }
         if (!strcmp(o, "--mmap")) { a->use_mmap = true; continue; }
+        if (!strcmp(o, "--row-layout")) { a->row_layout = true; continue; }
         if (!strcmp(o, "--no-probe")) { a->no_probe = true; continue; }
         if (!has) {
             fprintf(stderr, "tokamak run: unknown or incomplete option '%s'\n", o);
@@ -227,6 +229,7 @@ int cmd_run(int argc, char **argv) {
     tk_model_opts_default(&mo);
     mo.repack_dtype = a.repack;
     mo.use_mmap = a.use_mmap;
+    mo.row_layout = a.row_layout;
     if (tk_model_open(a.model, &mo, &s.m) != TK_OK) return fail(&s, "cannot load the model");
     const tk_hparams *hp = model_hparams(s.m);
     const tk_tokenizer *tok = model_tokenizer(s.m);

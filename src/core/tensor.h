@@ -6,13 +6,19 @@
 
 #include "dtype.h"
 
+/* How a matmul weight's rows sit in memory. ROWS is the file's order (row r
+ * at r * row bytes); X8 is Q8_0 interleaved by 8 rows for the decode kernel
+ * (src/kernels/kernels.h), made when the weights are copied at load. */
+typedef enum tk_layout { TK_LAYOUT_ROWS = 0, TK_LAYOUT_X8 = 1 } tk_layout;
+
 typedef struct tk_tensor {
     const char *name;   /* NUL-terminated, owned by the file object */
     tk_dtype type;
     int n_dims;         /* 1..4 */
     int64_t ne[4];      /* GGML order: ne[0] is the contiguous (row) length; unused dims are 1 */
     const void *data;   /* into the read-only mapping (or a repacked buffer) */
-    uint64_t nbytes;    /* exactly rows * row bytes, checked at load */
+    uint64_t nbytes;    /* exactly rows * row bytes, checked at load (the same in every layout) */
+    tk_layout layout;   /* TK_LAYOUT_ROWS unless the model repacked it */
 } tk_tensor;
 
 #endif

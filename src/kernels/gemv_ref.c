@@ -145,6 +145,32 @@ void kern_gemv_q8_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const 
                ldy);
 }
 
+/* Reads the interleaved layout directly (kernels.h): the same integer block
+ * dots and float sums as kern_dot_q8_0_ref, so equal to the row-order
+ * reference bit for bit. */
+void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = k / TK_QK8_0;
+    const size_t gb = (size_t)nb * 8 * sizeof(tk_block_q8_0);
+    for (int64_t r = r0; r < r1; r++) {
+        const int8_t *q = (const int8_t *)w + (size_t)(r / 8) * gb;
+        const tk_f16 *d = (const tk_f16 *)(q + (size_t)nb * 256);
+        const int i = (int)(r % 8);
+        for (int t = 0; t < n_tok; t++) {
+            const tk_block_q8_0 *x = (const tk_block_q8_0 *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t acc = 0;
+                for (int c = 0; c < 8; c++)
+                    for (int j = 0; j < 4; j++)
+                        acc += (int32_t)q[(size_t)b * 256 + 32 * c + 4 * i + j] * x[b].qs[4 * c + j];
+                s += tk_f16_to_f32(d[(size_t)b * 8 + i]) * tk_f16_to_f32(x[b].d) * (float)acc;
+            }
+            y[t * ldy + r] = s;
+        }
+    }
+}
+
 void kern_gemv_q4_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
     gemv_quant(kern_dot_q4_0_ref, sizeof(tk_block_q4_0), k / TK_QK4_0, w, r0, r1, xq, xq_stride, n_tok, y,

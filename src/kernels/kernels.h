@@ -34,6 +34,7 @@ typedef void (*tk_quant_act_fn)(const float *x, void *xq, int64_t k);
 typedef struct tk_kernels {
     tk_isa isa;
     tk_gemv_fn gemv[TK_DTYPE_COUNT]; /* NULL for unsupported weight types */
+    tk_gemv_fn gemv_q8_0_x8;         /* Q8_0 in TK_LAYOUT_X8 (below) */
     tk_quant_act_fn quant_q8_0;      /* k % 32 == 0 */
     tk_quant_act_fn quant_q8_k;      /* k % 256 == 0 */
     /* out[i] = x[i] * w[i] / rms(x) ; out may alias x */
@@ -45,6 +46,20 @@ typedef struct tk_kernels {
     /* Dequantize a row of k elements of type t to floats (for embeddings, tests). */
     void (*dequant_row[TK_DTYPE_COUNT])(const void *row, float *out, int64_t k);
 } tk_kernels;
+
+/* Q8_0 interleaved by 8 rows (TK_LAYOUT_X8). For rows % 8 == 0 and
+ * nb = k / 32 blocks per row, group g (rows 8g..8g+7) takes nb * 272 bytes,
+ * the same as its eight rows in file order:
+ *   nb * 256 bytes of quants: block b, 4-byte chunk c (0..7), row i (0..7)
+ *                             holds w[8g + i][32b + 4c .. 32b + 4c + 3]
+ *   nb * 16 bytes of scales:  block b, row i: the f16 d of w[8g + i] block b
+ * One 32-byte load is then the same four columns of eight rows, so the
+ * kernel keeps eight row sums in the lanes of one register; and each thread
+ * reads one stream. Groups are 32-byte aligned when the tensor is and nb is
+ * even. The gemv contract is the usual one (any [r0, r1) cut, invariance). */
+bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k);
+/* Row `row` of an X8 matrix of row length k, dequantized (embedding lookup). */
+void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out);
 
 /* The table for an ISA level; levels above what the CPU has must not be asked
  * for (cpu_isa_from_env never returns one). Returned table is static, immutable. */
@@ -63,6 +78,12 @@ void kern_quant_act(const tk_kernels *K, tk_dtype wtype, const float *x, void *x
 /* Reference quantizers for weights (synth, repack at load). k % block == 0.
  * Return false for a type that cannot be written. */
 bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k);
+
+/* The gemv for a weight tensor's type and layout (NULL if none). */
+static inline tk_gemv_fn kern_gemv_of(const tk_kernels *K, const tk_tensor *w) {
+    if (w->layout == TK_LAYOUT_X8) return w->type == TK_DTYPE_Q8_0 ? K->gemv_q8_0_x8 : NULL;
+    return K->gemv[w->type];
+}
 
 /* RoPE, in place on n_head vectors of head_dim at position pos.
  * neox: rotate pairs (i, i + head_dim/2) (HF layout, Qwen); otherwise pairs (2i, 2i+1)

@@ -140,7 +140,7 @@ static void matmul_rows(const fwd_ctx *f, const tk_tensor *w, int s, int n_tok, 
     if (r0 >= r1 || n_tok <= 0) return;
     size_t stride;
     const void *xq = act_rows(f, s, w->type, &stride);
-    f->K->gemv[w->type](w->ne[0], w->data, r0, r1, xq, stride, gemv_tokens(w->type, n_tok), y, ldy);
+    kern_gemv_of(f->K, w)(w->ne[0], w->data, r0, r1, xq, stride, gemv_tokens(w->type, n_tok), y, ldy);
 }
 
 static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
@@ -154,6 +154,11 @@ static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
 
 static void embed_tokens(fwd_ctx *f, int t0, int t1) {
     const tk_tensor *e = &f->m->tok_embd;
+    if (e->layout == TK_LAYOUT_X8) { /* a tied output matrix the model interleaved */
+        for (int t = t0; t < t1; t++)
+            kern_dequant_q8_0_x8_row(e->data, f->hp->n_embd, f->b->tokens[t], f->x + (size_t)t * f->hp->n_embd);
+        return;
+    }
     for (int t = t0; t < t1; t++)
         f->K->dequant_row[e->type]((const uint8_t *)e->data + (size_t)f->b->tokens[t] * f->emb_row_bytes,
                                    f->x + (size_t)t * f->hp->n_embd, f->hp->n_embd);

@@ -359,16 +359,39 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
     return TK_OK;
 }
 
-/* Copy every matmul weight that is still a view into the file to one anonymous
- * region advised for transparent huge pages. Decode streams all weights every
- * token; with 4 KiB file pages each page costs a TLB walk and stops the
- * hardware prefetcher, which measured 10-15% of the read bandwidth here. */
+/* Drop an owned buffer early (its tensor moved to the resident copy). */
+static void model_disown(tk_model *m, const void *p) {
+    for (int i = 0; i < m->n_owned; i++)
+        if (m->owned[i] == p) {
+            tk_free_aligned(m->owned[i]);
+            m->owned[i] = m->owned[--m->n_owned];
+            return;
+        }
+}
+
+static bool model_owns(const tk_model *m, const void *p) {
+    for (int i = 0; i < m->n_owned; i++)
+        if (m->owned[i] == p) return true;
+    return false;
+}
+
+/* Whether a tensor is read by a matmul (the embedding only when tied). */
+static bool is_matmul_weight(const tk_model *m, const tk_tensor *t) {
+    return t != &m->tok_embd || m->output.data == m->tok_embd.data;
+}
+
+/* Copy every matmul weight (file views and owned repacks alike) to one
+ * anonymous region advised for transparent huge pages, interleaving Q8_0
+ * matrices by 8 rows on the way (TK_LAYOUT_X8, unless o->row_layout). Decode
+ * streams all weights every token; with 4 KiB file pages each page costs a
+ * TLB walk and stops the hardware prefetcher, which measured 10-15% of the
+ * read bandwidth here. */
 #define HUGE_PAGE ((size_t)2 << 20)
-static tk_status model_make_resident(tk_model *m, const model_source *src) {
+static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     int n_layer = m->hp.n_layer, n = 0;
     tk_tensor **ts = tk_calloc((size_t)n_layer * 7 + 2, 2 * sizeof *ts);
     if (!ts) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
-    tk_tensor **sel = ts + (size_t)n_layer * 7 + 2; /* the views to copy, each data pointer once */
+    tk_tensor **sel = ts + (size_t)n_layer * 7 + 2; /* the tensors to copy, each data pointer once */
     for (int l = 0; l < n_layer; l++) {
         tk_layer *L = &m->layers[l];
         tk_tensor *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
@@ -376,14 +399,12 @@ static tk_status model_make_resident(tk_model *m, const model_source *src) {
     }
     ts[n++] = &m->tok_embd;
     ts[n++] = &m->output;
-    /* Keep the views (the source's own data pointers); owned copies stay. */
     size_t total = 0;
     int k = 0;
     for (int i = 0; i < n; i++) {
-        const tk_tensor *s = src->find(src->ctx, ts[i]->name);
         bool dup = false;
         for (int j = 0; j < k; j++) dup |= sel[j]->data == ts[i]->data;
-        if (!s || s->data != ts[i]->data || dup) continue;
+        if (dup) continue;
         sel[k++] = ts[i];
         total += ((size_t)ts[i]->nbytes + 63) & ~(size_t)63;
     }
@@ -405,12 +426,20 @@ static tk_status model_make_resident(tk_model *m, const model_source *src) {
     madvise(p, size, MADV_HUGEPAGE);
     size_t off = 0;
     for (int i = 0; i < k; i++) {
-        const void *old = sel[i]->data;
-        memcpy(p + off, old, (size_t)sel[i]->nbytes);
-        /* A tied output shares the embedding's view: move both. */
+        tk_tensor *t = sel[i];
+        const void *old = t->data;
+        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        bool x8 = !o->row_layout && t->type == TK_DTYPE_Q8_0 && is_matmul_weight(m, t) &&
+                  kern_pack_q8_0_x8(old, p + off, rows, t->ne[0]);
+        if (!x8) memcpy(p + off, old, (size_t)t->nbytes);
+        /* A tied output shares the embedding's data: move both. */
         for (int j = 0; j < n; j++)
-            if (ts[j]->data == old) ts[j]->data = p + off;
-        off += ((size_t)sel[i]->nbytes + 63) & ~(size_t)63;
+            if (ts[j]->data == old) {
+                ts[j]->data = p + off;
+                ts[j]->layout = x8 ? TK_LAYOUT_X8 : TK_LAYOUT_ROWS;
+            }
+        if (model_owns(m, old)) model_disown(m, old);
+        off += ((size_t)t->nbytes + 63) & ~(size_t)63;
     }
     mprotect(p, size, PROT_READ);
     m->resident = p;
@@ -433,7 +462,7 @@ tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_m
     if (!m) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
     m->hp = *hp;
     tk_status st = model_build(m, src, o);
-    if (!st && !o->use_mmap) st = model_make_resident(m, src);
+    if (!st && !o->use_mmap) st = model_make_resident(m, o);
     if (st) {
         tk_model_free(m);
         return st;

@@ -299,6 +299,40 @@ static void test_simd_gemv_invariance(void **state) {
     }
 }
 
+/* The 8-row interleaved Q8_0 layout: the scalar kernel equals the row-order
+ * reference bit for bit; each SIMD level is within the gemv tolerance, and
+ * batch/split invariant with rows cut inside groups; a row dequantized from
+ * the interleaved copy is the row-order one. */
+static void test_simd_gemv_q8_0_x8(void **state) {
+    (void)state;
+    kt_rng r = {808};
+    for (int n_tok = 1; n_tok <= 11; n_tok++)
+        for (int rep = 0; rep < 4; rep++)
+            kt_x8_case(kernels_get(TK_ISA_SCALAR)->gemv_q8_0_x8, &r, n_tok, true, "scalar q8_0 x8");
+    kt_check_invariance_x8(kernels_get(TK_ISA_SCALAR)->gemv_q8_0_x8, &r, "scalar");
+    tk_isa levels[2];
+    int nl = isa_levels(levels);
+    for (int l = 0; l < nl; l++) {
+        const tk_kernels *K = kernels_get(levels[l]);
+        for (int n_tok = 1; n_tok <= 11; n_tok++)
+            for (int rep = 0; rep < 4; rep++) kt_x8_case(K->gemv_q8_0_x8, &r, n_tok, false, cpu_isa_name(K->isa));
+        kt_check_invariance_x8(K->gemv_q8_0_x8, &r, cpu_isa_name(K->isa));
+    }
+    const int64_t k = 160, rows = 16;
+    char *wq, *w8;
+    kt_q8_0_x8_matrix(&r, rows, k, &wq, &w8);
+    float a[160], b[160];
+    for (int64_t i = 0; i < rows; i++) {
+        kern_dequant_q8_0_ref(wq + i * (int64_t)(k / 32 * sizeof(tk_block_q8_0)), a, k);
+        kern_dequant_q8_0_x8_row(w8, k, i, b);
+        assert_memory_equal(a, b, sizeof a);
+    }
+    assert_false(kern_pack_q8_0_x8(wq, w8, 12, k)); /* rows not a multiple of 8 */
+    assert_false(kern_pack_q8_0_x8(wq, w8, 8, 40)); /* k not a multiple of 32 */
+    free(wq);
+    free(w8);
+}
+
 static void test_simd_tables_complete(void **state) {
     (void)state;
     static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
@@ -310,6 +344,7 @@ static void test_simd_tables_complete(void **state) {
             assert_non_null(K->dequant_row[types[c]]);
         }
         assert_non_null(K->dequant_row[TK_DTYPE_Q8_K]);
+        assert_non_null(K->gemv_q8_0_x8);
         assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
     }
 }
@@ -319,7 +354,7 @@ int main(void) {
         cmocka_unit_test(test_simd_tables_complete),   cmocka_unit_test(test_simd_gemv),
         cmocka_unit_test(test_simd_gemv_model_shapes), cmocka_unit_test(test_simd_gemv_raw_blocks),
         cmocka_unit_test(test_simd_gemv_invariance),   cmocka_unit_test(test_simd_quant_act_exact),
-        cmocka_unit_test(test_simd_elementwise),
+        cmocka_unit_test(test_simd_elementwise),       cmocka_unit_test(test_simd_gemv_q8_0_x8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
-/* The AVX2 kernels rebuilt with 4-token tiles for every weight type (the shape
- * the AVX-512 build uses), so the 3- and 4-token tile code is checked against
- * the reference on any machine with AVX2, not only on AVX-512 ones. */
+/* The AVX2 kernels rebuilt with 4-token tiles for every weight type and
+ * 8-token tiles for interleaved Q8_0 (the shapes the AVX-512 build uses), so
+ * that tile code is checked against the reference on any machine with AVX2,
+ * not only on AVX-512 ones. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +24,7 @@
 #endif
 #define KNT       4
 #define KNT_K     4
+#define KNT_X8    8
 #define KFN(name) t4_##name
 #include "kernels/x86/kernels_avx2.c"
 #if defined(__clang__)
@@ -103,6 +105,9 @@ static void test_simd_tiles_four_tokens(void **state) {
     }
     for (size_t ci = 0; ci < sizeof types / sizeof types[0]; ci++)
         kt_check_invariance(T4[types[ci]], types[ci], &r, "avx2 4-token tiles");
+    /* the interleaved Q8_0 kernel with AVX-512's 8-token tile */
+    for (int n_tok = 1; n_tok <= 17; n_tok++) kt_x8_case(t4_gemv_q8_0_x8, &r, n_tok, false, "avx2 8-token x8 tiles");
+    kt_check_invariance_x8(t4_gemv_q8_0_x8, &r, "avx2 8-token x8 tiles");
 #else
     print_message("not x86-64: skipped\n");
 #endif

@@ -11,6 +11,9 @@
 #ifndef KNT_K
 #define KNT_K 4
 #endif
+#ifndef KNT_X8
+#define KNT_X8 4
+#endif
 #ifndef KFN
 #define KFN(name) kern_##name##_avx2
 #endif
@@ -20,6 +23,10 @@
 static inline __attribute__((always_inline)) __m256i dot_s8(__m256i aw, __m256i w, __m256i x) {
     __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+static inline __attribute__((always_inline)) __m256i dot_s8_acc(__m256i a, __m256i aw, __m256i w, __m256i x) {
+    return _mm256_add_epi32(a, dot_s8(aw, w, x));
 }
 
 static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i u, __m256i x) {

@@ -12,12 +12,19 @@
 #ifndef KNT_K
 #define KNT_K 4
 #endif
+#ifndef KNT_X8
+#define KNT_X8 8
+#endif
 #ifndef KFN
 #define KFN(name) kern_##name##_avx512
 #endif
 
 static inline __attribute__((always_inline)) __m256i dot_s8(__m256i aw, __m256i w, __m256i x) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w));
+}
+
+static inline __attribute__((always_inline)) __m256i dot_s8_acc(__m256i a, __m256i aw, __m256i w, __m256i x) {
+    return _mm256_dpbusd_epi32(a, aw, _mm256_sign_epi8(x, w));
 }
 
 static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i u, __m256i x) {

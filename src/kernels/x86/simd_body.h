@@ -10,6 +10,11 @@
  *                        pairs, given aw = |w| (the sign trick)
  *   dot_u8s8(u, x)       8 int32 lanes that sum to dot(u, x), u unsigned
  *                        (at most 127 here, so maddubs cannot saturate)
+ *   dot_s8_acc(a, aw, w, x)  a plus the 4-element dots of int32 lane pairs
+ *                        (lane i += dot of bytes 4i..4i+3 of w and x)
+ *   KNT_X8               the token tile of the 8-row interleaved Q8_0
+ *                        kernel (two registers per token: 4 on AVX2, 8 on
+ *                        AVX-512)
  * and is compiled with its own target flags, so the same source becomes two
  * binaries: the AVX2 one is what the tests run here, the AVX-512 one differs
  * only in those definitions (VNNI dots) and in the wider register file the
@@ -21,12 +26,13 @@
  * while every token tile reads them: each weight byte comes from memory once
  * per call. Accumulators stay in registers; horizontal sums happen once per
  * output. Not thread-aware: callers split [r0, r1) across threads. */
-#if !defined(KFN) || !defined(KNT) || !defined(KNT_K)
-#error "define KFN, KNT, KNT_K, dot_s8 and dot_u8s8 before including simd_body.h"
+#if !defined(KFN) || !defined(KNT) || !defined(KNT_K) || !defined(KNT_X8)
+#error "define KFN, KNT, KNT_K, KNT_X8, dot_s8, dot_s8_acc and dot_u8s8 before including simd_body.h"
 #endif
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
@@ -51,6 +57,9 @@ AI float f16_to_f32(tk_f16 h) { return _cvtsh_ss(h); }
  * (a row is ~1 KB), so each tile fetches the same offset one row group ahead.
  * Prefetches never fault; the address is formed as an integer so running past
  * the matrix end is not pointer arithmetic out of bounds either. */
+/* How far ahead the 8-row interleaved Q8_0 kernel fetches its one stream. */
+#define X8_PREFETCH 2048
+
 AI void prefetch_ahead(const void *p, size_t dist) {
     _mm_prefetch((const char *)((uintptr_t)p + dist), _MM_HINT_T0);
 }
@@ -337,6 +346,96 @@ void KFN(gemv_q8_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void
 void KFN(gemv_q4_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                     int n_tok, float *y, int64_t ldy) {
     GEMV_DRIVE(Q8_TILE, KNT, 1, k / TK_QK4_0, w, xq, xq_stride, y, ldy);
+}
+
+/* ---- Q8_0 weights interleaved by 8 rows (TK_LAYOUT_X8) x Q8_0 activations ------------- */
+
+/* One vector holds the same four k of eight rows (kernels.h describes the
+ * layout), so a broadcast 4-byte activation chunk against it gives eight row
+ * partial sums in the eight int32 lanes: no horizontal sums, one aligned
+ * stream of weights, and a block's integer dot is exact before its one scale
+ * multiply. A (row, token) result is one chain over the blocks whatever the
+ * tile, so it does not depend on the batch. */
+AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, float *y, int64_t ldy, int nt) {
+    const unsigned char *q = g;
+    const tk_f16 *sc = (const tk_f16 *)(g + (size_t)nb * 256);
+    const tk_block_q8_0 *xt[KNT_X8];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
+    __m256 acc[KNT_X8];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *qb = q + (size_t)b * 256;
+        /* the weights are one stream per thread: fetch a few blocks ahead */
+#pragma GCC unroll 4
+        for (int o = 0; o < 256; o += 64) prefetch_ahead(qb + o, X8_PREFETCH);
+        __m256i is[KNT_X8];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(qb + 32 * c));
+            __m256i aw = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                int32_t xi;
+                memcpy(&xi, xt[t][b].qs + 4 * c, 4);
+                is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(xi));
+            }
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (size_t)b * 8)));
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_to_f32(xt[t][b].d)));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), d, acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
+}
+
+/* Runs the whole groups that [r0, r1) touches; a group cut by r0 or r1 is
+ * computed whole into a scratch tile and only its rows in range are copied,
+ * so every row's value is the same wherever the range is cut. */
+void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                       int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = k / TK_QK8_0;
+    const size_t gb = (size_t)nb * 8 * sizeof(tk_block_q8_0);
+    for (int64_t g0 = r0 / 8 * 8; g0 < r1; g0 += 8) {
+        const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 8) * gb;
+        bool whole = g0 >= r0 && g0 + 8 <= r1;
+        for (int t = 0; t < n_tok; t += KNT_X8) {
+            int nt = n_tok - t < KNT_X8 ? n_tok - t : KNT_X8;
+            float tmp[KNT_X8 * 8];
+            float *dst = whole ? y + (size_t)t * (size_t)ldy + g0 : tmp;
+            int64_t ld = whole ? ldy : 8;
+            const void *xt = (const char *)xq + (size_t)t * xq_stride;
+            switch (nt) {
+#define X8_CASE(n)                                                                                           \
+    case n:                                                                                                  \
+        x8_tile(nb, g, xt, xq_stride, dst, ld, n);                                                           \
+        break;
+                X8_CASE(1)
+                X8_CASE(2)
+                X8_CASE(3)
+                X8_CASE(4)
+#if KNT_X8 > 4
+                X8_CASE(5)
+                X8_CASE(6)
+                X8_CASE(7)
+                X8_CASE(8)
+#endif
+#undef X8_CASE
+            default:
+                break;
+            }
+            if (!whole)
+                for (int tt = 0; tt < nt; tt++)
+                    for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + 8 && r < r1; r++)
+                        y[(size_t)(t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * 8 + (r - g0)];
+        }
+    }
 }
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
