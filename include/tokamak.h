@@ -99,7 +99,10 @@ typedef struct tk_engine_opts {
     tk_kv_type kv_type;   /* default f16 */
     tk_kv_scale kv_scale; /* for int8 (default per head) */
     int max_batch;        /* running sequences (default 32) */
-    int step_tokens;      /* token budget of one step; 0 = default (see docs) */
+    int step_tokens;      /* fixed token budget of one step; 0 = time-based (see docs) */
+    double step_ms;       /* target step time in ms for the time-based budget; 0 = automatic
+                           * (2 x the step's decode time, at most 1 s). With step_ms > 0 a
+                           * non-zero step_tokens is the cap instead of a fixed budget. */
     bool no_chunking;     /* prefill a whole prompt in one step (for comparison) */
     bool unfused;         /* run the unfused reference stages (ablation) */
     bool static_batching; /* a batch starts together and waits for its slowest */
@@ -217,8 +220,16 @@ typedef struct tk_engine_stats {
     tk_kv_type kv_type;
     tk_kv_scale kv_scale;
     bool unfused, static_batching, no_chunking;
-    int step_tokens, max_batch, n_threads;
+    int step_tokens, max_batch, n_threads; /* step_tokens: the fixed budget, or the time-based one's cap */
     const char *weight_dtype;
+    /* The step budget: time-based or fixed, the target asked for (0: automatic),
+     * the last step's budget (tokens, decodes included) and target (ms; 0 when
+     * fixed), and the engine's measured costs (ms per token, 0 until measured). */
+    bool step_adaptive;
+    double step_ms;
+    int step_budget_last;
+    double step_target_ms_last;
+    double decode_ms_per_token, prefill_ms_per_token;
 } tk_engine_stats;
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);

@@ -103,10 +103,21 @@ void tk_request_default(tk_request *r) {
     tk_sampling_default(&r->sampling);
 }
 
-/* 256 tokens: room for every decode of a full batch (32) plus a prefill chunk
- * of ~224, small enough that a step carrying a chunk costs a few decode steps,
- * not a whole prompt: that is what holds the TPOT tail under long prompts. */
-int engine_default_step_tokens(int max_batch) { return max_batch + 224 > 256 ? max_batch + 224 : 256; }
+/* The cap of the time-based budget (the forward's buffers are sized for it):
+ * 1,024 tokens, or every decode of the batch plus 256. On this project's 2-core
+ * CPU the time target, not the cap, decides (a 1 s step holds ~80 prefill
+ * tokens); a machine that prefills 10k tokens/s reaches the cap in ~100 ms,
+ * past the point where bigger chunks prefill faster, and 1,024 tokens of
+ * activations cost ~70 MB for qwen3-0.6b (~250 MB for an 8B model). */
+int engine_default_step_tokens(int max_batch) { return max_batch + 256 > 1024 ? max_batch + 256 : 1024; }
+
+void engine_default_budget(sched_budget_opts *b) {
+    memset(b, 0, sizeof *b);
+    b->adaptive = true;
+    b->ratio = ENGINE_STEP_RATIO;
+    b->max_s = ENGINE_STEP_MAX_S;
+    b->min_chunk = ENGINE_STEP_MIN_CHUNK;
+}
 
 /* ---- request lifetime ---------------------------------------------------------- */
 
@@ -365,7 +376,11 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
         s->steps++;
         s->step_time_last = dt;
         s->decode_bytes_last = e->be.last_bytes ? e->be.last_bytes(e->be.ctx) : 0;
+        s->step_budget_last = c.budget;
+        s->step_target_ms_last = c.target_s * 1e3;
     }
+    s->decode_ms_per_token = c.cost.dec_s * 1e3;
+    s->prefill_ms_per_token = c.cost.pre_s * 1e3;
     s->prompt_tokens += prompt_tok;
     s->output_tokens += out_tok;
     s->preemptions = c.preemptions;
@@ -416,6 +431,7 @@ static void run_step(tk_engine *e) {
         publish_stats(e, p, t1 - t0, 0, 0);
         return;
     }
+    sched_observe(e->sc, p, t1 - t0);
     sched_advance(e->sc, p);
     uint64_t out_tok = 0;
     int k = 0;
@@ -501,6 +517,8 @@ static void *engine_loop(void *arg) {
 
 /* ---- create / free ----------------------------------------------------------------- */
 
+bool engine_step_adaptive(const tk_engine_opts *o) { return !o || o->step_tokens == 0 || o->step_ms > 0; }
+
 static int be_sched_alloc(void *c) {
     tk_engine *e = c;
     return e->be.block_alloc(e->be.ctx);
@@ -523,6 +541,9 @@ static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
     if (o->max_batch == 0) o->max_batch = d.max_batch;
     if (o->max_queue == 0) o->max_queue = d.max_queue;
     if (o->max_seqs == 0) o->max_seqs = o->max_batch;
+    if (!(o->step_ms >= 0) || o->step_ms > 3600e3)
+        return tk_fail(TK_ERR_INVALID, "engine: step_ms %g, expected 0 (automatic) up to 3600000", o->step_ms);
+    if (o->step_tokens < 0) return tk_fail(TK_ERR_INVALID, "engine: step_tokens %d must be >= 0", o->step_tokens);
     if (o->step_tokens == 0) o->step_tokens = engine_default_step_tokens(o->max_batch > 0 ? o->max_batch : 0);
     if (o->ctx < 1 || o->ctx > (1 << 24)) return tk_fail(TK_ERR_INVALID, "engine: ctx %d, expected 1..%d", o->ctx, 1 << 24);
     if (o->max_batch < 1 || o->max_batch > 4096)
@@ -561,6 +582,12 @@ tk_status engine_create_backend(const engine_backend *be, const tk_engine_opts *
     e->so = (sched_opts){.block_size = o.block_size, .ctx = o.ctx, .n_blocks = be->n_blocks, .max_batch = o.max_batch,
                          .step_tokens = o.step_tokens, .no_chunking = o.no_chunking,
                          .static_batching = o.static_batching};
+    /* An explicit step_tokens alone is a fixed budget; otherwise the budget is
+     * time-based, with step_tokens (given or default) as its cap. */
+    engine_default_budget(&e->so.budget);
+    e->so.budget.adaptive = engine_step_adaptive(opts);
+    e->so.budget.target_s = o.step_ms / 1e3;
+    if (e->so.budget.min_chunk > o.step_tokens) e->so.budget.min_chunk = o.step_tokens;
     sched_blocks sb = {e, be_sched_alloc, be_sched_free, be_sched_n_free};
     st = sched_init(&e->so, &sb, &e->sc);
     if (st != TK_OK) goto fail;
@@ -590,6 +617,9 @@ tk_status engine_create_backend(const engine_backend *be, const tk_engine_opts *
     s->static_batching = o.static_batching;
     s->no_chunking = o.no_chunking;
     s->step_tokens = o.step_tokens;
+    s->step_adaptive = e->so.budget.adaptive;
+    s->step_ms = o.step_ms;
+    s->step_budget_last = e->so.budget.adaptive ? 0 : o.step_tokens;
     s->max_batch = o.max_batch;
     s->n_threads = be->n_threads;
     s->weight_dtype = be->weight_dtype;
@@ -716,5 +746,7 @@ tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_eng
                          .step = mb_step,
                          .last_bytes = mb_bytes,
                          .destroy = mb_destroy};
-    return engine_create_backend(&be, &o, out);
+    /* The caller's options, not the resolved ones: whether step_tokens was
+     * given decides between a fixed and a time-based budget. */
+    return engine_create_backend(&be, opts, out);
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/sched.h"
 #include "model/forward.h"
 #include "tokamak.h"
 
@@ -29,8 +30,24 @@ typedef struct engine_backend {
     void (*destroy)(void *ctx);        /* at tk_engine_free, after the loop stops; may be NULL */
 } engine_backend;
 
-/* The default step budget for max_batch running sequences (see docs/engine.md). */
+/* The default step cap for max_batch running sequences: the most tokens a
+ * time-based step may hold, and what the forward's buffers are sized for
+ * (see docs/engine.md, "Step budget"). */
 int engine_default_step_tokens(int max_batch);
+
+/* The automatic time target: a step carrying prefill aims at ENGINE_STEP_RATIO
+ * times what its decodes alone cost, at most ENGINE_STEP_MAX_S seconds (also
+ * the target when nothing decodes); every step offers a waiting prefill at
+ * least ENGINE_STEP_MIN_CHUNK tokens. */
+#define ENGINE_STEP_RATIO 2.0
+#define ENGINE_STEP_MAX_S 1.0
+#define ENGINE_STEP_MIN_CHUNK 16
+
+/* The default time-based budget options (adaptive, automatic target). */
+void engine_default_budget(sched_budget_opts *b);
+/* Whether opts ask for a time-based budget: step_tokens 0 (the default) or
+ * step_ms > 0 (then step_tokens is the cap). NULL opts: the defaults. */
+bool engine_step_adaptive(const tk_engine_opts *o);
 
 /* Create an engine over be (copied; be->ctx is destroyed by be->destroy at
  * tk_engine_free, also when this call fails) and start its loop thread. */

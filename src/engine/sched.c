@@ -1,5 +1,6 @@
 #include "engine/sched.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -19,6 +20,7 @@ struct sched {
     int blocks_used, blocks_peak;
     uint64_t preemptions;
     int n_no_blocks, n_behind, n_preempted_waiting;
+    sched_cost cost;  /* measured per-token costs (sched_observe) */
 };
 
 /* ---- lists ------------------------------------------------------------------ */
@@ -64,6 +66,17 @@ tk_status sched_init(const sched_opts *o, const sched_blocks *blocks, sched **ou
     if (o->step_tokens < o->max_batch || o->step_tokens > (1 << 20))
         return tk_fail(TK_ERR_INVALID, "sched: step budget %d tokens must be >= max_batch %d (every running decode fits) and <= %d",
                        o->step_tokens, o->max_batch, 1 << 20);
+    const sched_budget_opts *bo = &o->budget;
+    if (bo->adaptive) {
+        if (!(bo->target_s >= 0) || bo->target_s > 3600)
+            return tk_fail(TK_ERR_INVALID, "sched: step target %g s, expected 0 (automatic) or up to 3600", bo->target_s);
+        if (bo->target_s == 0 && (!(bo->ratio >= 1) || bo->ratio > 1000 || !(bo->max_s > 0) || bo->max_s > 3600))
+            return tk_fail(TK_ERR_INVALID, "sched: automatic step target needs ratio in [1, 1000] (got %g) and max in "
+                           "(0, 3600] s (got %g)", bo->ratio, bo->max_s);
+        if (bo->min_chunk < 1 || bo->min_chunk > o->step_tokens)
+            return tk_fail(TK_ERR_INVALID, "sched: minimum prefill chunk %d, expected 1..step cap %d", bo->min_chunk,
+                           o->step_tokens);
+    }
     int need = (o->ctx + bs - 1) / bs;
     if (o->n_blocks < need)
         return tk_fail(TK_ERR_NOMEM, "sched: the KV pool holds %d blocks of %d tokens; one sequence of context %d needs %d",
@@ -161,6 +174,62 @@ static void plan_add(sched *s, sched_seq *seq, int n) {
     s->plan.n_tok += n;
 }
 
+/* ---- the time-based budget ---------------------------------------------------- */
+
+void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double seconds) {
+    if (!(seconds > 0) || !isfinite(seconds) || n_decode < 0 || n_prefill < 0 || n_decode + n_prefill == 0) return;
+    const double a = SCHED_COST_ALPHA;
+    double mean = seconds / (n_decode + n_prefill);
+    if (n_prefill == 0) {
+        c->dec_s = c->dec_s > 0 ? c->dec_s + a * (mean - c->dec_s) : mean;
+        return;
+    }
+    /* The prefill's share: the step minus what its decodes are predicted to
+     * cost (as much as any token until a decode-only step was seen). A decode
+     * estimate that leaves the prefill less than a quarter of the mean token
+     * is too high (the machine got faster, or the decode-only step it came
+     * from was slow): the prefill gets that quarter, the decodes the rest. The
+     * 2x growth limit in sched_budget_tokens bounds what an underestimate costs. */
+    double obs = mean;
+    if (n_decode > 0 && c->dec_s > 0) {
+        double floor = 0.25 * mean;
+        obs = (seconds - c->dec_s * n_decode) / n_prefill;
+        if (obs < floor) {
+            obs = floor;
+            c->dec_s += a * ((seconds - floor * n_prefill) / n_decode - c->dec_s);
+        }
+    }
+    c->pre_s = c->pre_s > 0 ? c->pre_s + a * (obs - c->pre_s) : obs;
+    c->last_prefill = n_prefill;
+}
+
+double sched_budget_target(const sched_budget_opts *b, const sched_cost *c, int n_decode) {
+    if (b->target_s > 0) return b->target_s;
+    if (n_decode <= 0) return b->max_s; /* nobody waits for a token: the whole allowance */
+    double per = c->dec_s > 0 ? c->dec_s : c->pre_s;
+    double t = b->ratio * per * n_decode; /* 0 while nothing is measured: min_chunk */
+    return t < b->max_s ? t : b->max_s;
+}
+
+int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap, int n_decode) {
+    if (!b->adaptive) return cap;
+    int room = cap - n_decode;
+    if (room <= 0) return cap;
+    int lo = b->min_chunk < room ? b->min_chunk : room;
+    if (lo < 1) lo = 1;
+    if (!(c->pre_s > 0)) return n_decode + lo; /* first measure what a chunk costs */
+    double dec = n_decode * (c->dec_s > 0 ? c->dec_s : c->pre_s);
+    double k = (sched_budget_target(b, c, n_decode) - dec) / c->pre_s;
+    int n = k >= room ? room : k <= lo ? lo : (int)k;
+    int grow = 2 * c->last_prefill > lo ? 2 * c->last_prefill : lo;
+    if (n > grow) n = grow;
+    return n_decode + n;
+}
+
+void sched_observe(sched *s, const sched_plan *p, double seconds) {
+    sched_cost_observe(&s->cost, p->n_decode, p->n_tok - p->n_decode, seconds);
+}
+
 /* How much of seq's remaining prefill goes in this step (0: none). */
 static int prefill_chunk(const sched *s, const sched_seq *seq, int budget, bool prefill_added) {
     int rem = seq->n_tokens - seq->n_computed;
@@ -191,8 +260,13 @@ const sched_plan *sched_plan_step(sched *s) {
         q = next;
     }
 
-    /* 2. Decodes, then 3. prefill chunks, oldest first. */
-    int budget = s->o.step_tokens;
+    /* 2. Decodes, then 3. prefill chunks, oldest first. The budget is sized
+     * for this step's decodes (every one fits: the cap is >= max_batch). */
+    int n_decode = 0;
+    for (sched_seq *q = s->running.head; q; q = q->next) n_decode += q->n_tokens - q->n_computed == 1;
+    int budget = sched_budget_tokens(&s->o.budget, &s->cost, s->o.step_tokens, n_decode);
+    p->budget = budget;
+    p->target_s = s->o.budget.adaptive ? sched_budget_target(&s->o.budget, &s->cost, n_decode) : 0;
     bool prefill_added = false;
     for (sched_seq *q = s->running.head; q && budget > 0; q = q->next) {
         if (q->n_tokens - q->n_computed != 1) continue;
@@ -265,6 +339,9 @@ void sched_counts_get(const sched *s, sched_counts *out) {
     out->blocks_used = s->blocks_used;
     out->blocks_peak = s->blocks_peak;
     out->preemptions = s->preemptions;
+    out->budget = s->plan.budget;
+    out->target_s = s->plan.target_s;
+    out->cost = s->cost;
 }
 
 bool sched_busy(const sched *s) { return s->running.n > 0 || s->waiting.n > 0; }

@@ -7,6 +7,10 @@
  *   3. prefill chunks of running sequences, oldest first, within the budget;
  *   4. waiting sequences admitted first-come-first-served while a batch slot,
  *      budget and the blocks of their whole known sequence are free.
+ * The budget is fixed (step_tokens) or time-based: the owner reports each
+ * step's measured seconds (sched_observe) and the next budget is the number
+ * of tokens that fits the target step time at the measured per-token costs
+ * (sched_budget_tokens, a pure function). Nothing here reads a clock.
  * The engine loop thread owns a sched; nothing here locks or allocates per step. */
 #ifndef TK_ENGINE_SCHED_H
 #define TK_ENGINE_SCHED_H
@@ -24,14 +28,33 @@ typedef struct sched_blocks {
     int (*n_free)(void *ctx);
 } sched_blocks;
 
+/* The time-based step budget (docs/engine.md, "Step budget"). */
+typedef struct sched_budget_opts {
+    bool adaptive;       /* false: every step's budget is sched_opts.step_tokens */
+    double target_s;     /* > 0: every step aims at this many seconds; 0: automatic */
+    double ratio;        /* automatic: ratio x the step's predicted decode time ... */
+    double max_s;        /* ... at most max_s, and max_s when nothing decodes */
+    int min_chunk;       /* prefill tokens a step always offers while a prefill waits */
+} sched_budget_opts;
+
+/* Measured costs: exponentially weighted seconds per token. */
+typedef struct sched_cost {
+    double dec_s;        /* per decode token, from decode-only steps; 0 until one ran */
+    double pre_s;        /* per prefill token (the step minus its predicted decodes); 0 until one ran */
+    int last_prefill;    /* prefill tokens of the last step that had any (growth is at most 2x) */
+} sched_cost;
+
+#define SCHED_COST_ALPHA 0.3 /* weight of the newest step in the averages */
+
 typedef struct sched_opts {
     int block_size;
     int ctx;             /* most positions of one sequence */
     int n_blocks;        /* blocks in the pool */
     int max_batch;       /* running sequences */
-    int step_tokens;     /* token budget of a step (>= max_batch) */
+    int step_tokens;     /* fixed token budget of a step, or the cap of the time-based one (>= max_batch) */
     bool no_chunking;    /* a prompt is prefilled whole, in one step */
     bool static_batching;/* admit only when nothing runs */
+    sched_budget_opts budget;
 } sched_opts;
 
 enum { SCHED_FREE = 0, SCHED_WAITING, SCHED_RUNNING };
@@ -65,6 +88,8 @@ typedef struct sched_plan {
     int n_tok;           /* sum of items[].n */
     int n_decode;        /* items that are single-token decodes */
     int n_preempted;     /* preemptions made while planning this step */
+    int budget;          /* tokens this step could hold (decodes included) */
+    double target_s;     /* the step time the budget aimed at; 0 for a fixed budget */
     sched_item *items;   /* (max_batch) owned by the sched */
 } sched_plan;
 
@@ -73,16 +98,20 @@ typedef struct sched_counts {
     int waiting_no_blocks, waiting_behind_prefill, waiting_preempted;
     int blocks_total, blocks_used, blocks_peak;
     uint64_t preemptions;
+    int budget;          /* the last plan's budget and target (see sched_plan) */
+    double target_s;
+    sched_cost cost;     /* the current estimates */
 } sched_counts;
 
 typedef struct sched sched;
 
 /* Validates the options (block size, budget >= max_batch, a pool that holds
- * at least one full context) with messages naming both numbers. */
+ * at least one full context, budget parameters) with messages naming both numbers. */
 tk_status sched_init(const sched_opts *o, const sched_blocks *blocks, sched **out);
 void sched_free(sched *s);
-/* Most tokens one plan can hold (the forward's max_tokens): step_tokens, or
- * step_tokens + ctx without chunking (a whole prompt goes in one step). */
+/* Most tokens one plan can hold (the forward's max_tokens): step_tokens (the
+ * fixed budget or the time-based budget's cap), or step_tokens + ctx without
+ * chunking (a whole prompt goes in one step). */
 int sched_max_step_tokens(const sched_opts *o);
 /* Blocks that cover n positions. */
 int sched_blocks_for(const sched *s, int n);
@@ -96,8 +125,24 @@ void sched_remove(sched *s, sched_seq *seq);
 const sched_plan *sched_plan_step(sched *s);
 /* The plan ran: every item's n_computed += n. */
 void sched_advance(sched *s, const sched_plan *p);
+/* The plan's forward pass took seconds: update the cost estimates (call it
+ * before the next sched_* call, with the plan just run). */
+void sched_observe(sched *s, const sched_plan *p, double seconds);
 void sched_counts_get(const sched *s, sched_counts *out);
 /* True while anything is running or waiting. */
 bool sched_busy(const sched *s);
+
+/* ---- the budget, as pure functions (tested without a clock) ---------------- */
+
+/* Fold one step (n_decode decode tokens, n_prefill prefill tokens, seconds) into c. */
+void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double seconds);
+/* The step time a step with n_decode decodes aims at (seconds): target_s if
+ * set, else max_s with no decodes, else min(max_s, ratio x predicted decode time). */
+double sched_budget_target(const sched_budget_opts *b, const sched_cost *c, int n_decode);
+/* Tokens a step with n_decode decodes may hold, decodes included: n_decode +
+ * the prefill tokens that fit the target at the measured costs, at least
+ * min_chunk, at most twice the last step's prefill (or min_chunk), and never
+ * more than cap. Without a measured cost the prefill share is min_chunk. */
+int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap, int n_decode);
 
 #endif

@@ -31,6 +31,8 @@ typedef struct fake {
     int max_seqs_seen;
     bool fail;       /* a bad batch was seen */
     _Atomic int slow_us; /* sleep per step, to hold requests live */
+    _Atomic int tok_us;  /* sleep per token of a step: a machine whose steps cost time */
+    int max_tok_seen;    /* most tokens in one step */
 } fake;
 
 static int f_alloc(void *c) {
@@ -55,11 +57,13 @@ static int f_n_free(void *c) { return ((fake *)c)->n_free; }
 static tk_status f_step(void *c, const tk_batch *b, float *logits) {
     fake *f = c;
     f->steps++;
-    if (f->slow_us) {
-        struct timespec ts = {0, (long)f->slow_us * 1000L};
+    long us = (long)f->slow_us + (long)f->tok_us * b->n_tok;
+    if (us > 0) {
+        struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
         nanosleep(&ts, NULL);
     }
     if (b->n_seq > f->max_seqs_seen) f->max_seqs_seen = b->n_seq;
+    if (b->n_tok > f->max_tok_seen) f->max_tok_seen = b->n_tok;
     int t = 0, k = 0;
     for (int s = 0; s < b->n_seq; s++) {
         const int32_t *bt = b->bt[s];
@@ -227,7 +231,12 @@ static void test_engine_single_request(void **state) {
     assert_int_equal(s.kv_blocks_used, 0);
     assert_int_equal(s.kv_blocks_total, 64);
     assert_int_equal(s.block_size, 16);
-    assert_int_equal(s.step_tokens, engine_default_step_tokens(32));
+    assert_int_equal(s.step_tokens, engine_default_step_tokens(32)); /* the time-based budget's cap */
+    assert_true(s.step_adaptive);
+    assert_true(s.step_ms == 0); /* automatic target */
+    assert_true(s.step_budget_last >= 1 && s.step_budget_last <= s.step_tokens);
+    assert_true(s.step_target_ms_last > 0 && s.step_target_ms_last <= ENGINE_STEP_MAX_S * 1e3);
+    assert_true(s.prefill_ms_per_token > 0 && s.decode_ms_per_token > 0);
     assert_string_equal(s.weight_dtype, "fake");
     assert_false(f->fail);
     assert_int_equal(f->n_free, 64);
@@ -286,6 +295,72 @@ static void test_engine_rejects_bad_requests(void **state) {
     o.step_tokens = 8;
     assert_int_equal(engine_create_backend(&be, &o, &e), TK_ERR_INVALID);
     assert_non_null(strstr(tk_last_error(), "max_batch"));
+    /* A step target must be a number of ms >= 0. */
+    double bad_ms[] = {-1.0, NAN, INFINITY};
+    for (int i = 0; i < 3; i++) {
+        g = tk_calloc(1, sizeof *g);
+        be.ctx = g;
+        tk_engine_opts_default(&o);
+        o.ctx = 64;
+        o.block_size = 16;
+        o.step_ms = bad_ms[i];
+        assert_int_equal(engine_create_backend(&be, &o, &e), TK_ERR_INVALID);
+        assert_non_null(strstr(tk_last_error(), "step_ms"));
+    }
+}
+
+/* step_tokens alone is a fixed budget; step_ms makes it time-based, with
+ * step_tokens (given or default) as the cap. */
+static void test_engine_step_budget_options(void **state) {
+    (void)state;
+    struct {
+        int step_tokens;
+        double step_ms;
+        bool adaptive;
+        int cap;
+    } cases[] = {
+        {0, 0, true, 1024},  /* the default: automatic target, default cap */
+        {48, 0, false, 48},  /* --step-tokens 48: fixed */
+        {48, 20, true, 48},  /* --step-tokens 48 --step-ms 20: time-based, capped at 48 */
+        {0, 250, true, 1024},
+    };
+    assert_int_equal(engine_default_step_tokens(32), 1024);
+    assert_int_equal(engine_default_step_tokens(1000), 1256);
+    assert_true(engine_step_adaptive(NULL));
+    for (int i = 0; i < 4; i++) {
+        tk_engine_opts o;
+        tk_engine_opts_default(&o);
+        o.ctx = 256;
+        o.step_tokens = cases[i].step_tokens;
+        o.step_ms = cases[i].step_ms;
+        tk_engine *e = mk_engine(16, 64, &o);
+        fake *f = g_last_fake;
+        tk_engine_stats s;
+        tk_engine_stats_get(e, &s);
+        assert_int_equal(s.step_adaptive, cases[i].adaptive);
+        assert_int_equal(s.step_tokens, cases[i].cap);
+        assert_true(s.step_ms == cases[i].step_ms);
+        if (!cases[i].adaptive) assert_int_equal(s.step_budget_last, 48);
+        rec r;
+        rec_init(&r);
+        int32_t p[200];
+        mk_prompt(p, 200, 4);
+        submit(e, &r, p, 200, 3, NULL);
+        wait_finished(e, 1);
+        tk_engine_stats_get(e, &s);
+        assert_true(s.step_budget_last >= 1 && s.step_budget_last <= cases[i].cap);
+        assert_true(f->max_tok_seen <= cases[i].cap);
+        if (cases[i].step_ms > 0) assert_true(s.step_target_ms_last == cases[i].step_ms);
+        if (!cases[i].adaptive) {
+            assert_true(s.step_target_ms_last == 0);
+            assert_int_equal(f->max_tok_seen, 48); /* every prefill step full */
+        } else {
+            assert_true(f->max_tok_seen < 200); /* the first chunk is measured small */
+        }
+        tk_engine_free(e);
+        assert_false(f->fail);
+        f_destroy(f);
+    }
 }
 
 /* Run a set of requests alone, one at a time, and record their outputs. */
@@ -382,6 +457,51 @@ static void test_engine_seeded_sampling_invariance(void **state) {
     run_batched(&w, 32, 16, 512, &s, 8);
     uint64_t pre = run_batched(&w, 32, 16, 20, &s, 32);
     assert_true(pre > 0);
+}
+
+/* A time-based budget over a fake whose steps cost 200 us a token: chunks
+ * follow the measured cost (a 5 ms target holds ~25 tokens, far below the
+ * cap), and the outputs still equal the solo runs. */
+static void test_engine_time_budget_invariance(void **state) {
+    (void)state;
+    static work w;
+    work_make(&w, 31);
+    run_solo(&w, NULL);
+    tk_engine_opts o;
+    tk_engine_opts_default(&o);
+    o.ctx = 256;
+    o.max_batch = 8;
+    o.step_tokens = 128;
+    o.step_ms = 5;
+    tk_engine *e = mk_engine(16, 512, &o);
+    fake *f = g_last_fake;
+    f->tok_us = 200;
+    const int n = 12;
+    static rec r[NREQ];
+    for (int i = 0; i < n; i++) {
+        rec_init(&r[i]);
+        submit(e, &r[i], w.prompt[i], w.n_prompt[i], w.max_out[i], NULL);
+        if (i % 4 == 3) sleep_ms(2);
+    }
+    wait_finished(e, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(r[i].n_finish, 1);
+        assert_int_equal(r[i].n_out, w.n_solo[i]);
+        assert_memory_equal(r[i].out, w.solo[i], (size_t)w.n_solo[i] * sizeof(int32_t));
+    }
+    tk_engine_stats st;
+    tk_engine_stats_get(e, &st);
+    print_message("time budget: %llu steps, most tokens in a step %d, prefill %.3f ms/token, decode %.3f ms/token\n",
+                  (unsigned long long)st.steps, f->max_tok_seen, st.prefill_ms_per_token, st.decode_ms_per_token);
+    assert_true(st.step_adaptive);
+    assert_true(st.step_target_ms_last == 5);
+    assert_true(st.prefill_ms_per_token > 0.05); /* a sleep is never shorter than asked */
+    /* Sleeps only run long, which only shrinks chunks: the cap is never reached. */
+    assert_true(f->max_tok_seen <= 96);
+    assert_int_equal(st.kv_blocks_used, 0);
+    tk_engine_free(e);
+    assert_false(f->fail);
+    f_destroy(f);
 }
 
 static void test_engine_static_and_no_chunking(void **state) {
@@ -571,6 +691,8 @@ int main(void) {
         cmocka_unit_test(test_engine_rejects_bad_requests),
         cmocka_unit_test(test_engine_batch_invariance),
         cmocka_unit_test(test_engine_seeded_sampling_invariance),
+        cmocka_unit_test(test_engine_step_budget_options),
+        cmocka_unit_test(test_engine_time_budget_invariance),
         cmocka_unit_test(test_engine_static_and_no_chunking),
         cmocka_unit_test(test_engine_stop_tokens_and_cancel),
         cmocka_unit_test(test_engine_context_limit),

@@ -1,6 +1,8 @@
 /* The scheduler without a model: budgets, FCFS admission, chunking, block
- * reservation, preemption of the newest, static batching, and a 10,000-op
+ * reservation, preemption of the newest, static batching, the time-based
+ * budget (pure functions fed made-up step times: no clock), and a 10,000-op
  * random property test (every block back, exactly one finish per request). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,7 @@
 #include <cmocka.h>
 
 #include "core/alloc.h"
+#include "core/error.h"
 #include "engine/sched.h"
 #include "engine/sampler.h"
 
@@ -41,6 +44,21 @@ static void fp_init(fake_pool *p, int n) {
     memset(p, 0, sizeof *p);
     p->n = p->n_free = n;
     for (int i = 0; i < n; i++) p->free_ids[i] = n - 1 - i;
+}
+
+/* A time-based budget: automatic target (2 x decode, at most 1 s), chunks of >= 4. */
+static const sched_budget_opts k_auto = {.adaptive = true, .ratio = 2.0, .max_s = 1.0, .min_chunk = 4};
+
+static sched *mk_budget(fake_pool *fp, int n_blocks, int bs, int ctx, int max_batch, int step, bool nochunk, bool stat,
+                        const sched_budget_opts *budget) {
+    fp_init(fp, n_blocks);
+    sched_opts o = {.block_size = bs, .ctx = ctx, .n_blocks = n_blocks, .max_batch = max_batch,
+                    .step_tokens = step, .no_chunking = nochunk, .static_batching = stat};
+    if (budget) o.budget = *budget;
+    sched_blocks b = {fp, fp_alloc, fp_free, fp_n_free};
+    sched *s = NULL;
+    assert_int_equal(sched_init(&o, &b, &s), TK_OK);
+    return s;
 }
 
 static sched *mk(fake_pool *fp, int n_blocks, int bs, int ctx, int max_batch, int step, bool nochunk, bool stat) {
@@ -211,6 +229,211 @@ static void test_sched_no_chunking_and_static(void **state) {
     assert_int_equal(fp.n_free, 64);
 }
 
+/* ---- the time-based budget ------------------------------------------------- */
+
+/* A made-up machine: 5 ms per step, 25 ms per decode token, 12 ms per prefill token. */
+static double fake_step_s(int n_decode, int n_prefill) { return 0.005 + 0.025 * n_decode + 0.012 * n_prefill; }
+
+static void test_sched_budget_rejects_bad_options(void **state) {
+    (void)state;
+    fake_pool fp;
+    fp_init(&fp, 64);
+    sched_blocks b = {&fp, fp_alloc, fp_free, fp_n_free};
+    sched *s = NULL;
+    sched_opts o = {.block_size = 16, .ctx = 64, .n_blocks = 64, .max_batch = 4, .step_tokens = 64, .budget = k_auto};
+    o.budget.ratio = 0.5; /* a step with prefill shorter than its decodes alone */
+    assert_int_equal(sched_init(&o, &b, &s), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "ratio"));
+    o.budget = k_auto;
+    o.budget.max_s = 0;
+    assert_int_equal(sched_init(&o, &b, &s), TK_ERR_INVALID);
+    o.budget.target_s = 0.25; /* an explicit target needs neither */
+    assert_int_equal(sched_init(&o, &b, &s), TK_OK);
+    sched_free(s);
+    o.budget = k_auto;
+    o.budget.target_s = NAN;
+    assert_int_equal(sched_init(&o, &b, &s), TK_ERR_INVALID);
+    o.budget = k_auto;
+    o.budget.min_chunk = 0;
+    assert_int_equal(sched_init(&o, &b, &s), TK_ERR_INVALID);
+    o.budget.min_chunk = 65; /* past the cap */
+    assert_int_equal(sched_init(&o, &b, &s), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "64"));
+    o.budget.adaptive = false; /* a fixed budget ignores the rest */
+    assert_int_equal(sched_init(&o, &b, &s), TK_OK);
+    sched_free(s);
+}
+
+static void test_sched_budget_cost_estimates(void **state) {
+    (void)state;
+    sched_cost c = {0};
+    /* Nothing counts without tokens or a positive, finite time. */
+    sched_cost_observe(&c, 0, 0, 1.0);
+    sched_cost_observe(&c, 4, 0, 0.0);
+    sched_cost_observe(&c, 4, 0, -1.0);
+    sched_cost_observe(&c, 4, 0, NAN);
+    sched_cost_observe(&c, 4, 0, INFINITY);
+    assert_true(c.dec_s == 0 && c.pre_s == 0 && c.last_prefill == 0);
+    /* The first decode-only step sets the decode cost; later ones move it by alpha. */
+    sched_cost_observe(&c, 10, 0, 0.2);
+    assert_float_equal(c.dec_s, 0.02, 1e-12);
+    sched_cost_observe(&c, 10, 0, 0.3);
+    assert_float_equal(c.dec_s, 0.02 + SCHED_COST_ALPHA * 0.01, 1e-12);
+    assert_true(c.pre_s == 0);
+    /* A mixed step: the prefill gets the step minus the predicted decodes. */
+    c.dec_s = 0.02;
+    sched_cost_observe(&c, 10, 20, 0.2 + 20 * 0.01);
+    assert_float_equal(c.pre_s, 0.01, 1e-12);
+    assert_int_equal(c.last_prefill, 20);
+    sched_cost_observe(&c, 10, 20, 0.2 + 20 * 0.02);
+    assert_float_equal(c.pre_s, 0.01 + SCHED_COST_ALPHA * 0.01, 1e-12);
+    /* A stale decode estimate that explains the whole step still leaves a
+     * quarter of the mean token to the prefill, never zero or less, and the
+     * decode estimate moves towards the rest. */
+    c = (sched_cost){.dec_s = 0.1};
+    sched_cost_observe(&c, 10, 10, 0.5);
+    assert_float_equal(c.pre_s, 0.25 * 0.5 / 20, 1e-12);
+    assert_float_equal(c.dec_s, 0.1 + SCHED_COST_ALPHA * ((0.5 - 10 * c.pre_s) / 10 - 0.1), 1e-12);
+    /* Without a decode estimate every token of a mixed step costs the mean. */
+    c = (sched_cost){0};
+    sched_cost_observe(&c, 4, 12, 0.32);
+    assert_float_equal(c.pre_s, 0.02, 1e-12);
+    assert_true(c.dec_s == 0);
+    /* A prefill-only step. */
+    c = (sched_cost){0};
+    sched_cost_observe(&c, 0, 64, 0.64);
+    assert_float_equal(c.pre_s, 0.01, 1e-12);
+    assert_int_equal(c.last_prefill, 64);
+}
+
+static void test_sched_budget_tokens(void **state) {
+    (void)state;
+    const sched_budget_opts a = k_auto;
+    sched_budget_opts fixed = a;
+    fixed.adaptive = false;
+    sched_cost c = {.dec_s = 0.025, .pre_s = 0.012, .last_prefill = 1000};
+    /* A fixed budget is the cap, whatever was measured. */
+    assert_int_equal(sched_budget_tokens(&fixed, &c, 256, 16), 256);
+    assert_int_equal(sched_budget_tokens(&fixed, &(sched_cost){0}, 48, 0), 48);
+
+    /* Target: 2 x the decodes (16 x 25 ms = 0.4 s) = 0.8 s: 0.4 s of prefill at 12 ms = 33 tokens. */
+    assert_float_equal(sched_budget_target(&a, &c, 16), 0.8, 1e-12);
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 16), 16 + 33);
+    /* Nothing decodes: the whole allowance, 1 s = 83 tokens. */
+    assert_float_equal(sched_budget_target(&a, &c, 0), 1.0, 1e-12);
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0), 83);
+    /* Decodes alone past the 1 s ceiling (64 x 25 ms): the minimum chunk, never nothing. */
+    assert_float_equal(sched_budget_target(&a, &c, 64), 1.0, 1e-12);
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 64), 64 + 4);
+    /* An explicit target wins over the automatic one, with or without decodes. */
+    sched_budget_opts t = a;
+    t.target_s = 0.25;
+    assert_float_equal(sched_budget_target(&t, &c, 0), 0.25, 1e-12);
+    assert_float_equal(sched_budget_target(&t, &c, 16), 0.25, 1e-12);
+    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 0), 20);
+    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 4), 4 + 12); /* (0.25 - 0.1) / 0.012 */
+    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 16), 16 + 4); /* decodes past the target: min chunk */
+
+    /* The cap clamps (decodes always fit: the cap is >= max_batch). */
+    sched_cost fast = {.dec_s = 1e-5, .pre_s = 1e-8, .last_prefill = 1 << 20};
+    assert_int_equal(sched_budget_tokens(&a, &fast, 512, 30), 512);
+    assert_int_equal(sched_budget_tokens(&a, &fast, 32, 32), 32);
+    assert_int_equal(sched_budget_tokens(&a, &c, 18, 16), 18); /* room for 2 < min chunk */
+    /* Growth: at most twice the last prefill (the estimate came from smaller chunks). */
+    c.last_prefill = 5;
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0), 10);
+    c.last_prefill = 1;
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0), 4); /* never below the minimum chunk */
+    /* Nothing measured yet: the minimum chunk (measure first). */
+    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){0}, 1024, 0), 4);
+    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){0}, 1024, 8), 12);
+    /* Only decodes measured: the prefill share waits for a measured chunk. */
+    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){.dec_s = 0.025}, 1024, 8), 12);
+    /* Only prefill measured: a decode token is assumed to cost a prefill token. */
+    sched_cost p = {.pre_s = 0.011, .last_prefill = 1000};
+    assert_float_equal(sched_budget_target(&a, &p, 10), 0.22, 1e-12);
+    assert_int_equal(sched_budget_tokens(&t, &p, 1024, 10), 10 + 12); /* (0.25 - 10 x 0.011) / 0.011 */
+}
+
+/* The planner over a made-up machine: one long prompt arrives while 8
+ * sequences decode. Every step keeps all decodes, gives the prompt at least
+ * the minimum chunk, stays within the cap, and once the costs are measured
+ * lands within 10% of its target. */
+static void test_sched_budget_plans_to_target(void **state) {
+    (void)state;
+    fake_pool fp;
+    sched *s = mk_budget(&fp, 256, 16, 1024, 16, 256, false, false, &k_auto);
+    sched_seq d[8], big = {.n_tokens = 900};
+    for (int i = 0; i < 8; i++) {
+        d[i] = (sched_seq){.n_tokens = 3};
+        assert_int_equal(sched_add(s, &d[i], (uint64_t)i + 1), TK_OK);
+    }
+    const sched_plan *p = sched_plan_step(s);
+    assert_int_equal(p->n_tok, 4); /* nothing measured: one minimum chunk */
+    int steps = 0, mixed = 0;
+    bool added = false;
+    while (sched_busy(s) && steps < 2000) {
+        if (steps == 20) {
+            assert_int_equal(sched_add(s, &big, 100), TK_OK);
+            added = true;
+        }
+        p = sched_plan_step(s);
+        check_plan(s, p, 16, 256, &fp);
+        int n_pre = p->n_tok - p->n_decode;
+        double t = fake_step_s(p->n_decode, n_pre);
+        sched_counts c;
+        sched_counts_get(s, &c);
+        assert_int_equal(c.budget, p->budget);
+        assert_true(p->n_tok <= p->budget && p->budget <= 256);
+        if (added && big.state == SCHED_RUNNING && big.n_computed < big.n_tokens - 1) {
+            assert_true(n_pre >= 4);                 /* progress every step */
+            assert_int_equal(p->n_decode, 8);        /* every decode, every step */
+            if (++mixed > 6) {                       /* the estimates have settled */
+                assert_true(t <= p->target_s * 1.1);
+                assert_true(t >= p->target_s * 0.8 || n_pre == big.n_tokens - big.n_computed);
+            }
+        }
+        sched_observe(s, p, t);
+        sched_advance(s, p);
+        for (int i = 0; i < p->n_items; i++)
+            if (p->items[i].want_logits) p->items[i].seq->n_tokens++;
+        steps++;
+        if (big.n_computed >= 900) break;
+    }
+    assert_true(mixed > 6);
+    /* The decodes cost 8 x 25 ms: the target is 2 x, i.e. 200 ms of prefill (~16 tokens) a step. */
+    sched_counts c;
+    sched_counts_get(s, &c);
+    assert_float_equal(c.cost.dec_s, 0.025 + 0.005 / 8, 1e-4);
+    assert_true(c.cost.pre_s > 0.010 && c.cost.pre_s < 0.015);
+    assert_true(mixed >= 900 / 20 && mixed <= 900 / 12);
+    sched_free(s);
+    assert_int_equal(fp.n_free, 256);
+}
+
+/* --step-tokens alone: the same plan whatever the measured times. */
+static void test_sched_budget_fixed_ignores_time(void **state) {
+    (void)state;
+    fake_pool fp;
+    sched_budget_opts fixed = k_auto;
+    fixed.adaptive = false;
+    sched *s = mk_budget(&fp, 64, 16, 512, 4, 40, false, false, &fixed);
+    sched_seq a = {.n_tokens = 400};
+    sched_add(s, &a, 1);
+    for (int i = 0; i < 5; i++) {
+        const sched_plan *p = sched_plan_step(s);
+        assert_int_equal(p->n_tok, 40);
+        assert_int_equal(p->budget, 40);
+        assert_true(p->target_s == 0);
+        sched_observe(s, p, i % 2 ? 100.0 : 1e-6); /* wildly different times change nothing */
+        sched_advance(s, p);
+    }
+    sched_counts c;
+    sched_counts_get(s, &c);
+    assert_true(c.cost.pre_s > 0); /* still measured, for the stats */
+    sched_free(s);
+}
+
 /* ---- the property test ------------------------------------------------------- */
 #define SLOTS 48
 typedef struct sim_req {
@@ -219,10 +442,11 @@ typedef struct sim_req {
     int n_prompt, max_out, n_out, finishes;
 } sim_req;
 
-static void run_property(uint64_t seed, int bs, int n_blocks, bool nochunk, bool stat, bool must_preempt) {
+static void run_property(uint64_t seed, int bs, int n_blocks, bool nochunk, bool stat, bool must_preempt,
+                         bool adaptive) {
     fake_pool fp;
     const int ctx = 128, max_batch = 8, step = 24;
-    sched *s = mk(&fp, n_blocks, bs, ctx, max_batch, step, nochunk, stat);
+    sched *s = mk_budget(&fp, n_blocks, bs, ctx, max_batch, step, nochunk, stat, adaptive ? &k_auto : NULL);
     static sim_req r[SLOTS];
     memset(r, 0, sizeof r);
     uint64_t draw = 0, order = 0;
@@ -257,6 +481,9 @@ static void run_property(uint64_t seed, int bs, int n_blocks, bool nochunk, bool
                 assert_int_equal(c.blocks_used + fp.n_free, n_blocks);
                 assert_true(c.running <= max_batch);
             }
+            /* Made-up step times with noise (0.5x..2x): the budget moves, the invariants hold. */
+            double noise = 0.5 + 1.5 * sampler_uniform(seed ^ 0x5eed, draw++);
+            sched_observe(s, p, noise * fake_step_s(p->n_decode, p->n_tok - p->n_decode));
             sched_advance(s, p);
             for (int i = 0; i < p->n_items; i++) {
                 if (!p->items[i].want_logits) continue;
@@ -294,11 +521,14 @@ static void run_property(uint64_t seed, int bs, int n_blocks, bool nochunk, bool
 
 static void test_sched_property_random_ops(void **state) {
     (void)state;
-    run_property(1, 16, 12, false, false, true); /* tiny pool: preemption */
-    run_property(2, 16, 200, false, false, false);
-    run_property(3, 32, 6, true, false, true);
-    run_property(4, 16, 64, false, true, false);
-    run_property(5, 128, 2, false, false, false);
+    run_property(1, 16, 12, false, false, true, false); /* tiny pool: preemption */
+    run_property(2, 16, 200, false, false, false, false);
+    run_property(3, 32, 6, true, false, true, false);
+    run_property(4, 16, 64, false, true, false, false);
+    run_property(5, 128, 2, false, false, false, false);
+    run_property(6, 16, 12, false, false, true, true); /* the time-based budget */
+    run_property(7, 16, 200, false, false, false, true);
+    run_property(8, 32, 6, true, false, true, true);
 }
 
 int main(void) {
@@ -307,6 +537,11 @@ int main(void) {
         cmocka_unit_test(test_sched_budget_and_chunks),
         cmocka_unit_test(test_sched_preempts_newest),
         cmocka_unit_test(test_sched_no_chunking_and_static),
+        cmocka_unit_test(test_sched_budget_rejects_bad_options),
+        cmocka_unit_test(test_sched_budget_cost_estimates),
+        cmocka_unit_test(test_sched_budget_tokens),
+        cmocka_unit_test(test_sched_budget_plans_to_target),
+        cmocka_unit_test(test_sched_budget_fixed_ignores_time),
         cmocka_unit_test(test_sched_property_random_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
