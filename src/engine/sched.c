@@ -176,12 +176,17 @@ static void plan_add(sched *s, sched_seq *seq, int n) {
 
 /* ---- the time-based budget ---------------------------------------------------- */
 
+/* Move an estimate towards an observation (the first one sets it). */
+static double ewma(double est, double obs) {
+    if (!(est > 0)) return obs;
+    return est + (obs > est ? SCHED_COST_ALPHA_UP : SCHED_COST_ALPHA_DOWN) * (obs - est);
+}
+
 void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double seconds) {
     if (!(seconds > 0) || !isfinite(seconds) || n_decode < 0 || n_prefill < 0 || n_decode + n_prefill == 0) return;
-    const double a = SCHED_COST_ALPHA;
     double mean = seconds / (n_decode + n_prefill);
     if (n_prefill == 0) {
-        c->dec_s = c->dec_s > 0 ? c->dec_s + a * (mean - c->dec_s) : mean;
+        c->dec_s = ewma(c->dec_s, mean);
         return;
     }
     /* The prefill's share: the step minus what its decodes are predicted to
@@ -196,10 +201,10 @@ void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double secon
         obs = (seconds - c->dec_s * n_decode) / n_prefill;
         if (obs < floor) {
             obs = floor;
-            c->dec_s += a * ((seconds - floor * n_prefill) / n_decode - c->dec_s);
+            c->dec_s = ewma(c->dec_s, (seconds - floor * n_prefill) / n_decode);
         }
     }
-    c->pre_s = c->pre_s > 0 ? c->pre_s + a * (obs - c->pre_s) : obs;
+    c->pre_s = ewma(c->pre_s, obs);
     c->last_prefill = n_prefill;
 }
 

@@ -44,7 +44,11 @@ typedef struct sched_cost {
     int last_prefill;    /* prefill tokens of the last step that had any (growth is at most 2x) */
 } sched_cost;
 
-#define SCHED_COST_ALPHA 0.3 /* weight of the newest step in the averages */
+/* Weight of the newest step in the averages: an estimate rises faster than
+ * it falls, so a step that ran long is corrected at once (the tail is what
+ * the budget protects) and one that ran short over a few steps. */
+#define SCHED_COST_ALPHA_UP 0.5
+#define SCHED_COST_ALPHA_DOWN 0.25
 
 typedef struct sched_opts {
     int block_size;
@@ -125,8 +129,9 @@ void sched_remove(sched *s, sched_seq *seq);
 const sched_plan *sched_plan_step(sched *s);
 /* The plan ran: every item's n_computed += n. */
 void sched_advance(sched *s, const sched_plan *p);
-/* The plan's forward pass took seconds: update the cost estimates (call it
- * before the next sched_* call, with the plan just run). */
+/* The step of plan p took seconds: update the cost estimates. Reads only
+ * p's counts (n_tok, n_decode), so its items may have been removed since;
+ * call it before the next sched_plan_step. */
 void sched_observe(sched *s, const sched_plan *p, double seconds);
 void sched_counts_get(const sched *s, sched_counts *out);
 /* True while anything is running or waiting. */

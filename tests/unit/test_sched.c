@@ -274,11 +274,15 @@ static void test_sched_budget_cost_estimates(void **state) {
     sched_cost_observe(&c, 4, 0, NAN);
     sched_cost_observe(&c, 4, 0, INFINITY);
     assert_true(c.dec_s == 0 && c.pre_s == 0 && c.last_prefill == 0);
-    /* The first decode-only step sets the decode cost; later ones move it by alpha. */
+    /* The first decode-only step sets the decode cost; later ones move it,
+     * up faster than down. */
     sched_cost_observe(&c, 10, 0, 0.2);
     assert_float_equal(c.dec_s, 0.02, 1e-12);
     sched_cost_observe(&c, 10, 0, 0.3);
-    assert_float_equal(c.dec_s, 0.02 + SCHED_COST_ALPHA * 0.01, 1e-12);
+    assert_float_equal(c.dec_s, 0.02 + SCHED_COST_ALPHA_UP * 0.01, 1e-12);
+    c.dec_s = 0.02;
+    sched_cost_observe(&c, 10, 0, 0.1);
+    assert_float_equal(c.dec_s, 0.02 - SCHED_COST_ALPHA_DOWN * 0.01, 1e-12);
     assert_true(c.pre_s == 0);
     /* A mixed step: the prefill gets the step minus the predicted decodes. */
     c.dec_s = 0.02;
@@ -286,14 +290,14 @@ static void test_sched_budget_cost_estimates(void **state) {
     assert_float_equal(c.pre_s, 0.01, 1e-12);
     assert_int_equal(c.last_prefill, 20);
     sched_cost_observe(&c, 10, 20, 0.2 + 20 * 0.02);
-    assert_float_equal(c.pre_s, 0.01 + SCHED_COST_ALPHA * 0.01, 1e-12);
+    assert_float_equal(c.pre_s, 0.01 + SCHED_COST_ALPHA_UP * 0.01, 1e-12);
     /* A stale decode estimate that explains the whole step still leaves a
      * quarter of the mean token to the prefill, never zero or less, and the
      * decode estimate moves towards the rest. */
     c = (sched_cost){.dec_s = 0.1};
     sched_cost_observe(&c, 10, 10, 0.5);
     assert_float_equal(c.pre_s, 0.25 * 0.5 / 20, 1e-12);
-    assert_float_equal(c.dec_s, 0.1 + SCHED_COST_ALPHA * ((0.5 - 10 * c.pre_s) / 10 - 0.1), 1e-12);
+    assert_float_equal(c.dec_s, 0.1 + SCHED_COST_ALPHA_DOWN * ((0.5 - 10 * c.pre_s) / 10 - 0.1), 1e-12);
     /* Without a decode estimate every token of a mixed step costs the mean. */
     c = (sched_cost){0};
     sched_cost_observe(&c, 4, 12, 0.32);
@@ -385,8 +389,9 @@ static void test_sched_budget_plans_to_target(void **state) {
         sched_counts_get(s, &c);
         assert_int_equal(c.budget, p->budget);
         assert_true(p->n_tok <= p->budget && p->budget <= 256);
-        if (added && big.state == SCHED_RUNNING && big.n_computed < big.n_tokens - 1) {
-            assert_true(n_pre >= 4);                 /* progress every step */
+        if (added && big.state == SCHED_RUNNING && big.n_computed < 900) {
+            int left = 900 - big.n_computed;
+            assert_true(n_pre >= (left < 4 ? left : 4)); /* progress every step */
             assert_int_equal(p->n_decode, 8);        /* every decode, every step */
             if (++mixed > 6) {                       /* the estimates have settled */
                 assert_true(t <= p->target_s * 1.1);
