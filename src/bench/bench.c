@@ -569,6 +569,13 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
         }
         bench_point_summarize(pt);
     }
+    /* The step budget's cost estimates as the runs left them (the rest of
+     * out->engine is the configuration, read at create). */
+    tk_engine_stats end;
+    if (tk_engine_stats_get(e, &end) == TK_OK) {
+        out->engine.decode_ms_per_token = end.decode_ms_per_token;
+        out->engine.prefill_ms_per_token = end.prefill_ms_per_token;
+    }
     /* The engine first: its shutdown fires the callbacks of anything still live. */
     tk_engine_free(e);
     ctx_free(c);

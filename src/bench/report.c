@@ -34,6 +34,22 @@ static const char *finish_str(tk_finish f) {
 
 /* ---- markdown -------------------------------------------------------------- */
 
+/* The step budget as the engine ran it: "time-based (target auto, cap 1024;
+ * measured decode 25.1, prefill 12.3 ms/token)" or "fixed 256 tokens". */
+static void budget_str(const tk_engine_stats *e, char *buf, size_t n) {
+    if (!e->step_adaptive) {
+        snprintf(buf, n, "fixed %d tokens", e->step_tokens);
+        return;
+    }
+    char target[32] = "auto";
+    if (e->step_ms > 0) snprintf(target, sizeof target, "%g ms", e->step_ms);
+    int k = snprintf(buf, n, "time-based (target %s, cap %d", target, e->step_tokens);
+    if (k > 0 && (size_t)k < n && (e->decode_ms_per_token > 0 || e->prefill_ms_per_token > 0))
+        k += snprintf(buf + k, n - (size_t)k, "; measured at the end: decode %.2f, prefill %.2f ms/token",
+                      e->decode_ms_per_token, e->prefill_ms_per_token);
+    if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ")");
+}
+
 void report_probe(const bench_info *in, FILE *f) {
     fprintf(f, "- machine: %s, %d cores, ISA %s (%s)\n", in->cpu_brand, in->n_cores, in->isa,
             in->cpu_features[0] ? in->cpu_features : "no SIMD features");
@@ -98,13 +114,15 @@ static void md_background(const bench_result *r, const bench_series *s, FILE *f)
 
 static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
     const tk_engine_stats *e = &s->engine;
-    fprintf(f, "\n## %s\n\nweights %s, KV %s%s, %s kernels, %s batching, %s prefill, block %d, step budget %d, "
+    char budget[192];
+    budget_str(e, budget, sizeof budget);
+    fprintf(f, "\n## %s\n\nweights %s, KV %s%s, %s kernels, %s batching, %s prefill, block %d, step budget %s, "
                "max batch %d, %d threads\n\n",
             s->label, s->weight_dtype[0] ? s->weight_dtype : "?", kv_str(e->kv_type),
             e->kv_type == TK_KV_INT8 ? (e->kv_scale == TK_KV_SCALE_TOKEN ? " (per-token scales)" : " (per-head scales)")
                                      : "",
             e->unfused ? "unfused" : "fused", e->static_batching ? "static" : "continuous",
-            e->no_chunking ? "whole" : "chunked", e->block_size, e->step_tokens, e->max_batch, e->n_threads);
+            e->no_chunking ? "whole" : "chunked", e->block_size, budget, e->max_batch, e->n_threads);
     bool rate = r->opts.n_rates > 0;
     fprintf(f, "| %s | TTFT mean | TTFT P50 | TTFT P95 | TTFT P99 | TPOT mean | TPOT P50 | TPOT P95 | TPOT P99 | "
                "ITL P50 | ITL P95 | ITL P99 | E2E mean | E2E P99 | out tok/s | total tok/s | req/s | out len | "
@@ -208,10 +226,19 @@ void report_markdown(const bench_result *r, FILE *f) {
     char repack[48] = "";
     if (o->model.repack_dtype >= 0 && !o->ablation)
         snprintf(repack, sizeof repack, ", weights repacked to %s", dtype_name((uint32_t)o->model.repack_dtype));
+    char step[64];
+    if (e->step_ms > 0 && e->step_tokens > 0)
+        snprintf(step, sizeof step, "--step-ms %g --step-tokens %d (cap)", e->step_ms, e->step_tokens);
+    else if (e->step_ms > 0)
+        snprintf(step, sizeof step, "--step-ms %g", e->step_ms);
+    else if (e->step_tokens > 0)
+        snprintf(step, sizeof step, "--step-tokens %d (fixed)", e->step_tokens);
+    else
+        snprintf(step, sizeof step, "time-based, automatic target (engine default)");
     fprintf(f, ", warmup %d, repeat %d, seed %llu; engine: threads %s%s, ctx %d, block %d, max batch %d, "
-               "step budget %d%s, KV %s%s%s%s%s\n",
+               "step budget %s, KV %s%s%s%s%s\n",
             o->warmup, o->repeat, (unsigned long long)o->seed, threads, e->pin_threads ? " pinned" : "", e->ctx,
-            e->block_size, e->max_batch, e->step_tokens, e->step_tokens ? "" : " (engine default)",
+            e->block_size, e->max_batch, step,
             kv_str(e->kv_type), e->unfused ? ", unfused" : "", e->static_batching ? ", static batching" : "",
             e->no_chunking ? ", no chunking" : "", repack);
     if (o->n_bg > 0)
@@ -350,6 +377,10 @@ static cJSON *js_engine(const bench_series *s) {
     cJSON_AddBoolToObject(o, "static_batching", e->static_batching);
     cJSON_AddBoolToObject(o, "no_chunking", e->no_chunking);
     cJSON_AddNumberToObject(o, "step_tokens", e->step_tokens);
+    cJSON_AddBoolToObject(o, "step_adaptive", e->step_adaptive);
+    cJSON_AddNumberToObject(o, "step_ms", e->step_ms);
+    cJSON_AddNumberToObject(o, "decode_ms_per_token", e->decode_ms_per_token);
+    cJSON_AddNumberToObject(o, "prefill_ms_per_token", e->prefill_ms_per_token);
     cJSON_AddNumberToObject(o, "max_batch", e->max_batch);
     cJSON_AddNumberToObject(o, "n_threads", e->n_threads);
     cJSON_AddNumberToObject(o, "block_size", e->block_size);
@@ -404,6 +435,7 @@ static cJSON *js_result(const bench_result *r) {
     cJSON_AddNumberToObject(op, "block_size", o->engine.block_size);
     cJSON_AddNumberToObject(op, "max_batch", o->engine.max_batch);
     cJSON_AddNumberToObject(op, "step_tokens", o->engine.step_tokens);
+    cJSON_AddNumberToObject(op, "step_ms", o->engine.step_ms);
     cJSON_AddNumberToObject(op, "kv_mem", (double)o->engine.kv_mem);
     cJSON_AddNumberToObject(op, "background", o->n_bg);
     cJSON_AddNumberToObject(op, "bg_in", o->bg_in);

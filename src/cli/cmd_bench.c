@@ -45,7 +45,10 @@ static void bench_usage(FILE *f) {
             "  --block-size N        KV block tokens: 16..256 (128)\n"
             "  --kv-type T           f32|f16|bf16|int8 (f16)\n"
             "  --kv-scale S          head|token scales for int8 KV (head)\n"
-            "  --step-tokens N       token budget of one step (0: engine default)\n"
+            "  --step-ms MS          target step time; prefill chunks are sized from measured costs to fit it\n"
+            "                        (default: automatic, 2 x the step's decode time, at most 1000 ms)\n"
+            "  --step-tokens N       a fixed budget of N tokens a step (0: the time-based default); with\n"
+            "                        --step-ms, the cap of the time-based budget (default 1024)\n"
             "  --no-chunking         prefill a whole prompt in one step\n"
             "  --unfused             run the unfused reference stages\n"
             "  --static              static batching\n"
@@ -113,7 +116,7 @@ enum {
     OPT_IN = 256, OPT_OUT, OPT_BATCH, OPT_RATE, OPT_REQUESTS, OPT_WARMUP, OPT_REPEAT, OPT_SEED, OPT_ABLATION,
     OPT_PROBE, OPT_THREADS, OPT_PIN, OPT_CTX, OPT_MAX_BATCH, OPT_KV_MEM, OPT_BLOCK, OPT_KV_TYPE, OPT_KV_SCALE,
     OPT_STEP, OPT_NO_CHUNK, OPT_UNFUSED, OPT_STATIC, OPT_REPACK, OPT_MMAP, OPT_JSON, OPT_CSV, OPT_PLOT,
-    OPT_BACKGROUND, OPT_BG_IN, OPT_BG_OUT,
+    OPT_BACKGROUND, OPT_BG_IN, OPT_BG_OUT, OPT_STEP_MS,
 };
 
 int cmd_bench(int argc, char **argv) {
@@ -133,7 +136,7 @@ int cmd_bench(int argc, char **argv) {
         {"json", required_argument, 0, OPT_JSON},  {"csv", required_argument, 0, OPT_CSV},
         {"plot", required_argument, 0, OPT_PLOT},  {"quiet", no_argument, 0, 'q'},
         {"background", required_argument, 0, OPT_BACKGROUND}, {"bg-in", required_argument, 0, OPT_BG_IN},
-        {"bg-out", required_argument, 0, OPT_BG_OUT},
+        {"bg-out", required_argument, 0, OPT_BG_OUT}, {"step-ms", required_argument, 0, OPT_STEP_MS},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     bench_opts o;
@@ -208,6 +211,15 @@ int cmd_bench(int argc, char **argv) {
             }
             break;
         case OPT_STEP: ok = parse_int_opt("--step-tokens", optarg, 0, 1 << 24, &o.engine.step_tokens); break;
+        case OPT_STEP_MS: {
+            char *end;
+            errno = 0;
+            double ms = strtod(optarg, &end);
+            ok = !errno && end != optarg && !*end && ms > 0 && ms <= 3600e3;
+            if (ok) o.engine.step_ms = ms;
+            else fprintf(stderr, "tokamak bench: --step-ms wants milliseconds in (0, 3600000], got '%s'\n", optarg);
+            break;
+        }
         case OPT_NO_CHUNK: o.engine.no_chunking = true; break;
         case OPT_UNFUSED: o.engine.unfused = true; break;
         case OPT_STATIC: o.engine.static_batching = true; break;

@@ -36,8 +36,11 @@ static void usage(void) {
             "         [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--stop STR]...\n"
             "         [--threads N] [--pin] [--ctx N] [--max-batch N] [--max-seqs N] [--kv-mem BYTES]\n"
             "         [--block-size 16|32|64|128|256] [--kv-type f32|f16|bf16|int8] [--kv-scale head|token]\n"
-            "         [--step-tokens N] [--no-chunking] [--static-batching] [--unfused] [--quiet]\n"
+            "         [--step-ms MS] [--step-tokens N] [--no-chunking] [--static-batching] [--unfused] [--quiet]\n"
             "  --prompts FILE: one prompt per line (empty lines skipped); --parallel N: N copies of -p/--tokens.\n"
+            "  --step-ms MS: target time of a step; prefill chunks are sized from measured costs to fit it\n"
+            "  (default: automatic, 2 x the step's decode time, at most 1000 ms). --step-tokens N alone: a fixed\n"
+            "  budget of N tokens a step; with --step-ms, the cap of the time-based one (default 1024).\n"
             "  Text is printed as \"[i] line\" per prompt i; the summary (TTFT, TPOT, throughput) goes to stderr.\n");
 }
 
@@ -353,6 +356,13 @@ int run_many(int argc, char **argv) {
             NEED_VALUE;
             if (!parse_int(v, 1, 1 << 20, &n)) BAD_VALUE;
             eo.step_tokens = (int)n;
+        } else if (!strcmp(a, "--step-ms")) {
+            NEED_VALUE;
+            char *end;
+            errno = 0;
+            double ms = strtod(v, &end);
+            if (errno || end == v || *end || !(ms > 0) || ms > 3600e3) BAD_VALUE;
+            eo.step_ms = ms;
         } else if (!strcmp(a, "--no-chunking")) {
             eo.no_chunking = true;
         } else if (!strcmp(a, "--static-batching")) {
@@ -501,14 +511,24 @@ int run_many(int argc, char **argv) {
         med = tpots[n_tpot / 2];
     }
     tk_free(tpots);
+    char budget[160];
+    if (es.step_adaptive) {
+        char target[32] = "auto";
+        if (es.step_ms > 0) snprintf(target, sizeof target, "%g ms", es.step_ms);
+        snprintf(budget, sizeof budget, "time-based: target %s, cap %d (measured: decode %.2f, prefill %.2f ms/token)",
+                 target, es.step_tokens, es.decode_ms_per_token, es.prefill_ms_per_token);
+    } else {
+        snprintf(budget, sizeof budget, "fixed %d tokens", es.step_tokens);
+    }
     fprintf(stderr,
             "requests %d  wall %.3f s  output %llu tok (%.2f tok/s)  total %llu tok (%.2f tok/s)  median TPOT %.2f ms\n"
-            "engine: steps %llu  preemptions %llu  kv blocks peak %d/%d (block %d, %zu B/token)  step budget %d  "
-            "max batch %d  threads %d\n",
+            "engine: steps %llu  preemptions %llu  kv blocks peak %d/%d (block %d, %zu B/token)  max batch %d  "
+            "threads %d\n"
+            "step budget %s\n",
             n_req, wall, (unsigned long long)out_tok, wall > 0 ? (double)out_tok / wall : 0,
             (unsigned long long)(out_tok + in_tok), wall > 0 ? (double)(out_tok + in_tok) / wall : 0, med,
             (unsigned long long)es.steps, (unsigned long long)es.preemptions, es.kv_blocks_peak, es.kv_blocks_total,
-            es.block_size, es.kv_bytes_per_token, es.step_tokens, es.max_batch, es.n_threads);
+            es.block_size, es.kv_bytes_per_token, es.max_batch, es.n_threads, budget);
     rc = any_error ? 1 : 0;
 done:
     tk_engine_free(e);
