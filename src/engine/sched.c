@@ -197,11 +197,11 @@ void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double secon
      * 2x growth limit in sched_budget_tokens bounds what an underestimate costs. */
     double obs = mean;
     if (n_decode > 0 && c->dec_s > 0) {
-        double floor = 0.25 * mean;
+        double least = 0.25 * mean;
         obs = (seconds - c->dec_s * n_decode) / n_prefill;
-        if (obs < floor) {
-            obs = floor;
-            c->dec_s = ewma(c->dec_s, (seconds - floor * n_prefill) / n_decode);
+        if (obs < least) {
+            obs = least;
+            c->dec_s = ewma(c->dec_s, (seconds - least * n_prefill) / n_decode);
         }
     }
     c->pre_s = ewma(c->pre_s, obs);
