@@ -1,8 +1,9 @@
 /* Reference attention over the paged KV cache: the definition the SIMD kernels
  * are tested against. One query head at a time, K/V read straight from the
- * blocks (one row dequantized into scratch at a time), softmax computed online
- * one block at a time: scores of the block, then the running max, sum and
- * weighted V sum are rescaled by exp(old max - new max). */
+ * blocks (one row dequantized into scratch at a time, exactly as kv_read
+ * does), softmax computed online one block at a time: scores of the block,
+ * then the running max, sum and weighted V sum are rescaled by
+ * exp(old max - new max). */
 #include <math.h>
 
 #include "kv_simd.h"
@@ -11,20 +12,25 @@ void kv_to_f16_ref(const float *x, tk_f16 *y, int n) {
     for (int i = 0; i < n; i++) y[i] = tk_f32_to_f16(x[i]);
 }
 
-/* One row of hd elements of the KV type, as floats (int8 unscaled). */
-static void row_to_f32(const uint8_t *row, tk_kv_type type, int hd, float *out) {
-    switch (type) {
+/* Row j of a block of the KV type as floats; int8 times its scales (one per
+ * row with per-token scales, one per channel with per-head scales). */
+static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scales, int j, float *out) {
+    const int hd = g->head_dim;
+    const size_t off = (size_t)j * (size_t)hd;
+    switch (g->type) {
     case TK_KV_F32:
-        for (int c = 0; c < hd; c++) out[c] = ((const float *)row)[c];
+        for (int c = 0; c < hd; c++) out[c] = ((const float *)rows)[off + c];
         break;
     case TK_KV_F16:
-        for (int c = 0; c < hd; c++) out[c] = tk_f16_to_f32(((const tk_f16 *)row)[c]);
+        for (int c = 0; c < hd; c++) out[c] = tk_f16_to_f32(((const tk_f16 *)rows)[off + c]);
         break;
     case TK_KV_BF16:
-        for (int c = 0; c < hd; c++) out[c] = tk_bf16_to_f32(((const tk_bf16 *)row)[c]);
+        for (int c = 0; c < hd; c++) out[c] = tk_bf16_to_f32(((const tk_bf16 *)rows)[off + c]);
         break;
     case TK_KV_INT8:
-        for (int c = 0; c < hd; c++) out[c] = (float)((const int8_t *)row)[c];
+        for (int c = 0; c < hd; c++)
+            out[c] = (float)((const int8_t *)rows)[off + c] *
+                     (g->scale == TK_KV_SCALE_TOKEN ? scales[j] : scales[c]);
         break;
     }
 }
@@ -34,9 +40,6 @@ static void row_to_f32(const uint8_t *row, tk_kv_type type, int hd, float *out) 
 static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, float scale,
                      float *out, float *scratch) {
     const int hd = g->head_dim, bs = g->block_size;
-    const size_t row_bytes = (size_t)hd * kv_type_size(g->type);
-    /* int8 scales: one per slot (per token) or one per block (per head). */
-    const int sstride = g->scale == TK_KV_SCALE_TOKEN ? 1 : 0;
     float *s = scratch, *acc = s + bs, *row = acc + hd;
     float m = -INFINITY, l = 0.0f;
     for (int c = 0; c < hd; c++) acc[c] = 0.0f;
@@ -46,10 +49,9 @@ static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, cons
         const float *ks = kv_geom_ks(g, bt[b], kvh), *vs = kv_geom_vs(g, bt[b], kvh);
         float bmax = -INFINITY;
         for (int j = 0; j < n; j++) {
-            row_to_f32(K + (size_t)j * row_bytes, g->type, hd, row);
+            row_to_f32(g, K, ks, j, row);
             float d = 0.0f;
             for (int c = 0; c < hd; c++) d += q[c] * row[c];
-            if (ks) d *= ks[j * sstride];
             s[j] = d * scale;
             bmax = fmaxf(bmax, s[j]);
         }
@@ -59,9 +61,8 @@ static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, cons
         for (int j = 0; j < n; j++) {
             const float p = expf(s[j] - m_new);
             l += p;
-            const float w = vs ? p * vs[j * sstride] : p;
-            row_to_f32(V + (size_t)j * row_bytes, g->type, hd, row);
-            for (int c = 0; c < hd; c++) acc[c] += w * row[c];
+            row_to_f32(g, V, vs, j, row);
+            for (int c = 0; c < hd; c++) acc[c] += p * row[c];
         }
         m = m_new;
     }

@@ -39,7 +39,7 @@ static bool layout_of(const tk_kv_opts *o, kv_layout *L) {
         !tk_mul_size(sect, (size_t)o->head_dim, &sect) || !tk_mul_size(sect, kv_type_size(o->type), &sect))
         return false;
     if (o->type == TK_KV_INT8) {
-        size_t per_head = o->scale == TK_KV_SCALE_TOKEN ? (size_t)o->block_size : 1;
+        size_t per_head = o->scale == TK_KV_SCALE_TOKEN ? (size_t)o->block_size : (size_t)o->head_dim;
         if (!tk_mul_size((size_t)o->n_head_kv, per_head * sizeof(float), &scales)) return false;
     }
     if (!tk_add_size(sect, scales, &exact) || !tk_mul_size(exact, 2, &exact)) return false;
@@ -73,9 +73,8 @@ static tk_status opts_check(const tk_kv_opts *o) {
 /* The shape of a block: what the per-block and per-token sizes depend on
  * (n_blocks is not needed; kv_init checks it). */
 static bool opts_valid(const tk_kv_opts *o) {
-    return o && o->n_layer > 0 && o->n_head_kv > 0 && o->head_dim > 0 &&
-           block_size_ok(o->block_size) && (unsigned)o->type <= TK_KV_INT8 &&
-           (unsigned)o->scale <= TK_KV_SCALE_TOKEN;
+    return o && o->n_layer > 0 && o->n_head_kv > 0 && o->head_dim > 0 && block_size_ok(o->block_size) &&
+           (unsigned)o->type <= TK_KV_INT8 && (unsigned)o->scale <= TK_KV_SCALE_TOKEN;
 }
 
 size_t kv_block_bytes(const tk_kv_opts *o) {
@@ -256,36 +255,49 @@ static void quant_vec(const float *x, int8_t *q, int n, float s) {
     for (int i = 0; i < n; i++) q[i] = quant_one(x[i], s);
 }
 
-/* Per-head int8: the (block, head) scale only grows. The first vector of a block
- * (slot 0) starts it afresh, which also forgets a reused block's old scale; so
- * a block's slots must be written in order from 0, as the engine does. When a
- * vector does not fit, the scale becomes absmax * KV_INT8_HEADROOM / 127 and
- * slots [0, slot) are requantized to it with round-to-nearest.
+/* Per-head int8: one scale per (block, head, channel), which only grows. The
+ * first vector of a block (slot 0) starts it afresh, which also forgets a
+ * reused block's old scales; so a block's slots must be written in order from
+ * 0, as the engine does. When a channel's value does not fit, that channel's
+ * scale becomes max(|x| / 127, KV_INT8_MIN_GROWTH * old) and its slots
+ * [0, slot) are requantized to it with round-to-nearest.
  *
- * Why 1.25 of headroom: each requantization adds up to half a step of error to
- * the values already there. With no headroom a slowly growing absmax rescales
- * on every token, and the error of a block's first values grows with its length
- * (simulated: 57x the error of one scale fitted to the whole block, at 256
- * slots). With 1.25 a block rescales at most ~3 times per doubling of its
- * absmax, so old values carry at most s/2 * (1 + 0.8 + 0.64 + ...) = 2.5 s of
- * error (s the final scale), while random data (no drift) loses ~5% against no
- * headroom. Per-token scales avoid the question at 4 bytes per vector. */
-static void write_int8_head(int8_t *rows, float *scale, int slot, int hd, const float *x) {
-    float a = absmax(x, hd);
-    if (slot == 0) *scale = 0.0f;
-    float s = *scale;
-    if (a > s * 127.0f) {
-        float s_new = a * KV_INT8_HEADROOM / 127.0f;
-        if (slot > 0 && s > 0.0f) {
-            float r = s / s_new;
-            for (size_t i = 0; i < (size_t)slot * (size_t)hd; i++) {
-                float v = nearbyintf((float)rows[i] * r);
-                rows[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+ * Why per channel: K and V channels differ in magnitude (norm weights, RoPE
+ * pairs, and the outlier channels of real models' K), and a short block's
+ * absmax per channel is smaller than one token's absmax over its channels.
+ * Relative RMS error on the tiny synthetic qwen3's K and V (16 / 128 slots):
+ * one scale per (block, head) 9.8e-3 / 1.2e-2, per token 6.5e-3, per channel
+ * 4.7e-3 / 7.5e-3; with two 6x outlier channels: per head 3.4e-2 / 4.4e-2, per
+ * token 1.4e-2, per channel 5.4e-3 / 7.9e-3.
+ *
+ * Why a minimum growth of 1.125: each requantization adds up to half a step
+ * of error to the values already there. If a channel that grows a little with
+ * every token were rescaled to fit exactly, its first values would drift by
+ * up to a step per token; growing by at least 1.125 bounds what old values
+ * carry at s/2 * (1 + 1/1.125 + 1/1.125^2 + ...) = 4.5 s (s the final scale).
+ * Random data rescales a channel only on new maxima, and mostly by more than
+ * 1.125, so it costs nothing there, unlike headroom added to every new scale
+ * (1.25 of headroom: +20% error at 16 slots). */
+static void write_int8_chan(int8_t *rows, float *scales, int slot, int hd, const float *x) {
+    if (slot == 0)
+        for (int c = 0; c < hd; c++) scales[c] = 0.0f;
+    int8_t *y = rows + (size_t)slot * (size_t)hd;
+    for (int c = 0; c < hd; c++) {
+        float a = fabsf(x[c]), s = scales[c];
+        if (a > s * 127.0f) {
+            float s_new = fmaxf(a / 127.0f, s * KV_INT8_MIN_GROWTH);
+            if (s > 0.0f) {
+                float r = s / s_new;
+                for (size_t i = (size_t)c; i < (size_t)slot * (size_t)hd; i += (size_t)hd) {
+                    float v = nearbyintf((float)rows[i] * r);
+                    rows[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+                }
             }
+            s = scales[c] = s_new;
         }
-        s = *scale = s_new;
+        /* s == 0: the channel is 0 so far (or x[c] is NaN, which stores 0). */
+        y[c] = s > 0.0f ? quant_one(x[c], s) : 0;
     }
-    quant_vec(x, rows + (size_t)slot * hd, hd, s);
 }
 
 /* Converts one vector of head_dim floats into slot `slot` of a head's rows. */
@@ -308,7 +320,7 @@ static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, c
             scales[slot] = s;
             quant_vec(x, (int8_t *)rows + off, hd, s);
         } else {
-            write_int8_head((int8_t *)rows, scales, slot, hd, x);
+            write_int8_chan((int8_t *)rows, scales, slot, hd, x);
         }
         break;
     }
@@ -346,11 +358,11 @@ static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, 
     case TK_KV_BF16:
         for (int i = 0; i < hd; i++) x[i] = tk_bf16_to_f32(((const tk_bf16 *)rows)[off + i]);
         break;
-    case TK_KV_INT8: {
-        float s = kv->o.scale == TK_KV_SCALE_TOKEN ? scales[slot] : scales[0];
-        for (int i = 0; i < hd; i++) x[i] = (float)((const int8_t *)rows)[off + i] * s;
+    case TK_KV_INT8:
+        for (int i = 0; i < hd; i++)
+            x[i] = (float)((const int8_t *)rows)[off + i] *
+                   (kv->o.scale == TK_KV_SCALE_TOKEN ? scales[slot] : scales[i]);
         break;
-    }
     }
 }
 
@@ -365,13 +377,14 @@ void kv_read(const tk_kv *kv, int l, const int32_t *bt, int pos, float *k, float
     }
 }
 
-float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head, bool v) {
+float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head, int chan, bool v) {
     TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0 && head >= 0 && head < kv->o.n_head_kv);
+    TK_ASSERT(chan >= 0 && chan < kv->o.head_dim);
     if (kv->o.type != TK_KV_INT8) return 0.0f;
     kv_geom g = geom_of(kv, l);
     int32_t b = block_at(kv, bt, pos);
     const float *s = v ? kv_geom_vs(&g, b, head) : kv_geom_ks(&g, b, head);
-    return kv->o.scale == TK_KV_SCALE_TOKEN ? s[pos % kv->o.block_size] : s[0];
+    return kv->o.scale == TK_KV_SCALE_TOKEN ? s[pos % kv->o.block_size] : s[chan];
 }
 
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,

@@ -6,10 +6,11 @@
  *   K: [n_head_kv][block_size][head_dim]   V: [n_head_kv][block_size][head_dim]
  * INT8 scales (float):
  *   per token: k_scale/v_scale [n_head_kv][block_size] (absmax/127 of each vector)
- *   per head:  k_scale/v_scale [n_head_kv] per block: one scale for a head's
- *              vectors in the block; a larger new vector rescales the block's
- *              existing int8 values for that head (so order of writes, not
- *              batching, decides the values: batch invariant).
+ *   per head:  k_scale/v_scale [n_head_kv][head_dim] per block: one scale per
+ *              channel of a head's vectors in the block; a larger new value
+ *              rescales the block's existing int8 values of that channel (so
+ *              order of writes, not batching, decides the values: batch
+ *              invariant).
  * Attention reads K/V straight from the blocks, dequantising int8 on the fly. */
 #ifndef TK_KV_H
 #define TK_KV_H
@@ -60,8 +61,10 @@ void kv_write_heads(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k
 /* Read back (dequantize) the K and V vectors of position pos, as kv_write's
  * layout ([n_head_kv][head_dim] floats each). For tests and debugging. */
 void kv_read(const tk_kv *kv, int l, const int32_t *bt, int pos, float *k, float *v);
-/* The int8 scale that applies to (pos, head) of K (v false) or V; 0 for float types. */
-float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head, bool v);
+/* The int8 scale that applies to element (pos, head, chan) of K (v false) or
+ * V: the token's scale (per token) or the block's channel scale (per head); 0
+ * for float types. */
+float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head, int chan, bool v);
 
 /* Attention for n_q query tokens of one sequence in layer l, rows of heads
  * [h0, h1) only (callers split heads over threads):

@@ -13,10 +13,13 @@
 #include "core/dtype.h"
 #include "kv/kv.h"
 
-/* Per-head int8 scales grow with this headroom (see kv.c, kv_write_int8_head):
- * a new scale is absmax * KV_INT8_HEADROOM / 127, so a block is rescaled at
- * most ~3 times per doubling of its absmax instead of once per token. */
-#define KV_INT8_HEADROOM 1.25f
+/* Per-head int8 scales (one per block, kv head and channel) only grow, and
+ * each time by at least this factor (see kv.c, write_int8_chan): a new scale
+ * is max(|x| / 127, KV_INT8_MIN_GROWTH * old scale), so a slowly growing
+ * channel is rescaled at most ~6 times per doubling of its absmax instead of
+ * once per token, and the rounding error those rescales add to the block's
+ * earlier values stays bounded. */
+#define KV_INT8_MIN_GROWTH 1.125f
 
 /* Query heads that share a KV head are processed together, up to this many,
  * so a block's K and V rows are read once for all of them. */
@@ -26,7 +29,8 @@
  * (a multiple of 64, so every region starts 64-byte aligned) laid out as
  *   K       [n_head_kv][block_size][head_dim]  elements of the KV type
  *   V       [n_head_kv][block_size][head_dim]
- *   k_scale [n_head_kv][block_size] floats (int8 per token) or [n_head_kv] (per head)
+ *   k_scale [n_head_kv][block_size] floats (int8 per token) or
+ *           [n_head_kv][head_dim] (int8 per head: one per channel)
  *   v_scale same as k_scale
  * at byte offsets 0, v_off, ks_off, vs_off (scale sections exist only for int8). */
 typedef struct kv_geom {
@@ -41,9 +45,9 @@ typedef struct kv_geom {
 /* Element size of a KV type in bytes (f32 4, f16/bf16 2, int8 1). */
 static inline size_t kv_type_size(tk_kv_type t) { return t == TK_KV_F32 ? 4 : t == TK_KV_INT8 ? 1 : 2; }
 
-/* Scale floats of one head in one block: block_size per token, 1 per head. */
+/* Scale floats of one head in one block: block_size per token, head_dim per head. */
 static inline int kv_scales_per_head(const kv_geom *g) {
-    return g->type != TK_KV_INT8 ? 0 : g->scale == TK_KV_SCALE_TOKEN ? g->block_size : 1;
+    return g->type != TK_KV_INT8 ? 0 : g->scale == TK_KV_SCALE_TOKEN ? g->block_size : g->head_dim;
 }
 
 /* Head kvh's K rows [block_size][head_dim] (bytes) in block b. */
