@@ -193,6 +193,7 @@ void kv_free(tk_kv *kv) {
 
 const tk_kv_opts *kv_opts(const tk_kv *kv) { return &kv->o; }
 tk_isa kv_isa(const tk_kv *kv) { return kv->isa; }
+void kv_set_attn(tk_kv *kv, kv_attn_fn fn) { kv->attn = fn; }
 
 int kv_block_alloc(tk_kv *kv) {
     if (kv->n_free == 0) return -1;

@@ -99,5 +99,9 @@ void kv_to_f16_avx512(const float *x, tk_f16 *y, int n);
 tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out);
 /* The level whose attention kernel the pool actually uses (after fallbacks). */
 tk_isa kv_isa(const tk_kv *kv);
+/* Tests only: run the pool's attention through fn from now on (a kernel built
+ * outside the library, e.g. the shared x86 body at another vector width);
+ * fn must handle the pool's head_dim. kv_isa is not changed. */
+void kv_set_attn(tk_kv *kv, kv_attn_fn fn);
 
 #endif
