@@ -4,7 +4,8 @@
  *     gives alone; also with block sizes 16 and 256, and under a pool so small
  *     that preemption happens (asserted);
  *   - INT8 KV (per-head and per-token scales) against F32 KV: teacher-forced
- *     top-1 agreement >= 99% over 256 greedy tokens, KL divergence reported.
+ *     top-1 agreement and KL divergence over 256 greedy tokens, with BF16 KV
+ *     as a control (see the test for why the bar is 97%, not the issue's 99%).
  * The model is made once with `tokamak synth --preset tiny --dtype f32`. */
 #include <math.h>
 #include <pthread.h>
@@ -256,21 +257,40 @@ static double kl_div(const float *lp, const float *lq, int n) {
     return kl;
 }
 
+/* What the agreement measures here: this random model's logits are nearly
+ * flat (the F32 top-2 gap averages ~0.07 nats, and is below 1e-3 at ~2% of
+ * positions), so top-1 agreement counts near-ties that any perturbation
+ * flips, not KV fidelity. BF16 KV (16 bits) scores 253/256 on this prompt and
+ * 99.4% over five prompts; no 8-bit scheme we tried beat 98.9% over those five
+ * (docs/engine.md has the study). The issue's >= 99% therefore cannot be met
+ * honestly on this model; the test asserts 97% and KL bounds ~2x above what
+ * each mode measures, which is what catches a real regression (a broken int8
+ * path moves KL by orders of magnitude), and prints the BF16 control. */
 static void test_engine_model_int8_kv_agreement(void **state) {
     (void)state;
-    enum { CTX = 512, NP = 32, NGEN = 256 };
+    enum { CTX = 512, NP = 32, NGEN = 256, NRUN = 3 };
+    static const struct {
+        tk_kv_type type;
+        tk_kv_scale scale;
+        const char *name;
+        double kl_bound; /* mean KL; 0: control, not asserted */
+    } runs[NRUN] = {
+        {TK_KV_INT8, TK_KV_SCALE_HEAD, "int8 KV, scale per head", 5e-6},
+        {TK_KV_INT8, TK_KV_SCALE_TOKEN, "int8 KV, scale per token", 1e-5},
+        {TK_KV_BF16, TK_KV_SCALE_HEAD, "bf16 KV (control)", 0},
+    };
     tk_pool *pool;
     assert_int_equal(pool_init(2, false, &pool), TK_OK);
-    kvrun ref, q8[2];
+    kvrun ref, q8[NRUN];
     kvrun_init(&ref, pool, TK_KV_F32, TK_KV_SCALE_HEAD, CTX);
-    kvrun_init(&q8[0], pool, TK_KV_INT8, TK_KV_SCALE_HEAD, CTX);
-    kvrun_init(&q8[1], pool, TK_KV_INT8, TK_KV_SCALE_TOKEN, CTX);
+    for (int k = 0; k < NRUN; k++) kvrun_init(&q8[k], pool, runs[k].type, runs[k].scale, CTX);
     float *lr = tk_malloc((size_t)g_vocab * sizeof *lr), *lq = tk_malloc((size_t)g_vocab * sizeof *lq);
     int32_t prompt[NP];
     for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(sampler_uniform(99, (uint64_t)i) * 151000);
-    int agree[2] = {0, 0}, agree_tol[2] = {0, 0}; /* agree_tol: near-ties forgiven (reported only) */
-    double worst_gap[2] = {0, 0};
-    double kl[2] = {0, 0}, kl_max[2] = {0, 0};
+    int agree[NRUN] = {0}, agree_tol[NRUN] = {0}; /* agree_tol: near-ties forgiven (reported only) */
+    double worst_gap[NRUN] = {0};
+    double kl[NRUN] = {0}, kl_max[NRUN] = {0};
+    int near_ties = 0; /* positions whose F32 top-2 gap is < 1e-3 */
     /* Teacher forcing: every run is fed the F32 run's greedy token, so one
      * disagreement does not derail the rest of the comparison. */
     int32_t tok = 0;
@@ -279,14 +299,19 @@ static void test_engine_model_int8_kv_agreement(void **state) {
         int n = step == 0 ? NP : 1, pos = step == 0 ? 0 : NP + step - 1;
         kvrun_step(&ref, in, n, pos, lr);
         int32_t next = (int32_t)argmax(lr, g_vocab);
-        for (int k = 0; k < 2; k++) {
+        if (step > 0) {
+            float second = -INFINITY;
+            for (int i = 0; i < g_vocab; i++)
+                if (i != next && lr[i] > second) second = lr[i];
+            near_ties += (double)lr[next] - (double)second < 1e-3;
+        }
+        for (int k = 0; k < NRUN; k++) {
             kvrun_step(&q8[k], in, n, pos, lq);
             if (step == 0) continue; /* compare the 256 generated positions */
             int a = argmax(lq, g_vocab);
             agree[k] += a == next;
-            /* The synthetic model's logits are nearly flat: a flip between
-             * tokens whose F32 logits differ by < 1e-3 is a near-tie that F32
-             * rounding alone could flip; it is counted separately. */
+            /* A flip between tokens whose F32 logits differ by < 1e-3 is a
+             * near-tie that F32 rounding alone could flip; counted apart. */
             double gap = (double)lr[next] - (double)lr[a];
             agree_tol[k] += a == next || gap < 1e-3;
             if (gap > worst_gap[k]) worst_gap[k] = gap;
@@ -296,25 +321,22 @@ static void test_engine_model_int8_kv_agreement(void **state) {
         }
         tok = next;
     }
-    for (int k = 0; k < 2; k++) {
-        print_message("int8 KV, scale per %s: top-1 agreement %d/%d (%.2f%%; %d/%d counting F32 near-ties < 1e-3, "
+    print_message("F32 near-ties (top-2 logit gap < 1e-3): %d of %d positions\n", near_ties, NGEN);
+    for (int k = 0; k < NRUN; k++) {
+        print_message("%s: top-1 agreement %d/%d (%.2f%%; %d/%d counting F32 near-ties < 1e-3, "
                       "largest F32 logit gap of a flip %.3g), KL mean %.3g max %.3g\n",
-                      k ? "token" : "head", agree[k], NGEN, 100.0 * agree[k] / NGEN, agree_tol[k], NGEN, worst_gap[k],
+                      runs[k].name, agree[k], NGEN, 100.0 * agree[k] / NGEN, agree_tol[k], NGEN, worst_gap[k],
                       kl[k] / NGEN, kl_max[k]);
     }
-    for (int k = 0; k < 2; k++) {
-        /* The issue's target is >= 99% top-1. On this synthetic model the
-         * F32 logits are so flat that int8 flips near-ties (gaps < 0.01) at
-         * ~1-2% of positions while KL stays ~1e-5: we assert what holds (97%,
-         * and KL) and print the numbers; see docs/engine.md. */
+    for (int k = 0; k < NRUN; k++) {
+        if (runs[k].kl_bound == 0) continue;
         assert_true(agree[k] * 100 >= 97 * NGEN);
-        assert_true(kl[k] / NGEN < 1e-4);
+        assert_true(kl[k] / NGEN < runs[k].kl_bound);
     }
     tk_free(lr);
     tk_free(lq);
     kvrun_free(&ref);
-    kvrun_free(&q8[0]);
-    kvrun_free(&q8[1]);
+    for (int k = 0; k < NRUN; k++) kvrun_free(&q8[k]);
     pool_free(pool);
 }
 
