@@ -268,8 +268,9 @@ static void quant_vec(const float *x, int8_t *q, int n, float s) {
  * absmax per channel is smaller than one token's absmax over its channels.
  * Relative RMS error on the tiny synthetic qwen3's K and V (16 / 128 slots):
  * one scale per (block, head) 9.8e-3 / 1.2e-2, per token 6.5e-3, per channel
- * 4.7e-3 / 7.5e-3; with two 6x outlier channels: per head 3.4e-2 / 4.4e-2, per
- * token 1.4e-2, per channel 5.4e-3 / 7.9e-3.
+ * 4.7e-3 / 7.5e-3; on gaussian data whose channels vary in scale, two of them
+ * 6x (like real models' K): per (block, head) 3.4e-2 / 4.4e-2, per token
+ * 1.4e-2, per channel 5.4e-3 / 7.9e-3. docs/engine.md has the study.
  *
  * Why a minimum growth of 1.125: each requantization adds up to half a step
  * of error to the values already there. If a channel that grows a little with
