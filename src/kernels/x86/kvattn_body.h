@@ -198,78 +198,44 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int len, int kvh, const fl
     }
 }
 
-/* One instance per KV type, each with the tile sizes unrolled. */
+/* One instance per KV type (a compile-time constant in each), each with the
+ * tile sizes unrolled. */
 #define TILE_ARGS g, bt, len, kvh, q, hd, scale, out, scratch
-typedef void (*tile_fn)(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
-                        float scale, float *out, float *scratch, int T);
-
-static void tile_f32(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
-                     float scale, float *out, float *scratch, int T) {
+AI void tile_sizes(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd, float scale,
+                   float *out, float *scratch, int T, const tk_kv_type type) {
     switch (T) {
     case 1:
-        tile_run(TILE_ARGS, 1, TK_KV_F32);
+        tile_run(TILE_ARGS, 1, type);
         break;
     case 2:
-        tile_run(TILE_ARGS, 2, TK_KV_F32);
+        tile_run(TILE_ARGS, 2, type);
         break;
     case 3:
-        tile_run(TILE_ARGS, 3, TK_KV_F32);
+        tile_run(TILE_ARGS, 3, type);
         break;
     default:
-        tile_run(TILE_ARGS, 4, TK_KV_F32);
+        tile_run(TILE_ARGS, 4, type);
         break;
     }
+}
+
+typedef void (*tile_fn)(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                        float scale, float *out, float *scratch, int T);
+static void tile_f32(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
+                     float scale, float *out, float *scratch, int T) {
+    tile_sizes(TILE_ARGS, T, TK_KV_F32);
 }
 static void tile_f16(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
                      float scale, float *out, float *scratch, int T) {
-    switch (T) {
-    case 1:
-        tile_run(TILE_ARGS, 1, TK_KV_F16);
-        break;
-    case 2:
-        tile_run(TILE_ARGS, 2, TK_KV_F16);
-        break;
-    case 3:
-        tile_run(TILE_ARGS, 3, TK_KV_F16);
-        break;
-    default:
-        tile_run(TILE_ARGS, 4, TK_KV_F16);
-        break;
-    }
+    tile_sizes(TILE_ARGS, T, TK_KV_F16);
 }
 static void tile_bf16(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
                       float scale, float *out, float *scratch, int T) {
-    switch (T) {
-    case 1:
-        tile_run(TILE_ARGS, 1, TK_KV_BF16);
-        break;
-    case 2:
-        tile_run(TILE_ARGS, 2, TK_KV_BF16);
-        break;
-    case 3:
-        tile_run(TILE_ARGS, 3, TK_KV_BF16);
-        break;
-    default:
-        tile_run(TILE_ARGS, 4, TK_KV_BF16);
-        break;
-    }
+    tile_sizes(TILE_ARGS, T, TK_KV_BF16);
 }
 static void tile_int8(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, int hd,
                       float scale, float *out, float *scratch, int T) {
-    switch (T) {
-    case 1:
-        tile_run(TILE_ARGS, 1, TK_KV_INT8);
-        break;
-    case 2:
-        tile_run(TILE_ARGS, 2, TK_KV_INT8);
-        break;
-    case 3:
-        tile_run(TILE_ARGS, 3, TK_KV_INT8);
-        break;
-    default:
-        tile_run(TILE_ARGS, 4, TK_KV_INT8);
-        break;
-    }
+    tile_sizes(TILE_ARGS, T, TK_KV_INT8);
 }
 #undef TILE_ARGS
 
