@@ -57,8 +57,11 @@ AI float f16_to_f32(tk_f16 h) { return _cvtsh_ss(h); }
  * (a row is ~1 KB), so each tile fetches the same offset one row group ahead.
  * Prefetches never fault; the address is formed as an integer so running past
  * the matrix end is not pointer arithmetic out of bounds either. */
-/* How far ahead the 8-row interleaved Q8_0 kernel fetches its one stream. */
+/* How far ahead the 8-row interleaved Q8_0 kernel fetches its one stream
+ * (bytes; 0 turns the software prefetch off). */
+#ifndef X8_PREFETCH
 #define X8_PREFETCH 2048
+#endif
 
 AI void prefetch_ahead(const void *p, size_t dist) {
     _mm_prefetch((const char *)((uintptr_t)p + dist), _MM_HINT_T0);
@@ -368,8 +371,9 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
     for (int64_t b = 0; b < nb; b++) {
         const unsigned char *qb = q + (size_t)b * 256;
         /* the weights are one stream per thread: fetch a few blocks ahead */
+        if (X8_PREFETCH > 0)
 #pragma GCC unroll 4
-        for (int o = 0; o < 256; o += 64) prefetch_ahead(qb + o, X8_PREFETCH);
+            for (int o = 0; o < 256; o += 64) prefetch_ahead(qb + o, X8_PREFETCH);
         __m256i is[KNT_X8];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
