@@ -54,6 +54,7 @@ static void bench_usage(FILE *f) {
             "  --static              static batching\n"
             "  --repack DTYPE        repack weights at load (e.g. q8_0)\n"
             "  --mmap                read weights through the file mapping (default: huge-page copy)\n"
+            "  --row-layout          keep Q8_0 weights in file row order (default: 8-row interleaved)\n"
             "output:\n"
             "  --json FILE           every raw sample\n"
             "  --csv FILE            one row per measured run\n"
@@ -115,7 +116,7 @@ bad:
 enum {
     OPT_IN = 256, OPT_OUT, OPT_BATCH, OPT_RATE, OPT_REQUESTS, OPT_WARMUP, OPT_REPEAT, OPT_SEED, OPT_ABLATION,
     OPT_PROBE, OPT_THREADS, OPT_PIN, OPT_CTX, OPT_MAX_BATCH, OPT_KV_MEM, OPT_BLOCK, OPT_KV_TYPE, OPT_KV_SCALE,
-    OPT_STEP, OPT_NO_CHUNK, OPT_UNFUSED, OPT_STATIC, OPT_REPACK, OPT_MMAP, OPT_JSON, OPT_CSV, OPT_PLOT,
+    OPT_STEP, OPT_NO_CHUNK, OPT_UNFUSED, OPT_STATIC, OPT_REPACK, OPT_MMAP, OPT_ROWS, OPT_JSON, OPT_CSV, OPT_PLOT,
     OPT_BACKGROUND, OPT_BG_IN, OPT_BG_OUT, OPT_STEP_MS,
 };
 
@@ -133,6 +134,7 @@ int cmd_bench(int argc, char **argv) {
         {"kv-scale", required_argument, 0, OPT_KV_SCALE}, {"step-tokens", required_argument, 0, OPT_STEP},
         {"no-chunking", no_argument, 0, OPT_NO_CHUNK}, {"unfused", no_argument, 0, OPT_UNFUSED},
         {"static", no_argument, 0, OPT_STATIC},    {"repack", required_argument, 0, OPT_REPACK}, {"mmap", no_argument, 0, OPT_MMAP},
+        {"row-layout", no_argument, 0, OPT_ROWS},
         {"json", required_argument, 0, OPT_JSON},  {"csv", required_argument, 0, OPT_CSV},
         {"plot", required_argument, 0, OPT_PLOT},  {"quiet", no_argument, 0, 'q'},
         {"background", required_argument, 0, OPT_BACKGROUND}, {"bg-in", required_argument, 0, OPT_BG_IN},
@@ -223,6 +225,9 @@ int cmd_bench(int argc, char **argv) {
         case OPT_NO_CHUNK: o.engine.no_chunking = true; break;
         case OPT_UNFUSED: o.engine.unfused = true; break;
         case OPT_STATIC: o.engine.static_batching = true; break;
+        case OPT_ROWS:
+            o.model.row_layout = true;
+            break;
         case OPT_MMAP:
             o.model.use_mmap = true;
             break;
