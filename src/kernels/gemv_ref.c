@@ -151,20 +151,20 @@ void kern_gemv_q8_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const 
 void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
-    const size_t gb = (size_t)nb * 8 * sizeof(tk_block_q8_0);
     for (int64_t r = r0; r < r1; r++) {
-        const int8_t *q = (const int8_t *)w + (size_t)(r / 8) * gb;
-        const tk_f16 *d = (const tk_f16 *)(q + (size_t)nb * 256);
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / 8) * (size_t)nb * 272;
         const int i = (int)(r % 8);
         for (int t = 0; t < n_tok; t++) {
             const tk_block_q8_0 *x = (const tk_block_q8_0 *)((const char *)xq + (size_t)t * xq_stride);
             float s = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = g + (size_t)b * 272;
                 int32_t acc = 0;
                 for (int c = 0; c < 8; c++)
-                    for (int j = 0; j < 4; j++)
-                        acc += (int32_t)q[(size_t)b * 256 + 32 * c + 4 * i + j] * x[b].qs[4 * c + j];
-                s += tk_f16_to_f32(d[(size_t)b * 8 + i]) * tk_f16_to_f32(x[b].d) * (float)acc;
+                    for (int j = 0; j < 4; j++) acc += (int32_t)(int8_t)blk[16 + 32 * c + 4 * i + j] * x[b].qs[4 * c + j];
+                tk_f16 d;
+                memcpy(&d, blk + 2 * i, sizeof d);
+                s += tk_f16_to_f32(d) * tk_f16_to_f32(x[b].d) * (float)acc;
             }
             y[t * ldy + r] = s;
         }

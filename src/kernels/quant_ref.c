@@ -302,29 +302,29 @@ bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k) {
 bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k) {
     if (rows <= 0 || rows % 8 || k <= 0 || k % TK_QK8_0) return false;
     const int64_t nb = k / TK_QK8_0;
-    const size_t rb = (size_t)nb * sizeof(tk_block_q8_0), gb = 8 * rb;
-    for (int64_t g = 0; g < rows / 8; g++) {
-        uint8_t *q = (uint8_t *)out + (size_t)g * gb;
-        tk_f16 *d = (tk_f16 *)(q + (size_t)nb * 256);
+    const size_t rb = (size_t)nb * sizeof(tk_block_q8_0);
+    for (int64_t g = 0; g < rows / 8; g++)
         for (int i = 0; i < 8; i++) {
             const tk_block_q8_0 *src = (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(8 * g + i) * rb);
             for (int64_t b = 0; b < nb; b++) {
-                memcpy(&d[(size_t)b * 8 + (size_t)i], &src[b].d, sizeof(tk_f16));
-                for (int c = 0; c < 8; c++) memcpy(q + (size_t)b * 256 + 32 * c + 4 * i, src[b].qs + 4 * c, 4);
+                uint8_t *blk = (uint8_t *)out + (size_t)g * 8 * rb + (size_t)b * 272;
+                memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
+                for (int c = 0; c < 8; c++) memcpy(blk + 16 + 32 * c + 4 * i, src[b].qs + 4 * c, 4);
             }
         }
-    }
     return true;
 }
 
 void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out) {
     const int64_t nb = k / TK_QK8_0;
-    const int8_t *q = (const int8_t *)w + (size_t)(row / 8) * (size_t)nb * 8 * sizeof(tk_block_q8_0);
-    const tk_f16 *d = (const tk_f16 *)(q + (size_t)nb * 256);
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 8) * (size_t)nb * 272;
     const int i = (int)(row % 8);
     for (int64_t b = 0; b < nb; b++) {
-        float s = tk_f16_to_f32(d[(size_t)b * 8 + (size_t)i]);
+        const uint8_t *blk = g + (size_t)b * 272;
+        tk_f16 d;
+        memcpy(&d, blk + 2 * i, sizeof d);
+        float s = tk_f16_to_f32(d);
         for (int c = 0; c < 8; c++)
-            for (int j = 0; j < 4; j++) out[b * 32 + 4 * c + j] = s * (float)q[(size_t)b * 256 + 32 * c + 4 * i + j];
+            for (int j = 0; j < 4; j++) out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[16 + 32 * c + 4 * i + j];
     }
 }

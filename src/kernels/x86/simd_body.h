@@ -355,13 +355,11 @@ void KFN(gemv_q4_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void
 
 /* One vector holds the same four k of eight rows (kernels.h describes the
  * layout), so a broadcast 4-byte activation chunk against it gives eight row
- * partial sums in the eight int32 lanes: no horizontal sums, one aligned
+ * partial sums in the eight int32 lanes: no horizontal sums, one sequential
  * stream of weights, and a block's integer dot is exact before its one scale
  * multiply. A (row, token) result is one chain over the blocks whatever the
  * tile, so it does not depend on the batch. */
 AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, float *y, int64_t ldy, int nt) {
-    const unsigned char *q = g;
-    const tk_f16 *sc = (const tk_f16 *)(g + (size_t)nb * 256);
     const tk_block_q8_0 *xt[KNT_X8];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
@@ -369,11 +367,11 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *qb = q + (size_t)b * 256;
+        const unsigned char *blk = g + (size_t)b * 272, *qb = blk + 16;
         /* the weights are one stream per thread: fetch a few blocks ahead */
         if (X8_PREFETCH > 0)
 #pragma GCC unroll 4
-            for (int o = 0; o < 256; o += 64) prefetch_ahead(qb + o, X8_PREFETCH);
+            for (int o = 0; o < 272; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
         __m256i is[KNT_X8];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
@@ -388,7 +386,7 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
                 is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(xi));
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (size_t)b * 8)));
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_to_f32(xt[t][b].d)));
@@ -405,7 +403,7 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
 void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                        int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
-    const size_t gb = (size_t)nb * 8 * sizeof(tk_block_q8_0);
+    const size_t gb = (size_t)nb * 272;
     for (int64_t g0 = r0 / 8 * 8; g0 < r1; g0 += 8) {
         const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 8) * gb;
         bool whole = g0 >= r0 && g0 + 8 <= r1;
