@@ -55,8 +55,9 @@ typedef struct tk_model_opts {
      * (less memory, instant load; llama.cpp's default). */
     bool use_mmap;
     /* false (default): in that copy, Q8_0 matmul weights are interleaved by
-     * 8 rows (the layout the fast Q8_0 kernel reads; same bytes). true: keep
-     * the file's row order (for A/B measurements). Ignored with use_mmap. */
+     * 8 rows and BF16 ones by 4 (the layouts the decode kernels stream; same
+     * bytes). true: keep the file's row order (for A/B measurements).
+     * Ignored with use_mmap. */
     bool row_layout;
 } tk_model_opts;
 

@@ -54,7 +54,7 @@ static void bench_usage(FILE *f) {
             "  --static              static batching\n"
             "  --repack DTYPE        repack weights at load (e.g. q8_0)\n"
             "  --mmap                read weights through the file mapping (default: huge-page copy)\n"
-            "  --row-layout          keep Q8_0 weights in file row order (default: 8-row interleaved)\n"
+            "  --row-layout          keep Q8_0/BF16 weights in file row order (default: interleaved)\n"
             "output:\n"
             "  --json FILE           every raw sample\n"
             "  --csv FILE            one row per measured run\n"

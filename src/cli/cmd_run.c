@@ -39,7 +39,7 @@ static void run_usage(FILE *f) {
             "  --kv-type T         f32, f16 (default), bf16, int8\n"
             "  --repack TYPE       repack matmul weights at load (e.g. q8_0)\n"
             "  --mmap              read weights through the file mapping (default: huge-page copy)\n"
-            "  --row-layout        keep Q8_0 weights in file row order (default: 8-row interleaved)\n"
+            "  --row-layout        keep Q8_0/BF16 weights in file row order (default: interleaved)\n"
             "  --unfused           the unfused forward plan (ablation)\n"
             "  --dump-logits FILE  raw float32 logits: last prompt position, then each decode step\n"
             "  --no-probe          skip the bandwidth probe (no %% of peak in the timing line)\n"

@@ -7,9 +7,10 @@
 #include "dtype.h"
 
 /* How a matmul weight's rows sit in memory. ROWS is the file's order (row r
- * at r * row bytes); X8 is Q8_0 interleaved by 8 rows for the decode kernel
- * (src/kernels/kernels.h), made when the weights are copied at load. */
-typedef enum tk_layout { TK_LAYOUT_ROWS = 0, TK_LAYOUT_X8 = 1 } tk_layout;
+ * at r * row bytes); X8 is Q8_0 interleaved by 8 rows, X4 BF16 interleaved
+ * by 4 rows, for the decode kernels (src/kernels/kernels.h), made when the
+ * weights are copied at load. */
+typedef enum tk_layout { TK_LAYOUT_ROWS = 0, TK_LAYOUT_X8 = 1, TK_LAYOUT_X4 = 2 } tk_layout;
 
 typedef struct tk_tensor {
     const char *name;   /* NUL-terminated, owned by the file object */

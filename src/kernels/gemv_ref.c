@@ -171,6 +171,21 @@ void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, con
     }
 }
 
+/* Reads the 4-row interleaved BF16 layout directly; the same sums in the same
+ * order as kern_dot_bf16_ref over the row. */
+void kern_gemv_bf16_x4_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *g = (const uint16_t *)w + (size_t)(r / 4) * 4 * (size_t)k + (size_t)(r % 4) * 16;
+        for (int t = 0; t < n_tok; t++) {
+            const float *x = (const float *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t i = 0; i < k; i++) s += tk_bf16_to_f32(g[(size_t)(i / 16) * 64 + (size_t)(i % 16)]) * x[i];
+            y[t * ldy + r] = s;
+        }
+    }
+}
+
 void kern_gemv_q4_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
     gemv_quant(kern_dot_q4_0_ref, sizeof(tk_block_q4_0), k / TK_QK4_0, w, r0, r1, xq, xq_stride, n_tok, y,

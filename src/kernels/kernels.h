@@ -35,6 +35,7 @@ typedef struct tk_kernels {
     tk_isa isa;
     tk_gemv_fn gemv[TK_DTYPE_COUNT]; /* NULL for unsupported weight types */
     tk_gemv_fn gemv_q8_0_x8;         /* Q8_0 in TK_LAYOUT_X8 (below) */
+    tk_gemv_fn gemv_bf16_x4;         /* BF16 in TK_LAYOUT_X4 (below) */
     tk_quant_act_fn quant_q8_0;      /* k % 32 == 0 */
     tk_quant_act_fn quant_q8_k;      /* k % 256 == 0 */
     /* out[i] = x[i] * w[i] / rms(x) ; out may alias x */
@@ -62,6 +63,16 @@ bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k);
 /* Row `row` of an X8 matrix of row length k, dequantized (embedding lookup). */
 void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out);
 
+/* BF16 interleaved by 4 rows (TK_LAYOUT_X4), for rows % 4 == 0 and
+ * k % 16 == 0: group g (rows 4g..4g+3) is k / 16 chunks of 128 bytes, chunk j
+ * holding w[4g + i][16j .. 16j + 15] for i = 0..3 in turn. The kernel's
+ * arithmetic is gemv_bf16's (same bits); only its four row streams become
+ * one. */
+bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out);
+/* Row `row` of weight tensor t (any layout) as floats; t->type has a dequant_row. */
+void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out);
+
 /* The table for an ISA level; levels above what the CPU has must not be asked
  * for (cpu_isa_from_env never returns one). Returned table is static, immutable. */
 const tk_kernels *kernels_get(tk_isa isa);
@@ -83,6 +94,7 @@ bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k);
 /* The gemv for a weight tensor's type and layout (NULL if none). */
 static inline tk_gemv_fn kern_gemv_of(const tk_kernels *K, const tk_tensor *w) {
     if (w->layout == TK_LAYOUT_X8) return w->type == TK_DTYPE_Q8_0 ? K->gemv_q8_0_x8 : NULL;
+    if (w->layout == TK_LAYOUT_X4) return w->type == TK_DTYPE_BF16 ? K->gemv_bf16_x4 : NULL;
     return K->gemv[w->type];
 }
 

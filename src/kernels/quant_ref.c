@@ -328,3 +328,34 @@ void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out)
             for (int j = 0; j < 4; j++) out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[16 + 32 * c + 4 * i + j];
     }
 }
+
+/* ---- BF16 interleaved by 4 rows (kernels.h) --------------------------------------- */
+
+bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % 4 || k <= 0 || k % 16) return false;
+    const uint16_t *in = rows_in;
+    uint16_t *o = out;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < k / 16; j++)
+            memcpy(o + (size_t)(r / 4) * 4 * (size_t)k + (size_t)j * 64 + (size_t)(r % 4) * 16,
+                   in + (size_t)r * (size_t)k + (size_t)j * 16, 16 * sizeof *o);
+    return true;
+}
+
+void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out) {
+    const uint16_t *g = (const uint16_t *)w + (size_t)(row / 4) * 4 * (size_t)k + (size_t)(row % 4) * 16;
+    for (int64_t j = 0; j < k / 16; j++) kern_dequant_bf16_ref(g + (size_t)j * 64, out + j * 16, 16);
+}
+
+void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out) {
+    const int64_t k = t->ne[0];
+    if (t->layout == TK_LAYOUT_X8) {
+        kern_dequant_q8_0_x8_row(t->data, k, row, out);
+    } else if (t->layout == TK_LAYOUT_X4) {
+        kern_dequant_bf16_x4_row(t->data, k, row, out);
+    } else {
+        uint64_t rb = 0;
+        dtype_row_bytes(t->type, (uint64_t)k, &rb);
+        K->dequant_row[t->type]((const uint8_t *)t->data + (size_t)row * rb, out, k);
+    }
+}

@@ -154,9 +154,8 @@ static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
 
 static void embed_tokens(fwd_ctx *f, int t0, int t1) {
     const tk_tensor *e = &f->m->tok_embd;
-    if (e->layout == TK_LAYOUT_X8) { /* a tied output matrix the model interleaved */
-        for (int t = t0; t < t1; t++)
-            kern_dequant_q8_0_x8_row(e->data, f->hp->n_embd, f->b->tokens[t], f->x + (size_t)t * f->hp->n_embd);
+    if (e->layout != TK_LAYOUT_ROWS) { /* a tied output matrix the model interleaved */
+        for (int t = t0; t < t1; t++) kern_dequant_tensor_row(f->K, e, f->b->tokens[t], f->x + (size_t)t * f->hp->n_embd);
         return;
     }
     for (int t = t0; t < t1; t++)

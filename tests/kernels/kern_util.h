@@ -172,4 +172,35 @@ static inline void kt_check_invariance_x8(tk_gemv_fn fn, kt_rng *r, const char *
     free(xq);
 }
 
+/* An interleaved BF16 gemv (4-row layout) against a row-order one: random
+ * rows (a multiple of 4), k a multiple of 16, ragged [r0, r1), NaN-filled y;
+ * the results must be the same bits (the layouts differ only in addresses). */
+static inline void kt_bf16_x4_case(tk_gemv_fn x4, tk_gemv_fn rows_fn, kt_rng *r, int n_tok, const char *what) {
+    int64_t k = 16 * kt_int(r, 1, 40), rows = 4 * kt_int(r, 1, 6);
+    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows), ldy = rows + kt_int(r, 0, 3);
+    size_t xs = (size_t)k * sizeof(float) + (size_t)kt_int(r, 0, 3) * 4;
+    float *f = malloc((size_t)k * sizeof *f), *x = malloc(xs * (size_t)n_tok);
+    uint16_t *w = malloc((size_t)(rows * k) * 2), *w4 = malloc((size_t)(rows * k) * 2);
+    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y), *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
+    for (int64_t i = 0; i < rows; i++) {
+        kt_fill(r, f, k, 0.5f);
+        for (int64_t j = 0; j < k; j++) w[i * k + j] = tk_f32_to_bf16(f[j]);
+    }
+    for (int t = 0; t < n_tok; t++) kt_fill(r, (float *)((char *)x + (size_t)t * xs), k, 1.0f);
+    assert_true(kern_pack_bf16_x4(w, w4, rows, k));
+    for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
+    rows_fn(k, w, r0, r1, x, xs, n_tok, want, ldy);
+    x4(k, w4, r0, r1, x, xs, n_tok, y, ldy);
+    for (int64_t i = 0; i < ldy * n_tok; i++)
+        if (memcmp(&y[i], &want[i], sizeof *y) && !(isnan(y[i]) && isnan(want[i])))
+            fail_msg("%s bf16 x4: k %lld rows [%lld,%lld) n_tok %d: output %lld %.9g != row layout %.9g", what,
+                     (long long)k, (long long)r0, (long long)r1, n_tok, (long long)i, y[i], want[i]);
+    free(f);
+    free(x);
+    free(w);
+    free(w4);
+    free(y);
+    free(want);
+}
+
 #endif

@@ -333,6 +333,34 @@ static void test_simd_gemv_q8_0_x8(void **state) {
     free(w8);
 }
 
+/* The 4-row interleaved BF16 layout gives the row layout's bits at every
+ * level (scalar included); rows dequantize to the same floats. */
+static void test_simd_gemv_bf16_x4(void **state) {
+    (void)state;
+    kt_rng r = {404};
+    for (int isa = 0; isa <= (int)TK_ISA_AVX512; isa++) {
+        tk_isa levels[2];
+        int nl = isa_levels(levels);
+        if (isa > 0 && (nl == 0 || isa > (int)levels[nl - 1])) break;
+        const tk_kernels *K = kernels_get((tk_isa)isa);
+        for (int n_tok = 1; n_tok <= 9; n_tok++)
+            for (int rep = 0; rep < 4; rep++)
+                kt_bf16_x4_case(K->gemv_bf16_x4, K->gemv[TK_DTYPE_BF16], &r, n_tok, cpu_isa_name(K->isa));
+    }
+    const int64_t k = 48, rows = 8;
+    uint16_t w[8 * 48], w4[8 * 48];
+    for (int i = 0; i < rows * k; i++) w[i] = tk_f32_to_bf16(kt_gauss(&r));
+    assert_true(kern_pack_bf16_x4(w, w4, rows, k));
+    float a[48], b[48];
+    for (int64_t i = 0; i < rows; i++) {
+        kern_dequant_bf16_ref(w + i * k, a, k);
+        kern_dequant_bf16_x4_row(w4, k, i, b);
+        assert_memory_equal(a, b, sizeof a);
+    }
+    assert_false(kern_pack_bf16_x4(w, w4, 6, k));  /* rows not a multiple of 4 */
+    assert_false(kern_pack_bf16_x4(w, w4, 4, 40)); /* k not a multiple of 16 */
+}
+
 static void test_simd_tables_complete(void **state) {
     (void)state;
     static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
@@ -345,6 +373,7 @@ static void test_simd_tables_complete(void **state) {
         }
         assert_non_null(K->dequant_row[TK_DTYPE_Q8_K]);
         assert_non_null(K->gemv_q8_0_x8);
+        assert_non_null(K->gemv_bf16_x4);
         assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
     }
 }
@@ -355,6 +384,7 @@ int main(void) {
         cmocka_unit_test(test_simd_gemv_model_shapes), cmocka_unit_test(test_simd_gemv_raw_blocks),
         cmocka_unit_test(test_simd_gemv_invariance),   cmocka_unit_test(test_simd_quant_act_exact),
         cmocka_unit_test(test_simd_elementwise),       cmocka_unit_test(test_simd_gemv_q8_0_x8),
+        cmocka_unit_test(test_simd_gemv_bf16_x4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -182,12 +182,18 @@ AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, f
  * split into even and odd vectors once per step for the whole row group.
  * One load and two ALU ops per 16 weights instead of two widening loads.
  * Even then odd into one chain per (row, token), whatever the tile shape. */
-AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
+AI void bf16_tile(int x4, int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
                   int t0, int nr, int nt) {
+    /* x4: rows interleaved by 4 in 16-element chunks (TK_LAYOUT_X4): a row's
+     * chunks are 64 elements apart and the tile reads one stream. */
+    const size_t cs = x4 ? 64 : 16;
+    const size_t pf = x4 ? 2048 : 8 * (size_t)k;
     const uint16_t *wr[4];
     const float *xt[4];
 #pragma GCC unroll 4
-    for (int i = 0; i < nr; i++) wr[i] = (const uint16_t *)w + (size_t)(r + i) * (size_t)k;
+    for (int i = 0; i < nr; i++)
+        wr[i] = x4 ? (const uint16_t *)w + (size_t)((r + i) / 4) * 4 * (size_t)k + (size_t)((r + i) % 4) * 16
+                   : (const uint16_t *)w + (size_t)(r + i) * (size_t)k;
 #pragma GCC unroll 4
     for (int t = 0; t < nt; t++) xt[t] = (const float *)((const char *)x + (size_t)(t0 + t) * xs);
     __m256 acc[4][4];
@@ -209,8 +215,9 @@ AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, 
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(wr[i] + j));
-            prefetch_ahead(wr[i] + j, 8 * (size_t)k);
+            const uint16_t *c = wr[i] + (size_t)(j / 16) * cs;
+            __m256i v = _mm256_loadu_si256((const __m256i *)c);
+            prefetch_ahead(c, pf);
             __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
             __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
 #pragma GCC unroll 4
@@ -221,14 +228,14 @@ AI void bf16_tile(int64_t k, const void *w, const void *x, size_t xs, float *y, 
         }
     }
     store_tile(acc, nr, nt, y, ldy, r);
-    if (kv < k)
+    if (kv < k) /* row layout only: X4 needs k % 16 == 0 */
         for (int t = 0; t < nt; t++)
             for (int i = 0; i < nr; i++)
                 y[t * ldy + r + i] += kern_dot_bf16_ref(wr[i] + kv, xt[t] + kv, k - kv);
 }
 
-#define BF16_TILE(k, w, x, xs, y, ldy, r, t, nr, nt)                                                         \
-    bf16_tile(k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
+#define BF16_TILE(x4, k, w, x, xs, y, ldy, r, t, nr, nt)                                                     \
+    bf16_tile(x4, k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
 
 #define FLOAT_TILE(wt, k, w, x, xs, y, ldy, r, t, nr, nt)                                                    \
     float_tile(wt, k, w, x, xs, y + (t) * (ldy), ldy, r, t, nr, nt)
@@ -245,7 +252,14 @@ void KFN(gemv_f16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void 
 
 void KFN(gemv_bf16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                     int n_tok, float *y, int64_t ldy) {
-    GEMV_DRIVE(BF16_TILE, KNT, k, w, xq, xq_stride, y, ldy);
+    GEMV_DRIVE(BF16_TILE, KNT, 0, k, w, xq, xq_stride, y, ldy);
+}
+
+/* BF16 interleaved by 4 rows (kernels.h): the same chains as gemv_bf16, so
+ * the same bits, read as one stream. */
+void KFN(gemv_bf16_x4)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                       int n_tok, float *y, int64_t ldy) {
+    GEMV_DRIVE(BF16_TILE, KNT, 1, k, w, xq, xq_stride, y, ldy);
 }
 
 /* ---- Q8_0 and Q4_0 weights x Q8_0 activations ------------------------------------------ */
