@@ -3,6 +3,7 @@
 #ifndef TK_CLI_H
 #define TK_CLI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -17,5 +18,8 @@ int cmd_kvcheck(int argc, char **argv);
 /* Read all of f (at most limit bytes) into a NUL-terminated tk_malloc'd
  * buffer; NULL on a read error, no memory, or input over the limit. */
 char *cli_read_all(FILE *f, size_t limit, size_t *len);
+
+/* s as a whole decimal integer in [lo, hi] (no sign games, no trailing text). */
+bool cli_parse_long(const char *s, long lo, long hi, long *out);
 
 #endif

@@ -1,5 +1,7 @@
 /* Small helpers shared by the subcommands. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli/cli.h"
 #include "core/alloc.h"
@@ -29,4 +31,13 @@ char *cli_read_all(FILE *f, size_t limit, size_t *len) {
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+bool cli_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
 }

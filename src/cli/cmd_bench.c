@@ -62,18 +62,9 @@ static void bench_usage(FILE *f) {
             "  -q, --quiet           no progress on stderr\n");
 }
 
-static bool parse_long(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 static bool parse_int_opt(const char *name, const char *s, long lo, long hi, int *out) {
     long v;
-    if (!parse_long(s, lo, hi, &v)) {
+    if (!cli_parse_long(s, lo, hi, &v)) {
         fprintf(stderr, "tokamak bench: %s wants an integer in %ld..%ld, got '%s'\n", name, lo, hi, s);
         return false;
     }
@@ -177,7 +168,7 @@ int cmd_bench(int argc, char **argv) {
         case OPT_WARMUP: ok = parse_int_opt("--warmup", optarg, 0, 10000, &o.warmup); break;
         case OPT_REPEAT: ok = parse_int_opt("--repeat", optarg, 1, 64, &o.repeat); break;
         case OPT_SEED:
-            ok = parse_long(optarg, 0, LONG_MAX, &v);
+            ok = cli_parse_long(optarg, 0, LONG_MAX, &v);
             if (ok) o.seed = (uint64_t)v;
             else fprintf(stderr, "tokamak bench: --seed wants a non-negative integer, got '%s'\n", optarg);
             break;

@@ -7,7 +7,6 @@
  * at any model size (the CI test runs it on the tiny model). Float weights
  * only make sense here: quantized weights quantize the activations, whose
  * rounding flips amplify any KV difference. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,10 +111,8 @@ static double kc_kl(const float *lp, const float *lq, int n) {
 }
 
 static bool kc_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
+    long v;
+    if (!cli_parse_long(s, lo, hi, &v)) return false;
     *out = (int)v;
     return true;
 }

@@ -46,15 +46,6 @@ static void run_usage(FILE *f) {
             "  --prompts FILE | --parallel N   many prompts through the engine (see run --prompts --help)\n");
 }
 
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
 static bool parse_float(const char *s, double lo, double hi, double *out) {
     char *end;
     errno = 0;
@@ -128,12 +119,12 @@ static int parse_args(int argc, char **argv, run_args *a) {
         else if (!strcmp(o, "-p")) a->prompt = v;
         else if (!strcmp(o, "--tokens")) a->tokens = v;
         else if (!strcmp(o, "--dump-logits")) a->dump = v;
-        else if (!strcmp(o, "-n")) ok = parse_int(v, 1, 1 << 24, &a->n);
-        else if (!strcmp(o, "--threads")) ok = parse_int(v, 1, 4096, &a->threads);
+        else if (!strcmp(o, "-n")) ok = cli_parse_long(v, 1, 1 << 24, &a->n);
+        else if (!strcmp(o, "--threads")) ok = cli_parse_long(v, 1, 4096, &a->threads);
         else if (!strcmp(o, "--temp")) ok = parse_float(v, 0, 100, &d), a->samp.temperature = (float)d;
         else if (!strcmp(o, "--top-p")) ok = parse_float(v, 0, 1, &d), a->samp.top_p = (float)d;
         else if (!strcmp(o, "--min-p")) ok = parse_float(v, 0, 1, &d), a->samp.min_p = (float)d;
-        else if (!strcmp(o, "--top-k")) ok = parse_int(v, 0, 1 << 24, &l), a->samp.top_k = (int)l;
+        else if (!strcmp(o, "--top-k")) ok = cli_parse_long(v, 0, 1 << 24, &l), a->samp.top_k = (int)l;
         else if (!strcmp(o, "--seed")) {
             char *end;
             errno = 0;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -120,15 +121,6 @@ static const char *finish_name(tk_finish f) {
     case TK_FINISH_ERROR: return "error";
     default: return "none";
     }
-}
-
-static bool parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
 }
 
 static bool parse_float(const char *s, float *out) {
@@ -264,7 +256,7 @@ int run_many(int argc, char **argv) {
             prompts_path = v;
         } else if (!strcmp(a, "--parallel")) {
             NEED_VALUE;
-            if (!parse_int(v, 1, 100000, &parallel)) BAD_VALUE;
+            if (!cli_parse_long(v, 1, 100000, &parallel)) BAD_VALUE;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             NEED_VALUE;
             prompt_text = v;
@@ -273,13 +265,13 @@ int run_many(int argc, char **argv) {
             token_list = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             NEED_VALUE;
-            if (!parse_int(v, 0, 1 << 24, &n_predict)) BAD_VALUE;
+            if (!cli_parse_long(v, 0, 1 << 24, &n_predict)) BAD_VALUE;
         } else if (!strcmp(a, "--temp")) {
             NEED_VALUE;
             if (!parse_float(v, &base.sampling.temperature)) BAD_VALUE;
         } else if (!strcmp(a, "--top-k")) {
             NEED_VALUE;
-            if (!parse_int(v, 0, 1 << 24, &n)) BAD_VALUE;
+            if (!cli_parse_long(v, 0, 1 << 24, &n)) BAD_VALUE;
             base.sampling.top_k = (int)n;
         } else if (!strcmp(a, "--top-p")) {
             NEED_VALUE;
@@ -308,21 +300,21 @@ int run_many(int argc, char **argv) {
             base.stop[n_stop++] = v;
         } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             NEED_VALUE;
-            if (!parse_int(v, 0, 4096, &n)) BAD_VALUE;
+            if (!cli_parse_long(v, 0, 4096, &n)) BAD_VALUE;
             eo.n_threads = (int)n;
         } else if (!strcmp(a, "--pin")) {
             eo.pin_threads = true;
         } else if (!strcmp(a, "--ctx")) {
             NEED_VALUE;
-            if (!parse_int(v, 1, 1 << 24, &n)) BAD_VALUE;
+            if (!cli_parse_long(v, 1, 1 << 24, &n)) BAD_VALUE;
             eo.ctx = (int)n;
         } else if (!strcmp(a, "--max-batch")) {
             NEED_VALUE;
-            if (!parse_int(v, 1, 4096, &n)) BAD_VALUE;
+            if (!cli_parse_long(v, 1, 4096, &n)) BAD_VALUE;
             eo.max_batch = (int)n;
         } else if (!strcmp(a, "--max-seqs")) {
             NEED_VALUE;
-            if (!parse_int(v, 1, 1 << 20, &n)) BAD_VALUE;
+            if (!cli_parse_long(v, 1, 1 << 20, &n)) BAD_VALUE;
             eo.max_seqs = (int)n;
         } else if (!strcmp(a, "--kv-mem")) {
             NEED_VALUE;
@@ -338,7 +330,7 @@ int run_many(int argc, char **argv) {
             eo.kv_mem = (size_t)b;
         } else if (!strcmp(a, "--block-size")) {
             NEED_VALUE;
-            if (!parse_int(v, 1, 4096, &n)) BAD_VALUE;
+            if (!cli_parse_long(v, 1, 4096, &n)) BAD_VALUE;
             eo.block_size = (int)n;
         } else if (!strcmp(a, "--kv-type")) {
             NEED_VALUE;
@@ -354,7 +346,7 @@ int run_many(int argc, char **argv) {
             else BAD_VALUE;
         } else if (!strcmp(a, "--step-tokens")) {
             NEED_VALUE;
-            if (!parse_int(v, 1, 1 << 20, &n)) BAD_VALUE;
+            if (!cli_parse_long(v, 1, 1 << 20, &n)) BAD_VALUE;
             eo.step_tokens = (int)n;
         } else if (!strcmp(a, "--step-ms")) {
             NEED_VALUE;
