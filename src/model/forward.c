@@ -153,14 +153,9 @@ static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
 /* ---- stages shared by both plans ------------------------------------------------------ */
 
 static void embed_tokens(fwd_ctx *f, int t0, int t1) {
-    const tk_tensor *e = &f->m->tok_embd;
-    if (e->layout != TK_LAYOUT_ROWS) { /* a tied output matrix the model interleaved */
-        for (int t = t0; t < t1; t++) kern_dequant_tensor_row(f->K, e, f->b->tokens[t], f->x + (size_t)t * f->hp->n_embd);
-        return;
-    }
+    /* any layout: a tied output matrix may have been interleaved at load */
     for (int t = t0; t < t1; t++)
-        f->K->dequant_row[e->type]((const uint8_t *)e->data + (size_t)f->b->tokens[t] * f->emb_row_bytes,
-                                   f->x + (size_t)t * f->hp->n_embd, f->hp->n_embd);
+        kern_dequant_tensor_row(f->K, &f->m->tok_embd, f->b->tokens[t], f->x + (size_t)t * f->hp->n_embd);
 }
 
 static void rmsnorm_tokens(fwd_ctx *f, const float *w, int t0, int t1) {

@@ -359,7 +359,8 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
     return TK_OK;
 }
 
-/* Drop an owned buffer early (its tensor moved to the resident copy). */
+/* Drop an owned buffer early (its tensor moved to the resident copy); a
+ * pointer the model does not own (a file view) is left alone. */
 static void model_disown(tk_model *m, const void *p) {
     for (int i = 0; i < m->n_owned; i++)
         if (m->owned[i] == p) {
@@ -367,12 +368,6 @@ static void model_disown(tk_model *m, const void *p) {
             m->owned[i] = m->owned[--m->n_owned];
             return;
         }
-}
-
-static bool model_owns(const tk_model *m, const void *p) {
-    for (int i = 0; i < m->n_owned; i++)
-        if (m->owned[i] == p) return true;
-    return false;
 }
 
 /* Whether a tensor is read by a matmul (the embedding only when tied). */
@@ -442,7 +437,7 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
                 ts[j]->data = p + off;
                 ts[j]->layout = lay;
             }
-        if (model_owns(m, old)) model_disown(m, old);
+        model_disown(m, old);
         off += ((size_t)t->nbytes + 63) & ~(size_t)63;
     }
     mprotect(p, size, PROT_READ);
