@@ -83,6 +83,50 @@ typedef struct tk_model_info {
 
 void tk_model_get_info(const tk_model *m, tk_model_info *out);
 
+/* ---- Text: the model's tokenizer -------------------------------------------- *
+ * Every call fails with TK_ERR_UNSUPPORTED when the model carries no
+ * vocabulary. Buffers returned through a pointer are malloc'd by the library;
+ * free them with tk_free_buf. All are thread-safe. */
+
+void tk_free_buf(void *p);
+
+/* Text to ids. add_bos: prepend BOS where the vocabulary asks for it (Llama-3
+ * yes, Qwen no). parse_special: tokens written in the text as they appear in
+ * the vocabulary's added tokens (<|im_start|>, <think>, ...) become their ids;
+ * false: all of the text is text. */
+tk_status tk_tokenize(const tk_model *m, const char *text, size_t len, bool add_bos, bool parse_special,
+                      int32_t **ids, size_t *n_ids);
+
+/* Ids to UTF-8 text; show_special: include control tokens' text. Invalid UTF-8
+ * becomes U+FFFD; an id outside the vocabulary is TK_ERR_RANGE. *text is
+ * NUL-terminated. */
+tk_status tk_detokenize(const tk_model *m, const int32_t *ids, size_t n_ids, bool show_special, char **text,
+                        size_t *len);
+
+typedef struct tk_chat_message {
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* UTF-8, NUL-terminated */
+} tk_chat_message;
+
+typedef struct tk_chat_opts {
+    bool add_generation_prompt; /* end with the assistant's header (default true) */
+    bool enable_thinking;       /* Qwen3: false writes the empty think block (default true) */
+} tk_chat_opts;
+
+void tk_chat_opts_default(tk_chat_opts *o);
+
+/* A conversation in the model's chat format (Qwen3, Llama-3, ChatML), encoded
+ * to prompt ids. Only the format's own markers become control tokens: a
+ * special token (special: true in tokenizer.json, control in GGUF) written in
+ * any message is encoded as text. Non-special added tokens (Qwen3's <think>,
+ * <tool_call>) keep their ids, as Hugging Face encodes them. opts may be NULL. */
+tk_status tk_chat_tokenize(const tk_model *m, const tk_chat_message *msgs, int n_msgs, const tk_chat_opts *opts,
+                           int32_t **ids, size_t *n_ids);
+
+/* The chat format the model's template was recognised as: "qwen3", "llama3" or
+ * "chatml" (the fallback); NULL without a vocabulary. */
+const char *tk_model_chat_format(const tk_model *m);
+
 /* ---- Engine ---------------------------------------------------------------- */
 
 typedef struct tk_engine tk_engine;
