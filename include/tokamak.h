@@ -110,15 +110,18 @@ void tk_model_get_info(const tk_model *m, tk_model_info *out);
 void tk_free_buf(void *p);
 
 /* Text to ids. add_bos: prepend BOS where the vocabulary asks for it (Llama-3
- * yes, Qwen no). parse_special: tokens written in the text as they appear in
- * the vocabulary's added tokens (<|im_start|>, <think>, ...) become their ids;
- * false: all of the text is text. */
+ * yes, Qwen no). parse_special: special tokens written in the text
+ * (<|im_start|>, <|endoftext|>, ...: special: true in tokenizer.json, control
+ * in GGUF) become their ids; false: they are text, for text from a user.
+ * Non-special added tokens (Qwen3's <think>, <tool_call>) become their ids
+ * either way, as Hugging Face and llama.cpp encode them. Invalid UTF-8 is
+ * encoded as U+FFFD. Free *ids with tk_free_buf (also when *n_ids is 0). */
 tk_status tk_tokenize(const tk_model *m, const char *text, size_t len, bool add_bos, bool parse_special,
                       int32_t **ids, size_t *n_ids);
 
-/* Ids to UTF-8 text; show_special: include control tokens' text. Invalid UTF-8
- * becomes U+FFFD; an id outside the vocabulary is TK_ERR_RANGE. *text is
- * NUL-terminated. */
+/* Ids to UTF-8 text; show_special: include control tokens' text (non-special
+ * added tokens always show). Invalid UTF-8 becomes U+FFFD; an id outside the
+ * vocabulary is TK_ERR_RANGE. *text is NUL-terminated, *len excludes the NUL. */
 tk_status tk_detokenize(const tk_model *m, const int32_t *ids, size_t n_ids, bool show_special, char **text,
                         size_t *len);
 
@@ -135,10 +138,15 @@ typedef struct tk_chat_opts {
 void tk_chat_opts_default(tk_chat_opts *o);
 
 /* A conversation in the model's chat format (Qwen3, Llama-3, ChatML), encoded
- * to prompt ids. Only the format's own markers become control tokens: a
- * special token (special: true in tokenizer.json, control in GGUF) written in
+ * to prompt ids: BOS where the vocabulary asks for it, then the turns, ready
+ * for tk_request.prompt. Only the format's own markers become control tokens:
+ * a special token (special: true in tokenizer.json, control in GGUF) written in
  * any message is encoded as text. Non-special added tokens (Qwen3's <think>,
- * <tool_call>) keep their ids, as Hugging Face encodes them. opts may be NULL. */
+ * <tool_call>) keep their ids, as Hugging Face encodes them. For messages
+ * without special tokens the ids are those of the official template rendered
+ * and encoded by Hugging Face. Roles other than system, user, assistant and
+ * tool are TK_ERR_INVALID; invalid UTF-8 in content becomes U+FFFD. opts may
+ * be NULL (tk_chat_opts_default). Free *ids with tk_free_buf. */
 tk_status tk_chat_tokenize(const tk_model *m, const tk_chat_message *msgs, int n_msgs, const tk_chat_opts *opts,
                            int32_t **ids, size_t *n_ids);
 

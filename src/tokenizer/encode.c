@@ -563,8 +563,6 @@ bool tok_utf8_valid(const char *text, size_t len) {
 /* The added token starting at text[i] and ending by text[end], longest first;
  * -1 if none. Special tokens match only where special_ok. */
 static int match_added(const tk_tokenizer *t, const char *text, size_t end, size_t i, bool special_ok) {
-    unsigned char c = (unsigned char)text[i];
-    if (!(t->added_first[c >> 3] & (1u << (c & 7)))) return -1;
     for (int k = 0; k < t->n_added; k++) {
         const tok_added *a = &t->added[k];
         if (a->special && !special_ok) continue;
@@ -607,7 +605,8 @@ static tk_status encode_valid(const tk_tokenizer *t, const char *text, size_t le
     size_t seg = 0, mk = 0;   /* marks[mk]: the first mark that ends after i */
     for (size_t i = 0; i <= len;) {
         int k = -1;
-        if (i < len && t->n_added) {
+        unsigned char c = i < len ? (unsigned char)text[i] : 0;
+        if (i < len && (t->added_first[c >> 3] & (1u << (c & 7)))) { /* an added token may start here */
             while (mk < n_marks && marks[mk].end <= i) mk++;
             bool in_mark = mk < n_marks && marks[mk].begin <= i;
             size_t end = in_mark ? marks[mk].end : mk < n_marks ? marks[mk].begin : len;
