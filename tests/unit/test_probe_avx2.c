@@ -8,6 +8,7 @@
 
 #include <cmocka.h> /* after the headers it needs */
 
+#include "bench/probe.h" /* links tokamak_tools */
 #include "unit/probe_check.h"
 
 static void test_probe_int8_avx2(void **state) {
