@@ -44,7 +44,7 @@ static void test_probe_lanes_sum_extremes(void **state) {
     }
     /* The AVX-512 loop's lanes after the production run: 12 accumulators of
      * -24 * 16e6 each, summed: far past INT32_MIN. */
-    for (int k = 0; k < 16; k++) lanes[k] = (int32_t)(12 * -24 * 16000000LL % 4294967296LL - 4294967296LL);
+    for (int k = 0; k < 16; k++) lanes[k] = (int32_t)(uint32_t)(12LL * -24 * 16000000LL);
     assert_int_equal(probe_lanes_sum(lanes, 16), fold_ref(lanes, 16));
 }
 
