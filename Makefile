@@ -37,13 +37,18 @@ test-asan: build-asan
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE slow
 
-# Each libFuzzer target runs briefly from its seed corpus.
+# Each libFuzzer target runs briefly from its seed corpus; a crash, leak or
+# timeout fails the target (its log's tail is shown, the crash input is kept
+# under $(FUZZ_BUILD)/crashes).
 fuzz: build-fuzz
-	@set -e; for f in $(FUZZ_BUILD)/fuzz/fuzz_*; do \
+	@set -e; mkdir -p $(FUZZ_BUILD)/crashes $(FUZZ_BUILD)/tmp; for f in $(FUZZ_BUILD)/fuzz/fuzz_*; do \
 	  name=$$(basename $$f); corpus=$(FUZZ_BUILD)/corpus/$$name; mkdir -p $$corpus; \
-	  seeds=tests/fuzz/seeds/$$name; [ -d $$seeds ] || seeds=""; \
+	  seeds=tests/fuzz/seeds/$$name; [ -d $$seeds ] || seeds=""; log=$(FUZZ_BUILD)/$$name.log; \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 $$corpus $$seeds 2>&1 | tail -n 3; \
+	  if ! TMPDIR=$(FUZZ_BUILD)/tmp $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 -timeout=10 \
+	      -artifact_prefix=$(FUZZ_BUILD)/crashes/$$name- $$corpus $$seeds >$$log 2>&1; then \
+	    tail -n 40 $$log; echo "fuzz: $$name FAILED (log $$log)"; exit 1; \
+	  fi; tail -n 3 $$log; \
 	done
 
 test: test-release test-asan fuzz

@@ -91,7 +91,10 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned ch
         d = _mm512_xor_si512(d, _mm512_load_si512((const void *)(p + i + 192)));
     }
     __m512i s = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
-    return (uint64_t)_mm512_reduce_add_epi64(s);
+    uint64_t lanes[8], x = 0;
+    _mm512_storeu_si512((void *)lanes, s);
+    for (int k = 0; k < 8; k++) x ^= lanes[k];
+    return x;
 }
 #endif
 
@@ -105,6 +108,19 @@ static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n) {
 }
 
 /* ---- compute loops --------------------------------------------------------- */
+
+/* The int8 loops' operands: every u8 is PROBE_U8 and every s8 PROBE_S8. */
+#define PROBE_U8 3
+#define PROBE_S8 (-2)
+#define PROBE_AVX2_ACC 8    /* accumulators of int8_avx2, 8 lanes each */
+#define PROBE_AVX512_ACC 12 /* accumulators of int8_avx512, 16 lanes each */
+#define PROBE_PLAIN_LANES 16
+
+uint32_t probe_lanes_sum(const int32_t *lanes, int n) {
+    uint32_t s = 0;
+    for (int k = 0; k < n; k++) s += (uint32_t)lanes[k];
+    return s;
+}
 /* Twelve independent chains hide the FMA latency (4-5 cycles) on two ports. */
 
 typedef float f32x4 __attribute__((vector_size(16)));
@@ -160,10 +176,12 @@ __attribute__((target("avx512f"))) static uint64_t fma_avx512(long iters) {
 
 /* u8 x s8 pairs summed to i16 (maddubs), then to i32 (madd with ones): the
  * int8 dot product of the AVX2 matmul kernels. The empty asm makes a and b
- * opaque each iteration so the compiler cannot hoist the invariant products. */
-__attribute__((target("avx2"))) static uint64_t int8_avx2(long iters) {
+ * opaque each iteration so the compiler cannot hoist the invariant products.
+ * Each 32-bit lane gains 4 * PROBE_U8 * PROBE_S8 per instruction, so the lanes
+ * wrap on a long run; only their wrapped sum (probe_lanes_sum) is kept. */
+__attribute__((target("avx2"))) static uint32_t int8_avx2(long iters) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
+    __m256i a = _mm256_set1_epi8(PROBE_U8), b = _mm256_set1_epi8(PROBE_S8);
     const __m256i ones = _mm256_set1_epi16(1);
     for (long i = 0; i < iters; i++) {
         __asm__ volatile("" : "+x"(a), "+x"(b));
@@ -180,13 +198,15 @@ __attribute__((target("avx2"))) static uint64_t int8_avx2(long iters) {
     }
     __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
                                  _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
-    return (uint64_t)(uint32_t)_mm256_extract_epi32(s, 0);
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)(void *)lanes, s);
+    return probe_lanes_sum(lanes, 8);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint64_t int8_avx512(long iters) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint32_t int8_avx512(long iters) {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     __m512i a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+    const __m512i a = _mm512_set1_epi8(PROBE_U8), b = _mm512_set1_epi8(PROBE_S8);
     for (long i = 0; i < iters; i++) {
         a0 = _mm512_dpbusd_epi32(a0, a, b), a1 = _mm512_dpbusd_epi32(a1, a, b), a2 = _mm512_dpbusd_epi32(a2, a, b);
         a3 = _mm512_dpbusd_epi32(a3, a, b), a4 = _mm512_dpbusd_epi32(a4, a, b), a5 = _mm512_dpbusd_epi32(a5, a, b);
@@ -197,21 +217,42 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint64_t int8_avx5
     __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
                                  _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
     s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
-    return (uint64_t)(uint32_t)_mm512_reduce_add_epi32(s);
+    int32_t lanes[16];
+    _mm512_storeu_si512((void *)lanes, s);
+    return probe_lanes_sum(lanes, 16);
 }
 #endif
 
-static uint64_t int8_plain(long iters) {
-    int32_t acc[16] = {0};
-    int8_t a[16], b[16];
-    for (int k = 0; k < 16; k++) a[k] = (int8_t)(k + 1), b[k] = (int8_t)(3 - k);
+/* The lanes wrap as the SIMD ones do (unsigned arithmetic: defined in C). */
+static uint32_t int8_plain(long iters) {
+    uint32_t acc[PROBE_PLAIN_LANES] = {0};
+    int8_t a[PROBE_PLAIN_LANES], b[PROBE_PLAIN_LANES];
+    for (int k = 0; k < PROBE_PLAIN_LANES; k++) a[k] = (int8_t)(k + 1), b[k] = (int8_t)(3 - k);
     for (long i = 0; i < iters; i++) {
         __asm__ volatile("" : : "r"(a), "r"(b) : "memory");
-        for (int k = 0; k < 16; k++) acc[k] += a[k] * b[k];
+        for (int k = 0; k < PROBE_PLAIN_LANES; k++) acc[k] += (uint32_t)(a[k] * b[k]);
     }
-    int32_t s = 0;
-    for (int k = 0; k < 16; k++) s += acc[k];
-    return (uint64_t)(uint32_t)s;
+    uint32_t s = 0;
+    for (int k = 0; k < PROBE_PLAIN_LANES; k++) s += acc[k];
+    return s;
+}
+
+uint32_t probe_int8_pass(tk_isa isa, long iters) {
+#if PROBE_X86
+    if (isa == TK_ISA_AVX512) return int8_avx512(iters);
+    if (isa == TK_ISA_AVX2) return int8_avx2(iters);
+#endif
+    (void)isa;
+    return int8_plain(iters);
+}
+
+uint32_t probe_int8_expect(tk_isa isa, long iters) {
+    int64_t per_iter = 0; /* summed over every lane of every accumulator */
+    if (PROBE_X86 && isa == TK_ISA_AVX512) per_iter = (int64_t)PROBE_AVX512_ACC * 16 * 4 * PROBE_U8 * PROBE_S8;
+    else if (PROBE_X86 && isa == TK_ISA_AVX2) per_iter = (int64_t)PROBE_AVX2_ACC * 8 * 4 * PROBE_U8 * PROBE_S8;
+    else
+        for (int k = 0; k < PROBE_PLAIN_LANES; k++) per_iter += (int64_t)(k + 1) * (3 - k);
+    return (uint32_t)((uint64_t)per_iter * (uint64_t)iters);
 }
 
 /* Ops (multiply-add = 2) one iteration of each loop performs. */
@@ -224,10 +265,8 @@ static uint64_t compute_once(probe_kind kind, tk_isa isa, long iters) {
 #if PROBE_X86
     if (kind == PROBE_FMA && isa == TK_ISA_AVX512) return fma_avx512(iters);
     if (kind == PROBE_FMA && isa == TK_ISA_AVX2) return fma_avx2(iters);
-    if (kind == PROBE_INT8 && isa == TK_ISA_AVX512) return int8_avx512(iters);
-    if (kind == PROBE_INT8 && isa == TK_ISA_AVX2) return int8_avx2(iters);
 #endif
-    return kind == PROBE_FMA ? fma_plain(iters) : int8_plain(iters);
+    return kind == PROBE_FMA ? fma_plain(iters) : probe_int8_pass(isa, iters);
 }
 
 /* ---- threads --------------------------------------------------------------- */
@@ -277,7 +316,7 @@ static double probe_run(probe_kind kind, int n_threads, size_t bytes, long iters
     cpu_detect(&cpu);
     int nth = n_threads > 0 ? n_threads : cpu.n_cores;
     if (nth > PROBE_MAX_THREADS) nth = PROBE_MAX_THREADS;
-    probe_shared sh = {.kind = kind, .isa = cpu_best_isa(&cpu), .nth = nth, .bytes = bytes, .iters = iters};
+    probe_shared sh = {.kind = kind, .isa = cpu_isa_from_env(&cpu), .nth = nth, .bytes = bytes, .iters = iters};
     atomic_init(&sh.failed, 0);
     atomic_init(&sh.state, 0);
     if (pthread_barrier_init(&sh.bar, NULL, (unsigned)nth) != 0) return 0;

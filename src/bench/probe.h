@@ -5,6 +5,10 @@
 #ifndef TK_BENCH_PROBE_H
 #define TK_BENCH_PROBE_H
 
+#include <stdint.h>
+
+#include "core/cpu.h"
+
 /* Streaming read bandwidth in GB/s (1e9 bytes/s) with n_threads threads
  * (<= 0: one per online core). Thread i is pinned to core i and reads its own
  * buffer (<= 256 MiB each, <= 1 GiB in all, far past any cache) with the widest
@@ -21,5 +25,20 @@ double probe_peak_gflops_f32(int n_threads);
  * ops), using vpdpbusd where AVX-512 VNNI exists, else vpmaddubsw+vpmaddwd;
  * 0 on failure. */
 double probe_peak_gops_int8(int n_threads);
+
+/* Every probe runs the loops of cpu_isa_from_env: the level the kernels use
+ * (TOKAMAK_ISA caps it), so a roofline compares like with like. */
+
+/* The int8 loops' lane reduction: the sum of n int32 lanes modulo 2^32. The
+ * accumulator lanes wrap on a long run by design, so the fold is unsigned and
+ * defined for any lane values (a signed fold would overflow). */
+uint32_t probe_lanes_sum(const int32_t *lanes, int n);
+
+/* One pass of the int8 peak loop of isa (the CPU must have it) on the calling
+ * thread: the wrapped sum of all its accumulator lanes after iters iterations.
+ * The loops' operands are fixed, so probe_int8_expect gives the same number
+ * from scalar arithmetic: the test of each level's loop and reduction. */
+uint32_t probe_int8_pass(tk_isa isa, long iters);
+uint32_t probe_int8_expect(tk_isa isa, long iters);
 
 #endif

@@ -11,10 +11,22 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
 tk_status fmap_open(const char *path, tk_fmap *m) {
     m->data = NULL;
     m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Non-blocking, so opening a FIFO (or a device) returns at once instead of
+     * waiting for a writer; fstat on the open descriptor then refuses it. The
+     * flag changes nothing for a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return tk_fail(TK_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -24,7 +36,7 @@ tk_status fmap_open(const char *path, tk_fmap *m) {
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return tk_fail(TK_ERR_IO, "%s: not a regular file", path);
+        return tk_fail(TK_ERR_IO, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
     }
     if (st.st_size == 0) {
         close(fd);

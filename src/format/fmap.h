@@ -20,7 +20,8 @@ typedef struct tk_fmap {
 } tk_fmap;
 
 /* TK_ERR_IO naming the path and errno text when the file cannot be opened,
- * is not a regular file, or cannot be mapped. */
+ * is not a regular file ("not a regular file (a FIFO)": a FIFO, device or
+ * directory is refused without blocking or reading it), or cannot be mapped. */
 tk_status fmap_open(const char *path, tk_fmap *m);
 void fmap_close(tk_fmap *m);
 

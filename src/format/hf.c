@@ -41,11 +41,13 @@ static bool file_exists(const char *path) {
     return stat(path, &st) == 0;
 }
 
-/* Reject anything that could name a file outside the directory. */
-static tk_status check_shard_name(const char *name, const char *tensor) {
-    if (!name[0]) return tk_fail(TK_ERR_FORMAT, "hf: weight_map: tensor '%s': shard name is empty", tensor);
-    if (name[0] == '/' || strstr(name, "..") || strchr(name, '/') || strchr(name, '\\'))
-        return tk_fail(TK_ERR_FORMAT, "hf: weight_map: tensor '%s': shard name '%.200s' is not a plain file name", tensor, name);
+/* A shard is a plain file of the directory: one path component, which is
+ * neither "." nor "..", so no name reaches outside it ("a..b" is fine). */
+static tk_status check_shard_name(const char *index, const char *name, const char *tensor) {
+    if (!name[0]) return tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard name is empty", index, tensor);
+    if (strchr(name, '/') || strchr(name, '\\') || !strcmp(name, ".") || !strcmp(name, ".."))
+        return tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard name '%.200s' is not a plain file name", index,
+                       tensor, name);
     return TK_OK;
 }
 
@@ -102,14 +104,14 @@ static tk_status read_index(hf_ckpt *h, const char *path) {
     if (st == TK_OK && n == 0) st = tk_fail(TK_ERR_FORMAT, "%s: weight_map is empty", path);
     if (st == TK_OK && !(which = tk_calloc((size_t)n, sizeof *which))) st = tk_fail(TK_ERR_NOMEM, "hf: out of memory");
     for (const cJSON *e = wm ? wm->child : NULL; e && st == TK_OK; e = e->next, k++) {
-        if (!cJSON_IsString(e)) st = tk_fail(TK_ERR_FORMAT, "hf: weight_map: tensor '%s': shard is not a string", e->string);
-        else if ((st = check_shard_name(e->valuestring, e->string)) == TK_OK) st = add_shard(h, e->valuestring, &which[k]);
+        if (!cJSON_IsString(e)) st = tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard is not a string", path, e->string);
+        else if ((st = check_shard_name(path, e->valuestring, e->string)) == TK_OK) st = add_shard(h, e->valuestring, &which[k]);
     }
     if (st == TK_OK) st = open_shards(h);
     k = 0;
     for (const cJSON *e = wm ? wm->child : NULL; e && st == TK_OK; e = e->next, k++)
         if (!st_find_tensor(h->shards[which[k]], e->string))
-            st = tk_fail(TK_ERR_FORMAT, "hf: tensor '%s' is listed in the index but missing from shard '%s'", e->string,
+            st = tk_fail(TK_ERR_FORMAT, "%s: tensor '%s' is listed in the index but missing from shard '%s'", path, e->string,
                          h->shard_names[which[k]]);
     tk_free(which);
     cJSON_Delete(root);
@@ -123,7 +125,7 @@ static int tensor_cmp(const void *a, const void *b) {
 static tk_status collect_tensors(hf_ckpt *h) {
     int64_t n = 0;
     for (int i = 0; i < h->n_shards; i++) n += st_n_tensors(h->shards[i]);
-    if (n == 0) return tk_fail(TK_ERR_FORMAT, "hf: %s: the checkpoint has no tensors", h->dir);
+    if (n == 0) return tk_fail(TK_ERR_FORMAT, "%s: the checkpoint has no tensors", h->dir);
     h->tensors = tk_calloc((size_t)n, sizeof *h->tensors);
     if (!h->tensors) return tk_fail(TK_ERR_NOMEM, "hf: out of memory for %" PRId64 " tensors", n);
     for (int i = 0; i < h->n_shards; i++)
@@ -131,7 +133,7 @@ static tk_status collect_tensors(hf_ckpt *h) {
     qsort(h->tensors, (size_t)n, sizeof *h->tensors, tensor_cmp);
     for (int64_t i = 1; i < n; i++)
         if (!strcmp(h->tensors[i]->name, h->tensors[i - 1]->name))
-            return tk_fail(TK_ERR_FORMAT, "hf: tensor '%s' appears in more than one shard", h->tensors[i]->name);
+            return tk_fail(TK_ERR_FORMAT, "%s: tensor '%s' appears in more than one shard", h->dir, h->tensors[i]->name);
     return TK_OK;
 }
 
@@ -149,7 +151,7 @@ static tk_status hf_load(hf_ckpt *h) {
     else if (file_exists(single)) {
         st = add_shard(h, "model.safetensors", &dummy);
         if (st == TK_OK) st = open_shards(h);
-    } else st = tk_fail(TK_ERR_IO, "hf: %s has neither model.safetensors nor model.safetensors.index.json", h->dir);
+    } else st = tk_fail(TK_ERR_IO, "%s has neither model.safetensors nor model.safetensors.index.json", h->dir);
     tk_free(idx);
     tk_free(single);
     return st == TK_OK ? collect_tensors(h) : st;

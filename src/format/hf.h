@@ -4,11 +4,14 @@
  * hf_open parses config.json (kept as a cJSON tree and as raw text), reads the
  * index if present (its weight_map names the shard of every tensor), maps every
  * shard with st_open (which validates it) and checks that each tensor the index
- * lists is in its shard. Shard names must be plain file names: one containing
- * "..", starting with "/" or holding any path separator is TK_ERR_FORMAT naming
- * it, so an index cannot reach outside the directory. A tensor present in two
- * shards is TK_ERR_FORMAT. Tensors are exposed in GGML order (see safetensors.h)
- * and stay valid until hf_close.
+ * lists is in its shard. Shard names must be plain file names: one holding a
+ * path separator ("/" or "\\"), or equal to "." or "..", is TK_ERR_FORMAT
+ * naming it, so an index cannot reach outside the directory ("a..b.safetensors"
+ * is a plain name). A tensor present in two shards is TK_ERR_FORMAT. A FIFO,
+ * device or directory where a file should be is refused without reading it
+ * (fmap_open). Every error message names the file or directory it is about.
+ * Tensors are exposed in GGML order (see safetensors.h) and stay valid until
+ * hf_close.
  */
 #ifndef TK_FORMAT_HF_H
 #define TK_FORMAT_HF_H

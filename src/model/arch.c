@@ -119,7 +119,11 @@ tk_status arch_hparams_gguf(const gguf_file *f, tk_hparams *hp) {
     int64_t v;
     if ((st = gguf_int(f, a, "block_count", true, 0, &v))) return st;
     hp->n_layer = clamp_int(v);
+    char key[128];
+    snprintf(key, sizeof key, "%s.context_length", a);
     if ((st = gguf_int(f, a, "context_length", false, 0, &v))) return st;
+    /* absent: the file does not say (0); present, it must be a usable context */
+    if (gguf_find(f, key) && (st = check_range(key, v, 1, TK_MAX_CTX_TRAIN))) return st;
     hp->n_ctx_train = clamp_int(v);
     if ((st = gguf_int(f, a, "embedding_length", true, 0, &v))) return st;
     hp->n_embd = clamp_int(v);
@@ -145,20 +149,24 @@ tk_status arch_hparams_gguf(const gguf_file *f, tk_hparams *hp) {
 
     /* RoPE scaling: linear from metadata; llama3 comes as per-frequency factors
      * in rope_freqs.weight (the converter's output), detected here. */
-    char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     gguf_str stype;
     bool found = false;
     if ((st = gguf_get_str(f, key, &stype, &found))) return st;
     float factor = 1.0f;
+    char fkey[128];
+    snprintf(fkey, sizeof fkey, "%s.rope.scaling.factor", a);
     if ((st = gguf_float(f, a, "rope.scaling.factor", 1.0f, &factor))) return st;
     if (found && !gguf_str_eq(stype, "none")) {
         if (gguf_str_eq(stype, "linear")) {
+            if (!gguf_find(f, fkey)) return tk_fail(TK_ERR_FORMAT, "model: %s is linear but %s is missing", key, fkey);
             hp->rope_scaling = TK_ROPE_SCALING_LINEAR;
             hp->rope_factor = factor;
         } else if (!gguf_str_eq(stype, "llama3")) {
             return tk_fail(TK_ERR_UNSUPPORTED, "model: %s '%.*s' not supported (none, linear, llama3)", key,
                            (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
+        } else if (!gguf_find_tensor(f, "rope_freqs.weight")) {
+            return tk_fail(TK_ERR_FORMAT, "model: %s is llama3 but the rope_freqs.weight tensor is missing", key);
         }
     }
     if (gguf_find_tensor(f, "rope_freqs.weight")) {
@@ -209,6 +217,40 @@ static tk_status json_float(const cJSON *o, const char *key, float *out) {
     return TK_OK;
 }
 
+/* A boolean field: *out keeps its value when the key is absent (or null). */
+static tk_status json_bool(const cJSON *o, const char *key, bool *out) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!j || cJSON_IsNull(j)) return TK_OK;
+    if (!cJSON_IsBool(j)) return tk_fail(TK_ERR_FORMAT, "model: config.json %s is not true or false", key);
+    *out = cJSON_IsTrue(j);
+    return TK_OK;
+}
+
+/* An integer field that, when present, must lie in [lo, hi]; *present says whether it was. */
+static tk_status json_int_range(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out, bool *present) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    *present = j && !cJSON_IsNull(j);
+    if (!*present) return TK_OK;
+    int64_t v;
+    tk_status st = json_int(o, key, true, &v);
+    if (st) return st;
+    char field[96];
+    snprintf(field, sizeof field, "config.json %s", key);
+    if ((st = check_range(field, v, lo, hi))) return st;
+    *out = v;
+    return TK_OK;
+}
+
+/* The keys a rope_scaling type needs (as transformers validates them): absent is an error. */
+static tk_status rope_require(const cJSON *rs, const char *type, const char *const *keys) {
+    for (; *keys; keys++) {
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(rs, *keys);
+        if (!j || cJSON_IsNull(j))
+            return tk_fail(TK_ERR_FORMAT, "model: config.json rope_scaling of type %s lacks %s", type, *keys);
+    }
+    return TK_OK;
+}
+
 /* Token ids may be a number or a list (llama 3.1 lists several EOS ids; the
  * first is the one tokamak stops on by default, every one is range-checked). */
 static tk_status json_token(const cJSON *o, const char *key, int n_vocab, int32_t *out) {
@@ -219,7 +261,8 @@ static tk_status json_token(const cJSON *o, const char *key, int n_vocab, int32_
     if (cJSON_IsArray(j)) {
         const cJSON *e;
         cJSON_ArrayForEach(e, j) {
-            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= n_vocab)
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= n_vocab ||
+                e->valuedouble != floor(e->valuedouble))
                 return tk_fail(TK_ERR_RANGE, "model: config.json %s entry %g outside the vocabulary of %d tokens", key,
                                cJSON_IsNumber(e) ? e->valuedouble : -1.0, n_vocab);
             if (!first) first = e;
@@ -228,7 +271,8 @@ static tk_status json_token(const cJSON *o, const char *key, int n_vocab, int32_
     } else {
         first = j;
     }
-    if (!cJSON_IsNumber(first)) return tk_fail(TK_ERR_FORMAT, "model: config.json %s is not a token id", key);
+    if (!cJSON_IsNumber(first) || first->valuedouble != floor(first->valuedouble))
+        return tk_fail(TK_ERR_FORMAT, "model: config.json %s is not a token id", key);
     double d = first->valuedouble;
     if (d < 0 || d >= n_vocab)
         return tk_fail(TK_ERR_RANGE, "model: config.json %s %g outside the vocabulary of %d tokens", key, d, n_vocab);
@@ -239,6 +283,7 @@ static tk_status json_token(const cJSON *o, const char *key, int n_vocab, int32_
 static tk_status hf_arch(const cJSON *root, tk_arch *out) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (cJSON_IsString(mt)) return arch_from_name(mt->valuestring, strlen(mt->valuestring), out);
+    if (mt && !cJSON_IsNull(mt)) return tk_fail(TK_ERR_FORMAT, "model: config.json model_type is not a string");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     if (!cJSON_IsString(a0)) return tk_fail(TK_ERR_FORMAT, "model: config.json has neither model_type nor architectures");
@@ -264,12 +309,17 @@ static tk_status hf_rope_scaling(const cJSON *root, tk_hparams *hp) {
     if ((st = json_float(rs, "factor", &hp->rope_factor))) return st;
     if (!strcmp(t->valuestring, "default")) return TK_OK;
     if (!strcmp(t->valuestring, "linear")) {
+        static const char *const need[] = {"factor", NULL};
+        if ((st = rope_require(rs, "linear", need))) return st;
         hp->rope_scaling = TK_ROPE_SCALING_LINEAR;
         return TK_OK;
     }
     if (strcmp(t->valuestring, "llama3"))
         return tk_fail(TK_ERR_UNSUPPORTED, "model: config.json rope_scaling type '%.32s' not supported (linear, llama3)",
                        t->valuestring);
+    static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings", NULL};
+    if ((st = rope_require(rs, "llama3", need))) return st;
     hp->rope_scaling = TK_ROPE_SCALING_LLAMA3;
     hp->rope_low_freq_factor = 1.0f;
     hp->rope_high_freq_factor = 4.0f;
@@ -286,31 +336,35 @@ static tk_status hf_parse(const cJSON *root, tk_hparams *hp) {
     if (!cJSON_IsObject(root)) return tk_fail(TK_ERR_FORMAT, "model: config.json is not a JSON object");
     tk_status st = hf_arch(root, &hp->arch);
     if (st) return st;
-    int64_t n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_kv = -1, hd = -1, n_vocab = 0, ctx = 0;
+    int64_t n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_kv = 0, hd = 0, n_vocab = 0, ctx = 0;
+    bool has_kv, has_hd, has_ctx;
     if ((st = json_int(root, "num_hidden_layers", true, &n_layer))) return st;
     if ((st = json_int(root, "hidden_size", true, &n_embd))) return st;
     if ((st = json_int(root, "intermediate_size", true, &n_ff))) return st;
     if ((st = json_int(root, "num_attention_heads", true, &n_head))) return st;
-    if ((st = json_int(root, "num_key_value_heads", false, &n_kv))) return st;
-    if ((st = json_int(root, "head_dim", false, &hd))) return st;
+    /* Optional keys are checked as written: a bad value is an error naming
+     * the key, never replaced by the default. */
+    if ((st = json_int_range(root, "num_key_value_heads", 1, TK_MAX_HEADS, &n_kv, &has_kv))) return st;
+    if ((st = json_int_range(root, "head_dim", 1, TK_MAX_HEAD_DIM, &hd, &has_hd))) return st;
     if ((st = json_int(root, "vocab_size", true, &n_vocab))) return st;
-    if ((st = json_int(root, "max_position_embeddings", false, &ctx))) return st;
+    if ((st = json_int_range(root, "max_position_embeddings", 1, TK_MAX_CTX_TRAIN, &ctx, &has_ctx))) return st;
     hp->n_layer = clamp_int(n_layer);
     hp->n_embd = clamp_int(n_embd);
     hp->n_ff = clamp_int(n_ff);
     hp->n_head = clamp_int(n_head);
-    hp->n_head_kv = clamp_int(n_kv < 0 ? n_head : n_kv);
-    hp->head_dim = clamp_int(hd < 0 ? (n_head > 0 ? n_embd / n_head : 0) : hd);
+    hp->n_head_kv = clamp_int(has_kv ? n_kv : n_head);
+    hp->head_dim = clamp_int(has_hd ? hd : (n_head > 0 ? n_embd / n_head : 0));
     hp->n_vocab = clamp_int(n_vocab);
-    hp->n_ctx_train = clamp_int(ctx);
+    hp->n_ctx_train = clamp_int(has_ctx ? ctx : 0);
     if ((st = json_float(root, "rms_norm_eps", &hp->rms_eps))) return st;
     if ((st = json_float(root, "rope_theta", &hp->rope_theta))) return st;
     if ((st = hf_rope_scaling(root, hp))) return st;
 
-    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
-    hp->tied = cJSON_IsBool(tie) ? cJSON_IsTrue(tie) : false;
-    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "attention_bias");
-    hp->qkv_bias = hp->arch == TK_ARCH_QWEN2 || (cJSON_IsBool(bias) && cJSON_IsTrue(bias));
+    bool bias = false;
+    hp->tied = false;
+    if ((st = json_bool(root, "tie_word_embeddings", &hp->tied))) return st;
+    if ((st = json_bool(root, "attention_bias", &bias))) return st;
+    hp->qkv_bias = hp->arch == TK_ARCH_QWEN2 || bias;
     hp->qk_norm = hp->arch == TK_ARCH_QWEN3;
 
     /* Range-check the shape first so token-id messages quote a sane vocabulary. */

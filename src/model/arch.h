@@ -31,7 +31,7 @@ typedef enum tk_rope_scaling {
 typedef struct tk_hparams {
     tk_arch arch;
     int n_layer;
-    int n_ctx_train;  /* 0 when the file does not say */
+    int n_ctx_train;  /* >= 1; 0 when the file does not say (a stated 0 is an error) */
     int n_embd;       /* hidden size */
     int n_ff;         /* FFN inner size */
     int n_head;       /* query heads */
@@ -56,9 +56,16 @@ const char *arch_name(tk_arch a); /* "llama", "qwen2", "qwen3" */
 tk_status arch_from_name(const char *name, size_t len, tk_arch *out);
 
 /* Read and validate hyper-parameters from GGUF metadata. n_vocab comes from
- * {arch}.vocab_size, else the token_embd.weight rows, else the vocabulary. */
+ * {arch}.vocab_size, else the token_embd.weight rows, else the vocabulary.
+ * A present context_length must be >= 1; rope.scaling.type linear needs
+ * rope.scaling.factor and llama3 needs the rope_freqs.weight tensor. */
 tk_status arch_hparams_gguf(const gguf_file *f, tk_hparams *hp);
-/* Parse and validate a Hugging Face config.json text (len bytes). */
+/* Parse and validate a Hugging Face config.json text (len bytes). Optional
+ * keys are checked as written, never replaced by their default when bad:
+ * num_key_value_heads, head_dim and max_position_embeddings must be >= 1,
+ * tie_word_embeddings and attention_bias booleans, token ids integers, and
+ * rope_scaling complete (linear: factor; llama3: factor, low_freq_factor,
+ * high_freq_factor, original_max_position_embeddings). */
 tk_status arch_hparams_hf_json(const char *json, size_t len, tk_hparams *hp);
 /* The checks every loader runs (also after filling hp by hand in tests):
  * ranges, divisibility, even head_dim, token ids inside the vocabulary. */

@@ -4,6 +4,7 @@
  * the bytes a decode token reads. */
 #include "model/model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -502,10 +503,9 @@ static const char *base_name(const char *path) {
     return s && s[1] ? s + 1 : path;
 }
 
-static tk_status model_open_gguf(const char *path, const tk_model_opts *o, tk_model **out) {
-    gguf_file *f;
-    tk_status st = gguf_open(path, &f);
-    if (st) return st;
+/* The model of an open GGUF file f (owned from here on: closed on failure). */
+static tk_status model_from_gguf(gguf_file *f, const char *path, const tk_model_opts *o, tk_model **out) {
+    tk_status st;
     tk_hparams hp;
     if ((st = arch_hparams_gguf(f, &hp))) {
         gguf_close(f);
@@ -544,14 +544,22 @@ static tk_status model_open_gguf(const char *path, const tk_model_opts *o, tk_mo
     return TK_OK;
 }
 
+static tk_status model_open_gguf(const char *path, const tk_model_opts *o, tk_model **out) {
+    gguf_file *f;
+    tk_status st = gguf_open(path, &f);
+    if (st) return st; /* gguf_open's messages name the path */
+    if ((st = model_from_gguf(f, path, o, out))) tk_error_prefix("%s", path);
+    return st;
+}
+
+/* Every message names the path once: the GGUF and HF readers name the file
+ * they fail on, and the model steps after them are prefixed with it. */
 tk_status tk_model_open(const char *path, const tk_model_opts *opts, tk_model **out) {
     if (!path || !out) return tk_fail(TK_ERR_INVALID, "model: NULL path or output");
     *out = NULL;
     struct stat sb;
-    if (stat(path, &sb) != 0) return tk_fail(TK_ERR_IO, "model: cannot open %s", path);
-    tk_status st = S_ISDIR(sb.st_mode) ? model_open_hf(path, opts, out) : model_open_gguf(path, opts, out);
-    if (st) tk_error_prefix("%s", path);
-    return st;
+    if (stat(path, &sb) != 0) return tk_fail(TK_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    return S_ISDIR(sb.st_mode) ? model_open_hf(path, opts, out) : model_open_gguf(path, opts, out);
 }
 
 void model_dtype_bytes(const tk_model *m, uint64_t *bytes) {

@@ -22,6 +22,8 @@ static char *dir_name(const char *dir) {
     return tk_strndup(dir + s, n - s);
 }
 
+/* Every message names the directory (or a file in it) once: hf_open and
+ * tok_load_hf name what they fail on, the other steps are prefixed with dir. */
 tk_status model_open_hf(const char *dir, const tk_model_opts *o, tk_model **out) {
     *out = NULL;
     hf_ckpt *h;
@@ -32,12 +34,14 @@ tk_status model_open_hf(const char *dir, const tk_model_opts *o, tk_model **out)
     tk_hparams hp;
     if ((st = arch_hparams_hf_json(json, len, &hp))) {
         hf_close(h);
+        tk_error_prefix("%s", dir);
         return st;
     }
     model_source src = {TK_NAMING_HF, hf_source_find, h};
     tk_model *m;
     if ((st = model_create(&hp, &src, o, &m))) {
         hf_close(h);
+        tk_error_prefix("%s", dir);
         return st;
     }
     m->src_handle = h;
@@ -57,7 +61,8 @@ tk_status model_open_hf(const char *dir, const tk_model_opts *o, tk_model **out)
         if (tok_n_vocab(m->tok) > hp.n_vocab) {
             int nv = tok_n_vocab(m->tok);
             tk_model_free(m);
-            return tk_fail(TK_ERR_FORMAT, "model: tokenizer has %d tokens but vocab_size is %d", nv, hp.n_vocab);
+            return tk_fail(TK_ERR_FORMAT, "%s: model: tokenizer has %d tokens but vocab_size is %d", dir, nv,
+                           hp.n_vocab);
         }
     }
     *out = m;

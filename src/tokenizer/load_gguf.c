@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "format/fmap.h"
 #include "tokenizer/tok_internal.h"
 
 static tk_status token_id(const gguf_file *f, const char *key, int32_t n, int32_t *out) {
@@ -159,7 +160,7 @@ tk_status tok_load_path(const char *path, tk_tokenizer **out) {
     if (ends_with(path, ".json")) {
         char *json = NULL, *cfg = NULL;
         size_t jl = 0, cl = 0;
-        tk_status st = tok_read_file(path, TOK_MAX_JSON, &json, &jl);
+        tk_status st = fmap_read_all(path, TOK_MAX_JSON, &json, &jl);
         if (st) return st;
         /* tokenizer_config.json beside it, if there is one */
         size_t pl = strlen(path);
@@ -171,9 +172,8 @@ tk_status tok_load_path(const char *path, tk_tokenizer **out) {
         memcpy(cp, path, pl + 1);
         char *slash = strrchr(cp, '/');
         snprintf(slash ? slash + 1 : cp, pl + 32 - (size_t)(slash ? slash + 1 - cp : 0), "tokenizer_config.json");
-        if (strcmp(cp, path) && stat(cp, &sb) == 0) st = tok_read_file(cp, TOK_MAX_JSON, &cfg, &cl);
-        if (!st) st = tok_load_json(json, jl, cfg, out);
-        if (st) tk_error_prefix("%s", path);
+        if (strcmp(cp, path) && stat(cp, &sb) == 0) st = fmap_read_all(cp, TOK_MAX_JSON, &cfg, &cl);
+        if (!st && (st = tok_load_json(json, jl, cfg, out))) tk_error_prefix("%s", path); /* read errors name the file */
         tk_free(cp);
         tk_free(json);
         tk_free(cfg);

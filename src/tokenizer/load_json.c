@@ -3,16 +3,19 @@
  * merges naming real tokens, a known pre-tokenizer pattern, and the JSON itself
  * bounded in size and depth. */
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "format/fmap.h"
 #include "tokenizer/tok_internal.h"
 
-/* cJSON recurses per nesting level; refuse deep input before it gets there. */
+/* cJSON recurses per nesting level; refuse deep input before it gets there.
+ * cJSON's strings are NUL-terminated, so a NUL inside one (a raw byte or
+ * \u0000) would silently cut it ("a\u0000b" read as "a"): refused too. */
 static tk_status check_json_shape(const char *json, size_t len, const char *what) {
     if (len > TOK_MAX_JSON)
         return tk_fail(TK_ERR_FORMAT, "%s: %zu bytes is larger than the %llu-byte limit", what, len,
@@ -22,8 +25,13 @@ static tk_status check_json_shape(const char *json, size_t len, const char *what
     for (size_t i = 0; i < len; i++) {
         char c = json[i];
         if (in_str) {
+            if (c == '\\' && i + 5 < len && !memcmp(json + i + 1, "u0000", 5))
+                return tk_fail(TK_ERR_FORMAT, "%s: a string holds \\u0000 (NUL) at byte %zu; no token or name can contain NUL",
+                               what, i);
             if (c == '\\') i++;
             else if (c == '"') in_str = false;
+            else if (c == 0)
+                return tk_fail(TK_ERR_FORMAT, "%s: a string holds a NUL byte at byte %zu", what, i);
         } else if (c == '"') {
             in_str = true;
         } else if (c == '{' || c == '[') {
@@ -114,6 +122,39 @@ static tk_status find_pre(const cJSON *pre, char *name, size_t cap, bool *byte_l
         return TK_OK;
     }
     return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: pre_tokenizer type '%.40s' is not supported", type->valuestring);
+}
+
+/* Every id 0..max_id must name a token (the vocab's or an added one): a hole
+ * means an entry went missing, which is said as such rather than as the
+ * range error it would otherwise surface as. n_entries bounds the bitmap, so
+ * a huge id in a small file costs nothing. */
+static tk_status check_dense(const cJSON *vocab, const cJSON *added, int64_t n_entries, int64_t max_id,
+                             int64_t max_vocab_id) {
+    int64_t span = max_id + 1 < n_entries ? max_id + 1 : n_entries; /* a hole lies below this */
+    if (span <= 0) return TK_OK;
+    uint8_t *seen = tk_calloc((size_t)span, 1);
+    if (!seen) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        int64_t id = (int64_t)e->valuedouble;
+        if (id < span) seen[id] = 1;
+    }
+    cJSON_ArrayForEach(e, added) {
+        int64_t id = (int64_t)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
+        if (id < span) seen[id] = 1;
+    }
+    int64_t hole = -1;
+    for (int64_t i = 0; i < span && hole < 0; i++)
+        if (!seen[i]) hole = i;
+    tk_free(seen);
+    if (hole < 0) return TK_OK; /* max_id >= n_entries would leave a hole below n_entries */
+    if (hole < max_vocab_id)
+        return tk_fail(TK_ERR_FORMAT, "tokenizer.json: vocab ids are not contiguous: id %lld is missing (vocab ids run to %lld)",
+                       (long long)hole, (long long)max_vocab_id);
+    return tk_fail(TK_ERR_FORMAT,
+                   "tokenizer.json: token ids are not contiguous: id %lld is missing (vocab ids run to %lld, added "
+                   "token ids to %lld)",
+                   (long long)hole, (long long)max_vocab_id, (long long)max_id);
 }
 
 static tk_status load_merges(tk_tokenizer *t, const cJSON *merges, tok_build *b) {
@@ -258,14 +299,13 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
             st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: vocab entry '%.40s' has a bad id", e->string);
             goto fail;
         }
+        if (!e->string[0]) {
+            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: vocab entry %lld is the empty string", (long long)id);
+            goto fail;
+        }
         if (id > max_id) max_id = id;
     }
-    int64_t limit = n_model + n_add; /* the most ids a dense vocabulary can use */
-    if (max_id >= limit) {
-        st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: vocab id %lld out of range (%lld tokens)", (long long)max_id,
-                     (long long)limit);
-        goto fail;
-    }
+    int64_t max_vocab_id = max_id;
     cJSON_ArrayForEach(e, added) {
         int64_t id;
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
@@ -273,13 +313,13 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
             st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: an added token lacks a valid id or content");
             goto fail;
         }
-        if (id >= limit) {
-            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: added token '%.40s' id %lld out of range (0..%lld)",
-                         c->valuestring, (long long)id, (long long)limit - 1);
+        if (!c->valuestring[0]) { /* would never match, yet claim an id */
+            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: added token %lld has empty content", (long long)id);
             goto fail;
         }
         if (id > max_id) max_id = id;
     }
+    if ((st = check_dense(vocab, added, n_model + n_add, max_id, max_vocab_id))) goto fail;
     int32_t n = (int32_t)(max_id + 1);
     if ((st = tok_alloc(TOK_KIND_BPE, n, &t))) goto fail;
     snprintf(t->model_name, sizeof t->model_name, "gpt2");
@@ -355,47 +395,6 @@ fail:
     return st;
 }
 
-/* Read a whole file into a NUL-terminated tk_malloc'd buffer. */
-tk_status tok_read_file(const char *path, size_t limit, char **out, size_t *len) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return tk_fail(TK_ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    tk_status st = TK_OK;
-    for (;;) {
-        if (n + 65536 + 1 > cap) {
-            size_t nc = cap ? cap * 2 : 1 << 20;
-            char *q = tk_realloc(buf, nc);
-            if (!q) {
-                st = tk_fail(TK_ERR_NOMEM, "%s: out of memory", path);
-                break;
-            }
-            buf = q;
-            cap = nc;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (n > limit) {
-            st = tk_fail(TK_ERR_FORMAT, "%s: larger than the %zu-byte limit", path, limit);
-            break;
-        }
-        if (r == 0) {
-            if (ferror(f)) st = tk_fail(TK_ERR_IO, "%s: read error", path);
-            break;
-        }
-    }
-    fclose(f);
-    if (st) {
-        tk_free(buf);
-        return st;
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return TK_OK;
-}
-
 tk_status tok_load_hf(const char *dir, tk_tokenizer **out) {
     *out = NULL;
     if (!dir) return tk_fail(TK_ERR_INVALID, "tok_load_hf: NULL directory");
@@ -405,17 +404,11 @@ tk_status tok_load_hf(const char *dir, tk_tokenizer **out) {
     char *json = NULL, *cfg = NULL;
     size_t jl = 0, cl = 0;
     snprintf(p, dl + 32, "%s/tokenizer.json", dir);
-    tk_status st = tok_read_file(p, TOK_MAX_JSON, &json, &jl);
-    if (!st) {
-        snprintf(p, dl + 32, "%s/tokenizer_config.json", dir);
-        FILE *f = fopen(p, "rb");
-        if (f) {
-            fclose(f);
-            st = tok_read_file(p, TOK_MAX_JSON, &cfg, &cl);
-        }
-    }
-    if (!st) st = tok_load_json(json, jl, cfg, out);
-    if (st) tk_error_prefix("%s", dir);
+    tk_status st = fmap_read_all(p, TOK_MAX_JSON, &json, &jl);
+    struct stat sb;
+    snprintf(p, dl + 32, "%s/tokenizer_config.json", dir);
+    if (!st && stat(p, &sb) == 0) st = fmap_read_all(p, TOK_MAX_JSON, &cfg, &cl);
+    if (!st && (st = tok_load_json(json, jl, cfg, out))) tk_error_prefix("%s", dir); /* read errors name the file */
     tk_free(p);
     tk_free(json);
     tk_free(cfg);

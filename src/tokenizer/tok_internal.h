@@ -146,10 +146,6 @@ tk_status tok_finish(tk_tokenizer *t);
 /* Fill t->whole_ok: for each normal token, does BPE of its bytes give itself? */
 tk_status tok_compute_whole(tk_tokenizer *t);
 
-/* ---- load_json.c ---- */
-/* Read a whole file (at most limit bytes) into a NUL-terminated tk_malloc'd buffer. */
-tk_status tok_read_file(const char *path, size_t limit, char **out, size_t *len);
-
 /* ---- pretok.c: the pre-tokenizer regexes ---- */
 /* A known regex (from tokenizer.json) -> its pre name ("qwen2", "llama-bpe", "gpt2"), or NULL. */
 const char *tok_pre_from_regex(const char *regex);

@@ -43,9 +43,8 @@ grep -q "read bandwidth" "$dir/probe.md" || fail "--probe prints no bandwidth"
 grep -q "| concurrency | TTFT mean" "$dir/r.md" || fail "no markdown table"
 grep -q "commit " "$dir/r.md" || fail "no commit in the report"
 [ "$(wc -l <"$dir/r.csv")" -eq 5 ] || fail "csv: want header + 2 levels x 2 repeats"
-if command -v gnuplot >/dev/null; then
-  head -c 4 "$dir/r.png" | od -An -c | grep -q "P   N   G" || fail "plot is not a PNG"
-fi
+command -v gnuplot >/dev/null || fail "gnuplot is not installed (scripts/deps.sh installs gnuplot-nox)"
+head -c 4 "$dir/r.png" | od -An -c | grep -q "P   N   G" || fail "plot is not a PNG"
 
 "$TK_PYTHON" - "$dir/r.json" <<'PY'
 import json, math, sys

@@ -75,8 +75,15 @@ static void expect_open(tk_status want_st, const char *want) {
                     want ? want : "");
     assert_int_equal(st, want_st);
     if (want) assert_non_null(strstr(tk_last_error(), want));
-    if (st == TK_OK) hf_close(h);
-    else assert_null(h);
+    if (st == TK_OK) {
+        hf_close(h);
+        return;
+    }
+    assert_null(h);
+    /* Every message names the directory (or a file in it), exactly once. */
+    const char *at = strstr(tk_last_error(), g_dir);
+    if (!at || strstr(at + 1, g_dir)) print_error("\"%s\" should name %s once\n", tk_last_error(), g_dir);
+    assert_true(at && !strstr(at + 1, g_dir));
 }
 
 static void test_hf_single(void **state) {
@@ -158,9 +165,9 @@ static void test_hf_bad_shard_names(void **state) {
     put_file("config.json", CONFIG);
     put_shard("model.safetensors", "a.weight", NULL);
     static const char *bad[] = {"../model.safetensors", "/etc/passwd", "sub/model.safetensors", "a\\\\b.safetensors",
-                                "..", "x..y", ""};
+                                "..", ".", "/", ""};
     static const char *want[] = {"'../model.safetensors'", "'/etc/passwd'", "'sub/model.safetensors'", "'a\\b.safetensors'",
-                                 "'..'", "'x..y'", "shard name is empty"};
+                                 "'..'", "'.'", "'/'", "shard name is empty"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char idx[512];
         snprintf(idx, sizeof idx, "{\"weight_map\":{\"a.weight\":\"%s\"}}", bad[i]);
@@ -170,7 +177,38 @@ static void test_hf_bad_shard_names(void **state) {
     }
     put_file("model.safetensors.index.json", "{\"weight_map\":{\"a.weight\":7}}");
     expect_open(TK_ERR_FORMAT, "shard is not a string");
+    /* ".." inside a name is no path component: these are plain files of the directory */
+    static const char *good[] = {"a..b.safetensors", "..x.safetensors", "x..", "...", ".hidden"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        put_shard(good[i], "a.weight", NULL);
+        char idx[512];
+        snprintf(idx, sizeof idx, "{\"weight_map\":{\"a.weight\":\"%s\"}}", good[i]);
+        put_file("model.safetensors.index.json", idx);
+        expect_open(TK_OK, NULL);
+    }
     rm_dir();
+}
+
+/* A FIFO where a file should be (config.json, the index, a shard) is refused at
+ * once: opening it for reading would wait for a writer forever. */
+static void test_hf_fifo(void **state) {
+    (void)state;
+    static const char *names[] = {"config.json", "model.safetensors.index.json", "model-1.safetensors"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        mkdir_fresh("fifo");
+        put_file("config.json", CONFIG);
+        put_shard("model-1.safetensors", "a.weight", NULL);
+        put_file("model.safetensors.index.json", "{\"weight_map\":{\"a.weight\":\"model-1.safetensors\"}}");
+        char p[700];
+        snprintf(p, sizeof p, "%s/%s", g_dir, names[i]);
+        assert_int_equal(unlink(p), 0);
+        assert_int_equal(mkfifo(p, 0600), 0);
+        alarm(20); /* a blocking open fails the test instead of hanging it */
+        expect_open(TK_ERR_IO, "not a regular file (a FIFO)");
+        alarm(0);
+        assert_non_null(strstr(tk_last_error(), names[i]));
+        rm_dir();
+    }
 }
 
 static void test_hf_bad_json(void **state) {
@@ -211,6 +249,7 @@ int main(void) {
         cmocka_unit_test(test_hf_sharded),
         cmocka_unit_test(test_hf_bad_shard_names),
         cmocka_unit_test(test_hf_bad_json),
+        cmocka_unit_test(test_hf_fifo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include <cjson/cJSON.h>
+
 #include "core/error.h"
 #include "core/pool.h"
 #include "format/gguf.h"
@@ -157,6 +159,9 @@ typedef struct gguf_tweak {
     int block_count;   /* 0: the real one; -1: write 0 */
     int bos;           /* -1: none */
     bool vocab_key;
+    int ctx;           /* context_length: 0 the real one; -1 write 0; -2 leave the key out */
+    const char *rope_type; /* rope.scaling.type, written when set */
+    float rope_factor;     /* rope.scaling.factor, written when > 0 */
 } gguf_tweak;
 
 static void write_gguf(fx_model *fx, const char *path, const gguf_tweak *tw) {
@@ -171,7 +176,9 @@ static void write_gguf(fx_model *fx, const char *path, const gguf_tweak *tw) {
     snprintf(k, sizeof k, "%s." suffix, a);                                                                        \
     assert_int_equal(gguf_w_u32(w, k, (uint32_t)(v)), TK_OK)
     KU32("block_count", tw && tw->block_count ? (tw->block_count < 0 ? 0 : tw->block_count) : hp->n_layer);
-    KU32("context_length", hp->n_ctx_train);
+    if (!tw || tw->ctx != -2) {
+        KU32("context_length", tw && tw->ctx ? (tw->ctx < 0 ? 0 : tw->ctx) : hp->n_ctx_train);
+    }
     KU32("embedding_length", hp->n_embd);
     KU32("feed_forward_length", hp->n_ff);
     KU32("attention.head_count", hp->n_head);
@@ -186,6 +193,14 @@ static void write_gguf(fx_model *fx, const char *path, const gguf_tweak *tw) {
     assert_int_equal(gguf_w_f32(w, k, hp->rms_eps), TK_OK);
     snprintf(k, sizeof k, "%s.rope.freq_base", a);
     assert_int_equal(gguf_w_f32(w, k, hp->rope_theta), TK_OK);
+    if (tw && tw->rope_type) {
+        snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+        assert_int_equal(gguf_w_str(w, k, tw->rope_type), TK_OK);
+    }
+    if (tw && tw->rope_factor > 0) {
+        snprintf(k, sizeof k, "%s.rope.scaling.factor", a);
+        assert_int_equal(gguf_w_f32(w, k, tw->rope_factor), TK_OK);
+    }
     if (tw && tw->bos >= 0) assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)tw->bos), TK_OK);
     else if (!tw) assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)hp->bos_id), TK_OK);
     for (int i = 0; i < fx->n; i++)
@@ -265,27 +280,84 @@ static void test_model_gguf_roundtrip(void **state) {
     }
 }
 
+/* tk_model_open's message names the path exactly once. */
+#define expect_open_err(path, st, needle)                                                                          \
+    do {                                                                                                           \
+        tk_model *m_ = (tk_model *)0x1;                                                                            \
+        expect_err(tk_model_open((path), NULL, &m_), st, needle);                                                  \
+        assert_null(m_);                                                                                           \
+        const char *at_ = strstr(tk_last_error(), (path));                                                         \
+        if (!at_ || strstr(at_ + 1, (path))) fail_msg("'%s' should name %s once", tk_last_error(), (path));       \
+    } while (0)
+
 static void test_model_gguf_errors(void **state) {
     (void)state;
     fx_model fx;
     fx_build(&fx, TK_ARCH_QWEN2, TK_DTYPE_F32, TK_NAMING_GGUF);
     char path[512];
     tmp_path(path, sizeof path, "bad");
-    tk_model *m;
     gguf_tweak tw = {.arch = "gpt2", .bos = -1};
     write_gguf(&fx, path, &tw);
-    expect_err(tk_model_open(path, NULL, &m), TK_ERR_UNSUPPORTED, "unsupported architecture 'gpt2'");
+    expect_open_err(path, TK_ERR_UNSUPPORTED, "unsupported architecture 'gpt2'");
     tw = (gguf_tweak){.block_count = -1, .bos = -1};
     write_gguf(&fx, path, &tw);
-    expect_err(tk_model_open(path, NULL, &m), TK_ERR_FORMAT, "block_count 0");
+    expect_open_err(path, TK_ERR_FORMAT, "block_count 0");
     tw = (gguf_tweak){.bos = 300, .vocab_key = true};
     write_gguf(&fx, path, &tw);
-    expect_err(tk_model_open(path, NULL, &m), TK_ERR_RANGE, "bos_token_id 300 outside the vocabulary of 300");
+    expect_open_err(path, TK_ERR_RANGE, "bos_token_id 300 outside the vocabulary of 300");
     tw = (gguf_tweak){.block_count = 5, .bos = -1};
     write_gguf(&fx, path, &tw);
-    expect_err(tk_model_open(path, NULL, &m), TK_ERR_FORMAT, "missing tensor blk.4.attn_norm.weight");
+    expect_open_err(path, TK_ERR_FORMAT, "missing tensor blk.4.attn_norm.weight");
+    FILE *f = fopen(path, "wb"); /* not GGUF: the reader's own message */
+    assert_non_null(f);
+    fputs("GGUFxxxx", f);
+    fclose(f);
+    expect_open_err(path, TK_ERR_FORMAT, "shorter than the 24-byte header");
     unlink(path);
-    expect_err(tk_model_open(path, NULL, &m), TK_ERR_IO, path);
+    expect_open_err(path, TK_ERR_IO, "No such file");
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(20); /* a blocking open fails the test instead of hanging it */
+    expect_open_err(path, TK_ERR_IO, "not a regular file (a FIFO)");
+    alarm(0);
+    unlink(path);
+    fx_free(&fx);
+}
+
+/* context_length, when written, is a usable context (8 is tiny but legal);
+ * a rope scaling type comes with what it needs. */
+static void test_model_gguf_limits(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN2, TK_DTYPE_F32, TK_NAMING_GGUF);
+    char path[512];
+    tmp_path(path, sizeof path, "limits");
+    tk_model *m;
+    gguf_tweak tw = {.bos = -1, .ctx = -1};
+    write_gguf(&fx, path, &tw);
+    expect_open_err(path, TK_ERR_FORMAT, "qwen2.context_length 0 out of range [1, 16777216]");
+    tw = (gguf_tweak){.bos = -1, .ctx = 8};
+    write_gguf(&fx, path, &tw);
+    if (tk_model_open(path, NULL, &m) != TK_OK) fail_msg("%s", tk_last_error());
+    assert_int_equal(model_hparams(m)->n_ctx_train, 8);
+    tk_model_free(m);
+    tw = (gguf_tweak){.bos = -1, .ctx = -2}; /* not stated: unknown */
+    write_gguf(&fx, path, &tw);
+    if (tk_model_open(path, NULL, &m) != TK_OK) fail_msg("%s", tk_last_error());
+    assert_int_equal(model_hparams(m)->n_ctx_train, 0);
+    tk_model_free(m);
+    tw = (gguf_tweak){.bos = -1, .rope_type = "llama3", .rope_factor = 8};
+    write_gguf(&fx, path, &tw);
+    expect_open_err(path, TK_ERR_FORMAT, "qwen2.rope.scaling.type is llama3 but the rope_freqs.weight tensor is missing");
+    tw = (gguf_tweak){.bos = -1, .rope_type = "linear"};
+    write_gguf(&fx, path, &tw);
+    expect_open_err(path, TK_ERR_FORMAT, "qwen2.rope.scaling.type is linear but qwen2.rope.scaling.factor is missing");
+    tw = (gguf_tweak){.bos = -1, .rope_type = "linear", .rope_factor = 4};
+    write_gguf(&fx, path, &tw);
+    if (tk_model_open(path, NULL, &m) != TK_OK) fail_msg("%s", tk_last_error());
+    assert_int_equal(model_hparams(m)->rope_scaling, TK_ROPE_SCALING_LINEAR);
+    assert_true(model_hparams(m)->rope_factor == 4.0f);
+    tk_model_free(m);
+    unlink(path);
     fx_free(&fx);
 }
 
@@ -386,12 +458,133 @@ static void test_model_hf_config(void **state) {
     expect_err(arch_hparams_hf_json("{", 1, &hp), TK_ERR_FORMAT, "not valid JSON");
 }
 
+/* A small qwen2 config.json with key set to the JSON text val (NULL: removed). */
+static const char *HF_BASE = "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                             "\"intermediate_size\":128,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                             "\"vocab_size\":300,\"max_position_embeddings\":4096,\"tie_word_embeddings\":false}";
+
+static char *hf_with(const char *key, const char *val) {
+    cJSON *root = cJSON_Parse(HF_BASE);
+    assert_non_null(root);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, key);
+    if (val) {
+        cJSON *v = cJSON_Parse(val);
+        assert_non_null(v);
+        cJSON_AddItemToObject(root, key, v);
+    }
+    char *out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return out;
+}
+
+static void expect_hf(const char *key, const char *val, tk_status want, const char *needle) {
+    char *j = hf_with(key, val);
+    tk_hparams hp;
+    if (want == TK_OK) {
+        if (arch_hparams_hf_json(j, strlen(j), &hp) != TK_OK) fail_msg("%s=%s: %s", key, val, tk_last_error());
+    } else {
+        expect_err(arch_hparams_hf_json(j, strlen(j), &hp), want, needle);
+    }
+    cJSON_free(j);
+}
+
+/* Optional keys are checked as written: never silently replaced by a default. */
+static void test_model_hf_config_limits(void **state) {
+    (void)state;
+    expect_hf("max_position_embeddings", "0", TK_ERR_FORMAT, "config.json max_position_embeddings 0 out of range [1,");
+    expect_hf("max_position_embeddings", "-5", TK_ERR_FORMAT, "max_position_embeddings -5 out of range");
+    expect_hf("max_position_embeddings", "8", TK_OK, NULL); /* tiny but legal */
+    expect_hf("max_position_embeddings", NULL, TK_OK, NULL); /* not stated */
+    expect_hf("head_dim", "-4", TK_ERR_FORMAT, "config.json head_dim -4 out of range [1, 1024]");
+    expect_hf("head_dim", "0", TK_ERR_FORMAT, "config.json head_dim 0 out of range");
+    expect_hf("head_dim", "null", TK_OK, NULL);
+    expect_hf("num_key_value_heads", "-2", TK_ERR_FORMAT, "config.json num_key_value_heads -2 out of range [1, 1024]");
+    expect_hf("num_key_value_heads", "0", TK_ERR_FORMAT, "num_key_value_heads 0 out of range");
+    expect_hf("num_key_value_heads", "2.5", TK_ERR_FORMAT, "num_key_value_heads is not an integer");
+    expect_hf("tie_word_embeddings", "\"yes\"", TK_ERR_FORMAT, "tie_word_embeddings is not true or false");
+    expect_hf("tie_word_embeddings", "1", TK_ERR_FORMAT, "tie_word_embeddings is not true or false");
+    expect_hf("tie_word_embeddings", "true", TK_OK, NULL);
+    expect_hf("attention_bias", "\"false\"", TK_ERR_FORMAT, "attention_bias is not true or false");
+    expect_hf("model_type", "7", TK_ERR_FORMAT, "model_type is not a string");
+    expect_hf("eos_token_id", "2.5", TK_ERR_FORMAT, "eos_token_id is not a token id");
+    expect_hf("eos_token_id", "[2, 3.5]", TK_ERR_RANGE, "eos_token_id entry 3.5");
+    expect_hf("rope_scaling", "{\"rope_type\":\"llama3\"}", TK_ERR_FORMAT,
+              "rope_scaling of type llama3 lacks factor");
+    expect_hf("rope_scaling",
+              "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4}",
+              TK_ERR_FORMAT, "rope_scaling of type llama3 lacks original_max_position_embeddings");
+    expect_hf("rope_scaling",
+              "{\"rope_type\":\"llama3\",\"factor\":8,\"high_freq_factor\":4,"
+              "\"original_max_position_embeddings\":8192}",
+              TK_ERR_FORMAT, "rope_scaling of type llama3 lacks low_freq_factor");
+    expect_hf("rope_scaling",
+              "{\"rope_type\":\"llama3\",\"factor\":\"8\",\"low_freq_factor\":1,\"high_freq_factor\":4,"
+              "\"original_max_position_embeddings\":8192}",
+              TK_ERR_FORMAT, "config.json factor is not a number");
+    expect_hf("rope_scaling",
+              "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+              "\"original_max_position_embeddings\":8192}",
+              TK_OK, NULL);
+    expect_hf("rope_scaling", "{\"type\":\"linear\"}", TK_ERR_FORMAT, "rope_scaling of type linear lacks factor");
+    expect_hf("rope_scaling", "{\"type\":\"linear\",\"factor\":2}", TK_OK, NULL);
+    expect_hf("rope_scaling", "[1]", TK_ERR_FORMAT, "rope_scaling is not an object");
+}
+
+/* An HF directory's errors name it (or the file in it) once. */
+static void test_model_hf_dir_errors(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN2, TK_DTYPE_F32, TK_NAMING_HF);
+    char dir[512], path[600];
+    const char *t = getenv("TK_TMP");
+    snprintf(dir, sizeof dir, "%s/test_model_%d_hferr", t && *t ? t : "/tmp", (int)getpid());
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_write(path, fx.t, fx.n, NULL) != TK_OK) fail_msg("%s", tk_last_error());
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    static const struct { const char *key, *val; tk_status st; const char *needle; } cases[] = {
+        {"max_position_embeddings", "0", TK_ERR_FORMAT, "max_position_embeddings 0 out of range"},
+        {"head_dim", "-4", TK_ERR_FORMAT, "head_dim -4 out of range"},
+        {"tie_word_embeddings", "\"yes\"", TK_ERR_FORMAT, "tie_word_embeddings is not true or false"},
+        {"intermediate_size", "96", TK_ERR_FORMAT, "model.layers.0.mlp.gate_proj.weight"},
+        {"vocab_size", "300", TK_OK, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *j = hf_with(cases[i].key, cases[i].val);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(j, f);
+        fclose(f);
+        cJSON_free(j);
+        if (cases[i].st != TK_OK) {
+            expect_open_err(dir, cases[i].st, cases[i].needle);
+        } else {
+            tk_model *m;
+            if (tk_model_open(dir, NULL, &m) != TK_OK) fail_msg("%s", tk_last_error());
+            tk_model_free(m);
+        }
+    }
+    unlink(path);
+    expect_open_err(dir, TK_ERR_IO, "config.json");
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(20);
+    expect_open_err(dir, TK_ERR_IO, "config.json: not a regular file (a FIFO)");
+    alarm(0);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    fx_free(&fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_loads_every_arch), cmocka_unit_test(test_model_bad_hparams),
         cmocka_unit_test(test_model_tensor_errors),    cmocka_unit_test(test_model_unpermute_rows),
         cmocka_unit_test(test_model_gguf_roundtrip),   cmocka_unit_test(test_model_gguf_errors),
         cmocka_unit_test(test_model_hf_config),        cmocka_unit_test(test_model_hf_dir_matches_gguf),
+        cmocka_unit_test(test_model_gguf_limits),      cmocka_unit_test(test_model_hf_config_limits),
+        cmocka_unit_test(test_model_hf_dir_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -108,6 +109,10 @@ static char *llama3_json(const char *variant) {
     p += sprintf(p, "{\"version\":\"1.0\",");
     if (!strcmp(variant, "added_range"))
         p += sprintf(p, "\"added_tokens\":[{\"id\":99999,\"content\":\"<|x|>\",\"special\":true}],");
+    else if (!strcmp(variant, "added_nul")) /* cJSON would cut it to "a" */
+        p += sprintf(p, "\"added_tokens\":[{\"id\":262,\"content\":\"a\\u0000b\",\"special\":false}],");
+    else if (!strcmp(variant, "added_empty"))
+        p += sprintf(p, "\"added_tokens\":[{\"id\":262,\"content\":\"\",\"special\":true}],");
     else
         p += sprintf(p, "\"added_tokens\":[{\"id\":262,\"content\":\"<|begin_of_text|>\",\"special\":true},"
                         "{\"id\":263,\"content\":\"<|eot_id|>\",\"special\":true},"
@@ -135,7 +140,11 @@ static char *llama3_json(const char *variant) {
         p += sprintf(p, ":%d,", b);
     }
     /* 256 Ġt, 257 he, 258 Ġthe, 259 12, 260 123, 261 xyz (no merge makes it) */
-    p += sprintf(p, "\"\xc4\xa0t\":256,\"he\":257,\"\xc4\xa0the\":258,\"12\":259,\"123\":260,\"xyz\":261},\"merges\":[");
+    p += sprintf(p, "\"\xc4\xa0t\":256,%s\"\xc4\xa0the\":258,\"12\":259,\"123\":260%s},\"merges\":[",
+                 !strcmp(variant, "vocab_hole") ? "" : "\"he\":257,",
+                 !strcmp(variant, "vocab_last")    ? ""
+                 : !strcmp(variant, "vocab_empty") ? ",\"\":261"
+                                                   : ",\"xyz\":261");
     p += sprintf(p, "[\"\xc4\xa0\",\"t\"],\"h e\",[\"\xc4\xa0t\",\"he\"],[\"1\",\"2\"],[\"12\",\"3\"]");
     if (!strcmp(variant, "bad_merge")) p += sprintf(p, ",[\"q\",\"nosuch\"]");
     p += sprintf(p, "]}}");
@@ -285,8 +294,31 @@ static void test_tok_bad_files(void **state) {
     expect_load_error(j, strlen(j), TK_ERR_FORMAT, "unknown token 'nosuch'");
     free(j);
     j = llama3_json("added_range");
-    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "out of range");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT,
+                      "token ids are not contiguous: id 262 is missing (vocab ids run to 261, added token ids to 99999)");
     free(j);
+    /* a vocab entry removed: said as such, not as an added token's range error */
+    j = llama3_json("vocab_hole");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "vocab ids are not contiguous: id 257 is missing");
+    free(j);
+    j = llama3_json("vocab_last");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "token ids are not contiguous: id 261 is missing");
+    free(j);
+    j = llama3_json("vocab_empty");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "vocab entry 261 is the empty string");
+    free(j);
+    /* an added token holding a NUL is refused, not cut at it (every "a" would become it) */
+    j = llama3_json("added_nul");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "\\u0000 (NUL)");
+    free(j);
+    j = llama3_json("added_empty");
+    expect_load_error(j, strlen(j), TK_ERR_FORMAT, "added token 262 has empty content");
+    free(j);
+    expect_load_error("{\"model\":\"a\0b\"}", 15, TK_ERR_FORMAT, "NUL byte at byte 11");
+    const char *esc = "{\"a\\u0000\":1}", *lit = "{\"a\\\\u0000\":1}";
+    expect_load_error(esc, strlen(esc), TK_ERR_FORMAT, "\\u0000 (NUL) at byte 3");
+    /* an escaped backslash before "u0000" is text, not a NUL */
+    expect_load_error(lit, strlen(lit), TK_ERR_FORMAT, "missing \"model\"");
     j = llama3_json("no_model");
     expect_load_error(j, strlen(j), TK_ERR_FORMAT, "missing \"model\"");
     free(j);
@@ -311,12 +343,13 @@ static void test_tok_bad_files(void **state) {
 
 /* ---- SentencePiece-style BPE from a GGUF built here ----------------------------- */
 
-static tk_tokenizer *load_spm(const char *path) {
+/* extra: one more token (user-defined, extra_len bytes) after the fixed ones, or NULL. */
+static tk_tokenizer *load_spm_with(const char *path, const char *extra, size_t extra_len) {
     enum { N = 3 + 256 + 10 };
-    char *pieces[N];
-    uint64_t lens[N];
-    float scores[N];
-    int32_t types[N];
+    char *pieces[N + 1];
+    uint64_t lens[N + 1];
+    float scores[N + 1];
+    int32_t types[N + 1];
     char names[N][16];
     const char *base[] = {"<unk>", "<s>", "</s>"};
     int btype[] = {2, 3, 3};
@@ -343,13 +376,21 @@ static tk_tokenizer *load_spm(const char *path) {
         pieces[i] = names[i];
         lens[i] = strlen(names[i]);
     }
+    uint64_t n = N;
+    if (extra) {
+        pieces[N] = (char *)extra;
+        lens[N] = extra_len;
+        scores[N] = 0;
+        types[N] = 4;
+        n = N + 1;
+    }
     gguf_writer *w;
     assert_int_equal(gguf_writer_init(0, &w), TK_OK);
     assert_int_equal(gguf_w_str(w, "general.architecture", "llama"), TK_OK);
     assert_int_equal(gguf_w_str(w, "tokenizer.ggml.model", "llama"), TK_OK);
-    assert_int_equal(gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, lens, N), TK_OK);
-    assert_int_equal(gguf_w_arr(w, "tokenizer.ggml.scores", GGUF_T_F32, scores, N), TK_OK);
-    assert_int_equal(gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_I32, types, N), TK_OK);
+    assert_int_equal(gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)pieces, lens, n), TK_OK);
+    assert_int_equal(gguf_w_arr(w, "tokenizer.ggml.scores", GGUF_T_F32, scores, n), TK_OK);
+    assert_int_equal(gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_I32, types, n), TK_OK);
     assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 1), TK_OK);
     assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 2), TK_OK);
     assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.unknown_token_id", 0), TK_OK);
@@ -365,6 +406,8 @@ static tk_tokenizer *load_spm(const char *path) {
     gguf_close(f);
     return t;
 }
+
+static tk_tokenizer *load_spm(const char *path) { return load_spm_with(path, NULL, 0); }
 
 static void tmp_path(char *p, size_t cap, const char *name) {
     const char *dir = getenv("TK_TMP");
@@ -398,6 +441,78 @@ static void test_tok_spm_ids(void **state) {
     roundtrip(t, "hello \xc3\xa9t\xc3\xa9  \xe4\xbd\xa0 ll", true, false);
     tok_free(t);
     unlink(path);
+}
+
+/* A GGUF piece carries its length, so a NUL inside one is kept, not cut: a
+ * user-defined "h\0e" is its own 3-byte token and never captures "h". */
+static void test_tok_gguf_piece_with_nul(void **state) {
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "tok_spm_nul.gguf");
+    tk_tokenizer *t = load_spm_with(path, "h\0e", 3);
+    int32_t nul_id = tok_n_vocab(t) - 1;
+    size_t len;
+    const char *p = tok_piece(t, nul_id, &len);
+    assert_int_equal(len, 3);
+    assert_memory_equal(p, "h\0e", 3);
+    char base_path[512];
+    tmp_path(base_path, sizeof base_path, "tok_spm_base.gguf");
+    tk_tokenizer *base = load_spm(base_path);
+    static const char *texts[] = {"h", "he", "hello h e", "eh"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) { /* the extra token changes nothing */
+        int32_t a[64], b[64];
+        size_t na = enc(t, texts[i], strlen(texts[i]), true, true, a, 64);
+        size_t nb = enc(base, texts[i], strlen(texts[i]), true, true, b, 64);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na * sizeof *a);
+    }
+    tok_free(base);
+    unlink(base_path);
+    int32_t ids[1] = {nul_id};
+    char *d = decode(t, ids, 1, true);
+    assert_memory_equal(d, "h\0e", 3);
+    free(d);
+    tok_free(t);
+    unlink(path);
+}
+
+/* A FIFO where tokenizer.json or tokenizer_config.json should be is refused at
+ * once (a blocking open would wait for a writer forever). */
+static void test_tok_fifo(void **state) {
+    (void)state;
+    char dir[512], p[600], q[600];
+    tmp_path(dir, sizeof dir, "tok_fifo");
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    tk_tokenizer *t = (tk_tokenizer *)0x1;
+    assert_int_equal(mkfifo(p, 0600), 0);
+    alarm(20); /* a blocking open fails the test instead of hanging it */
+    assert_int_equal(tok_load_path(p, &t), TK_ERR_IO);
+    assert_null(t);
+    assert_non_null(strstr(tk_last_error(), "tokenizer.json: not a regular file (a FIFO)"));
+    assert_int_equal(tok_load_path(dir, &t), TK_ERR_IO);
+    assert_non_null(strstr(tk_last_error(), "tokenizer.json: not a regular file (a FIFO)"));
+    alarm(0);
+    unlink(p);
+    char *j = llama3_json("ok");
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(j, f);
+    fclose(f);
+    free(j);
+    assert_int_equal(tok_load_path(dir, &t), TK_OK); /* the file itself is fine */
+    tok_free(t);
+    assert_int_equal(mkfifo(q, 0600), 0);
+    alarm(20);
+    assert_int_equal(tok_load_path(dir, &t), TK_ERR_IO);
+    assert_non_null(strstr(tk_last_error(), "tokenizer_config.json: not a regular file (a FIFO)"));
+    assert_int_equal(tok_load_path(p, &t), TK_ERR_IO);
+    assert_non_null(strstr(tk_last_error(), "tokenizer_config.json: not a regular file (a FIFO)"));
+    alarm(0);
+    unlink(q);
+    unlink(p);
+    rmdir(dir);
 }
 
 /* ---- chat formats ------------------------------------------------------------- */
@@ -611,6 +726,8 @@ int main(void) {
         cmocka_unit_test(test_tok_stream_partial_utf8),
         cmocka_unit_test(test_tok_bad_files),
         cmocka_unit_test(test_tok_spm_ids),
+        cmocka_unit_test(test_tok_gguf_piece_with_nul),
+        cmocka_unit_test(test_tok_fifo),
         cmocka_unit_test(test_tok_chat_llama3_and_chatml),
         cmocka_unit_test(test_tok_encode_marked),
         cmocka_unit_test(test_tok_random_text),

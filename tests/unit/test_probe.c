@@ -1,0 +1,65 @@
+/* The int8 peak probe's lane reduction and loops: the portable fold against a
+ * 64-bit reference on extreme lane values, and the scalar loop at the
+ * production iteration count (its lanes wrap) against the result scalar
+ * arithmetic predicts. The SIMD loops have one test per level
+ * (test_probe_avx2, test_probe_avx512), which ctest reports as skipped on a
+ * CPU without that level. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cmocka.h> /* after the headers it needs */
+
+#include "bench/probe.h"
+#include "core/cpu.h"
+
+/* The sum modulo 2^32 through 64-bit integers (no lane count here can overflow them). */
+static uint32_t fold_ref(const int32_t *lanes, int n) {
+    int64_t s = 0;
+    for (int k = 0; k < n; k++) s += lanes[k];
+    return (uint32_t)((uint64_t)s & 0xffffffffu);
+}
+
+static void test_probe_lanes_sum_extremes(void **state) {
+    (void)state;
+    int32_t lanes[16];
+    const int32_t fills[] = {INT32_MAX, INT32_MIN, -1, 1, 0, INT32_MAX - 7, INT32_MIN + 3};
+    for (size_t f = 0; f < sizeof fills / sizeof fills[0]; f++) {
+        for (int k = 0; k < 16; k++) lanes[k] = fills[f];
+        for (int n = 0; n <= 16; n++) assert_int_equal(probe_lanes_sum(lanes, n), fold_ref(lanes, n));
+    }
+    for (int k = 0; k < 16; k++)
+        lanes[k] = k % 2 ? INT32_MIN : INT32_MAX; /* alternating: sums cross both ends */
+    assert_int_equal(probe_lanes_sum(lanes, 16), fold_ref(lanes, 16));
+    assert_int_equal(probe_lanes_sum(lanes, 15), fold_ref(lanes, 15));
+    uint64_t x = 0x9e3779b97f4a7c15ull; /* pseudo-random lanes */
+    for (int rep = 0; rep < 1000; rep++) {
+        for (int k = 0; k < 16; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            lanes[k] = (int32_t)(uint32_t)x;
+        }
+        assert_int_equal(probe_lanes_sum(lanes, 16), fold_ref(lanes, 16));
+    }
+    /* The AVX-512 loop's lanes after the production run: 12 accumulators of
+     * -24 * 16e6 each, summed: far past INT32_MIN. */
+    for (int k = 0; k < 16; k++) lanes[k] = (int32_t)(uint32_t)(12LL * -24 * 16000000LL);
+    assert_int_equal(probe_lanes_sum(lanes, 16), fold_ref(lanes, 16));
+}
+
+#include "unit/probe_check.h"
+
+static void test_probe_int8_scalar(void **state) {
+    (void)state;
+    assert_int_equal(probe_int8_expect(TK_ISA_SCALAR, 1), (uint32_t)-952); /* sum (k+1)(3-k), k < 16 */
+    probe_check_level(TK_ISA_SCALAR);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_probe_lanes_sum_extremes),
+        cmocka_unit_test(test_probe_int8_scalar),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
