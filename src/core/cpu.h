@@ -5,6 +5,7 @@
 #include <stdbool.h>
 
 typedef enum tk_isa { TK_ISA_SCALAR = 0, TK_ISA_AVX2 = 1, TK_ISA_AVX512 = 2 } tk_isa;
+#define TK_ISA_COUNT 3 /* levels, for tables indexed by tk_isa */
 
 typedef struct tk_cpu {
     bool avx2, fma, f16c;

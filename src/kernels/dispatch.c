@@ -1,124 +1,94 @@
-/* One immutable table of kernels per ISA level, chosen once per process from
- * the CPU (capped by TOKAMAK_ISA). */
+/* The one place that picks kernels: one immutable tk_kernels table per ISA
+ * level, the weight table keyed by (weight type, layout) with a gemv per
+ * level, and the attention kernel for a head_dim. The level is chosen once
+ * per process from the CPU (capped by TOKAMAK_ISA). docs/kernels.md says
+ * which rows a new weight type, layout or ISA level adds. */
 #include <pthread.h>
 #include <string.h>
 
 #include "kernels/kernels_ref.h"
 
-/* The reference dequantizers for the block types; F16 and BF16 vary per ISA. */
-#define DEQUANT_BLOCKS                                                                                       \
-    [TK_DTYPE_F32] = kern_dequant_f32_ref, [TK_DTYPE_Q8_0] = kern_dequant_q8_0_ref,                          \
-    [TK_DTYPE_Q4_0] = kern_dequant_q4_0_ref, [TK_DTYPE_Q4_K] = kern_dequant_q4_k_ref,                        \
-    [TK_DTYPE_Q6_K] = kern_dequant_q6_k_ref, [TK_DTYPE_Q8_K] = kern_dequant_q8_k_ref
-
-static const tk_kernels KERNELS_SCALAR = {
-    .isa = TK_ISA_SCALAR,
-    .gemv = {[TK_DTYPE_F32] = kern_gemv_f32_ref,
-             [TK_DTYPE_F16] = kern_gemv_f16_ref,
-             [TK_DTYPE_BF16] = kern_gemv_bf16_ref,
-             [TK_DTYPE_Q8_0] = kern_gemv_q8_0_ref,
-             [TK_DTYPE_Q4_0] = kern_gemv_q4_0_ref,
-             [TK_DTYPE_Q4_K] = kern_gemv_q4_k_ref,
-             [TK_DTYPE_Q6_K] = kern_gemv_q6_k_ref},
-    .gemv_q8_0_x8 = kern_gemv_q8_0_x8_ref,
-    .gemv_bf16_x4 = kern_gemv_bf16_x4_ref,
-    .quant_q8_0 = kern_quant_q8_0_ref,
-    .quant_q8_k = kern_quant_q8_k_ref,
-    .rmsnorm = kern_rmsnorm_ref,
-    .add = kern_add_ref,
-    .silu_mul = kern_silu_mul_ref,
-    .dequant_row =
-        {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_ref, [TK_DTYPE_BF16] = kern_dequant_bf16_ref},
-};
-
+/* A function per ISA level, by tk_isa; the x86 levels exist on x86-64 only. */
 #if defined(__x86_64__)
-static const tk_kernels KERNELS_AVX2 = {
-    .isa = TK_ISA_AVX2,
-    .gemv = {[TK_DTYPE_F32] = kern_gemv_f32_avx2,
-             [TK_DTYPE_F16] = kern_gemv_f16_avx2,
-             [TK_DTYPE_BF16] = kern_gemv_bf16_avx2,
-             [TK_DTYPE_Q8_0] = kern_gemv_q8_0_avx2,
-             [TK_DTYPE_Q4_0] = kern_gemv_q4_0_avx2,
-             [TK_DTYPE_Q4_K] = kern_gemv_q4_k_avx2,
-             [TK_DTYPE_Q6_K] = kern_gemv_q6_k_avx2},
-    .gemv_q8_0_x8 = kern_gemv_q8_0_x8_avx2,
-    .gemv_bf16_x4 = kern_gemv_bf16_x4_avx2,
-    .quant_q8_0 = kern_quant_q8_0_avx2,
-    .quant_q8_k = kern_quant_q8_k_avx2,
-    .rmsnorm = kern_rmsnorm_avx2,
-    .add = kern_add_avx2,
-    .silu_mul = kern_silu_mul_avx2,
-    .dequant_row =
-        {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},
-};
-
-static const tk_kernels KERNELS_AVX512 = {
-    .isa = TK_ISA_AVX512,
-    .gemv = {[TK_DTYPE_F32] = kern_gemv_f32_avx512,
-             [TK_DTYPE_F16] = kern_gemv_f16_avx512,
-             [TK_DTYPE_BF16] = kern_gemv_bf16_avx512,
-             [TK_DTYPE_Q8_0] = kern_gemv_q8_0_avx512,
-             [TK_DTYPE_Q4_0] = kern_gemv_q4_0_avx512,
-             [TK_DTYPE_Q4_K] = kern_gemv_q4_k_avx512,
-             [TK_DTYPE_Q6_K] = kern_gemv_q6_k_avx512},
-    .gemv_q8_0_x8 = kern_gemv_q8_0_x8_avx512,
-    .gemv_bf16_x4 = kern_gemv_bf16_x4_avx512,
-    .quant_q8_0 = kern_quant_q8_0_avx512,
-    .quant_q8_k = kern_quant_q8_k_avx512,
-    .rmsnorm = kern_rmsnorm_avx512,
-    .add = kern_add_avx512,
-    .silu_mul = kern_silu_mul_avx512,
-    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,
-                    [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},
-};
-#endif
-
-const tk_kernels *kernels_get(tk_isa isa) {
-#if defined(__x86_64__)
-    switch (isa) {
-    case TK_ISA_AVX512:
-        return &KERNELS_AVX512;
-    case TK_ISA_AVX2:
-        return &KERNELS_AVX2;
-    default:
-        return &KERNELS_SCALAR;
-    }
+#define BY_ISA(scalar, avx2, avx512)                                                                         \
+    { [TK_ISA_SCALAR] = scalar, [TK_ISA_AVX2] = avx2, [TK_ISA_AVX512] = avx512 }
+#define TOP_ISA TK_ISA_AVX512
 #else
-    (void)isa;
-    return &KERNELS_SCALAR;
+#define BY_ISA(scalar, avx2, avx512)                                                                         \
+    { [TK_ISA_SCALAR] = scalar }
+#define TOP_ISA TK_ISA_SCALAR
 #endif
+
+/* ---- the weight table ----------------------------------------------------------- */
+
+static const tk_weight_kernels WEIGHTS[TK_DTYPE_COUNT][TK_LAYOUT_COUNT] = {
+    [TK_DTYPE_F32][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_F32,
+                                      .gemv = BY_ISA(kern_gemv_f32_ref, kern_gemv_f32_avx2,
+                                                     kern_gemv_f32_avx512)},
+    [TK_DTYPE_F16][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_F32,
+                                      .gemv = BY_ISA(kern_gemv_f16_ref, kern_gemv_f16_avx2,
+                                                     kern_gemv_f16_avx512)},
+    [TK_DTYPE_BF16][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_F32,
+                                       .gemv = BY_ISA(kern_gemv_bf16_ref, kern_gemv_bf16_avx2,
+                                                      kern_gemv_bf16_avx512)},
+    [TK_DTYPE_BF16][TK_LAYOUT_X4] = {.act = TK_DTYPE_F32,
+                                     .pack = kern_pack_bf16_x4,
+                                     .dequant_row = kern_dequant_bf16_x4_row,
+                                     .gemv = BY_ISA(kern_gemv_bf16_x4_ref, kern_gemv_bf16_x4_avx2,
+                                                    kern_gemv_bf16_x4_avx512)},
+    [TK_DTYPE_Q8_0][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_0,
+                                       .gemv = BY_ISA(kern_gemv_q8_0_ref, kern_gemv_q8_0_avx2,
+                                                      kern_gemv_q8_0_avx512)},
+    [TK_DTYPE_Q8_0][TK_LAYOUT_X8] = {.act = TK_DTYPE_Q8_0,
+                                     .pack = kern_pack_q8_0_x8,
+                                     .dequant_row = kern_dequant_q8_0_x8_row,
+                                     .gemv = BY_ISA(kern_gemv_q8_0_x8_ref, kern_gemv_q8_0_x8_avx2,
+                                                    kern_gemv_q8_0_x8_avx512)},
+    [TK_DTYPE_Q4_0][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_0,
+                                       .gemv = BY_ISA(kern_gemv_q4_0_ref, kern_gemv_q4_0_avx2,
+                                                      kern_gemv_q4_0_avx512)},
+    [TK_DTYPE_Q4_K][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_K,
+                                       .gemv = BY_ISA(kern_gemv_q4_k_ref, kern_gemv_q4_k_avx2,
+                                                      kern_gemv_q4_k_avx512)},
+    [TK_DTYPE_Q6_K][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_K,
+                                       .gemv = BY_ISA(kern_gemv_q6_k_ref, kern_gemv_q6_k_avx2,
+                                                      kern_gemv_q6_k_avx512)},
+};
+
+const tk_weight_kernels *kern_weight(tk_dtype t, tk_layout layout) {
+    if ((unsigned)t >= TK_DTYPE_COUNT || (unsigned)layout >= TK_LAYOUT_COUNT) return NULL;
+    const tk_weight_kernels *w = &WEIGHTS[t][layout];
+    return w->gemv[TK_ISA_SCALAR] ? w : NULL;
 }
 
-/* The once-flag and its result are the only statics: write-once, then read-only. */
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static const tk_kernels *default_table;
-
-static void default_init(void) {
-    tk_cpu c;
-    cpu_detect(&c);
-    default_table = kernels_get(cpu_isa_from_env(&c));
+tk_gemv_fn kern_gemv(const tk_kernels *K, tk_dtype t, tk_layout layout) {
+    const tk_weight_kernels *w = kern_weight(t, layout);
+    return w ? w->gemv[K->isa] : NULL;
 }
 
-const tk_kernels *kernels_default(void) {
-    pthread_once(&default_once, default_init);
-    return default_table;
+tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {
+    for (int l = TK_LAYOUT_ROWS + 1; l < TK_LAYOUT_COUNT; l++) {
+        const tk_weight_kernels *w = kern_weight(t, (tk_layout)l);
+        if (w && w->pack && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
+    }
+    return TK_LAYOUT_ROWS;
+}
+
+void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out) {
+    const int64_t k = t->ne[0];
+    const tk_weight_kernels *w = kern_weight(t->type, t->layout);
+    if (w && w->dequant_row) {
+        w->dequant_row(t->data, k, row, out);
+        return;
+    }
+    uint64_t rb = 0;
+    dtype_row_bytes(t->type, (uint64_t)k, &rb);
+    K->dequant_row[t->type]((const uint8_t *)t->data + (size_t)row * rb, out, k);
 }
 
 tk_dtype kern_act_type(tk_dtype wtype) {
-    switch (wtype) {
-    case TK_DTYPE_F32:
-    case TK_DTYPE_F16:
-    case TK_DTYPE_BF16:
-        return TK_DTYPE_F32;
-    case TK_DTYPE_Q8_0:
-    case TK_DTYPE_Q4_0:
-        return TK_DTYPE_Q8_0;
-    case TK_DTYPE_Q4_K:
-    case TK_DTYPE_Q6_K:
-        return TK_DTYPE_Q8_K;
-    default:
-        return TK_DTYPE_COUNT; /* no gemv for this weight type */
-    }
+    const tk_weight_kernels *w = kern_weight(wtype, TK_LAYOUT_ROWS);
+    return w ? w->act : TK_DTYPE_COUNT; /* no gemv for this weight type */
 }
 
 size_t kern_act_row_bytes(tk_dtype wtype, int64_t k) {
@@ -143,4 +113,97 @@ void kern_quant_act(const tk_kernels *K, tk_dtype wtype, const float *x, void *x
     default:
         break;
     }
+}
+
+/* ---- the per-ISA tables ------------------------------------------------------------ */
+
+/* The reference dequantizers for the block types; F16 and BF16 vary per ISA. */
+#define DEQUANT_BLOCKS                                                                                       \
+    [TK_DTYPE_F32] = kern_dequant_f32_ref, [TK_DTYPE_Q8_0] = kern_dequant_q8_0_ref,                          \
+    [TK_DTYPE_Q4_0] = kern_dequant_q4_0_ref, [TK_DTYPE_Q4_K] = kern_dequant_q4_k_ref,                        \
+    [TK_DTYPE_Q6_K] = kern_dequant_q6_k_ref, [TK_DTYPE_Q8_K] = kern_dequant_q8_k_ref
+
+static const tk_kernels KERNELS_SCALAR = {
+    .isa = TK_ISA_SCALAR,
+    .quant_q8_0 = kern_quant_q8_0_ref,
+    .quant_q8_k = kern_quant_q8_k_ref,
+    .rmsnorm = kern_rmsnorm_ref,
+    .add = kern_add_ref,
+    .silu_mul = kern_silu_mul_ref,
+    .dequant_row =
+        {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_ref, [TK_DTYPE_BF16] = kern_dequant_bf16_ref},
+    .attn = kv_attn_ref,
+    .attn_lanes = 1,
+    .kv_to_f16 = kv_to_f16_ref,
+};
+
+#if defined(__x86_64__)
+static const tk_kernels KERNELS_AVX2 = {
+    .isa = TK_ISA_AVX2,
+    .quant_q8_0 = kern_quant_q8_0_avx2,
+    .quant_q8_k = kern_quant_q8_k_avx2,
+    .rmsnorm = kern_rmsnorm_avx2,
+    .add = kern_add_avx2,
+    .silu_mul = kern_silu_mul_avx2,
+    .dequant_row =
+        {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},
+    .attn = kv_attn_avx2,
+    .attn_lanes = 8,
+    .kv_to_f16 = kv_to_f16_avx2,
+};
+
+static const tk_kernels KERNELS_AVX512 = {
+    .isa = TK_ISA_AVX512,
+    .quant_q8_0 = kern_quant_q8_0_avx512,
+    .quant_q8_k = kern_quant_q8_k_avx512,
+    .rmsnorm = kern_rmsnorm_avx512,
+    .add = kern_add_avx512,
+    .silu_mul = kern_silu_mul_avx512,
+    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,
+                    [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},
+    .attn = kv_attn_avx512,
+    .attn_lanes = 16,
+    .kv_to_f16 = kv_to_f16_avx512,
+};
+#endif
+
+const tk_kernels *kernels_get(tk_isa isa) {
+#if defined(__x86_64__)
+    switch (isa) {
+    case TK_ISA_AVX512:
+        return &KERNELS_AVX512;
+    case TK_ISA_AVX2:
+        return &KERNELS_AVX2;
+    default:
+        return &KERNELS_SCALAR;
+    }
+#else
+    (void)isa;
+    return &KERNELS_SCALAR;
+#endif
+}
+
+tk_isa kernels_top_isa(void) { return TOP_ISA; }
+
+kv_attn_fn kern_attn_for(tk_isa isa, int head_dim, tk_isa *level) {
+    int l = (int)isa > (int)TOP_ISA ? (int)TOP_ISA : (int)isa;
+    while (l > TK_ISA_SCALAR && (head_dim <= 0 || head_dim % kernels_get((tk_isa)l)->attn_lanes)) l--;
+    if (l < TK_ISA_SCALAR) l = TK_ISA_SCALAR;
+    if (level) *level = (tk_isa)l;
+    return kernels_get((tk_isa)l)->attn;
+}
+
+/* The once-flag and its result are the only statics: write-once, then read-only. */
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static const tk_kernels *default_table;
+
+static void default_init(void) {
+    tk_cpu c;
+    cpu_detect(&c);
+    default_table = kernels_get(cpu_isa_from_env(&c));
+}
+
+const tk_kernels *kernels_default(void) {
+    pthread_once(&default_once, default_init);
+    return default_table;
 }

@@ -1,7 +1,10 @@
 /* Compute kernels. Three layers per kernel: *_ref.c is the plain-C definition,
  * x86/<name>_avx2.c and x86/<name>_avx512.c the fast versions with the same signatures,
- * and dispatch.c fills one tk_kernels table from the CPU features once at start.
- * Kernels never create threads: callers split rows by (ith, nth).
+ * and dispatch.c is the one place that picks them: the per-ISA tk_kernels
+ * tables, the weight table keyed by (weight type, layout), and the attention
+ * kernel for a head_dim, chosen from the CPU features once at start
+ * (docs/kernels.md). Kernels never create threads: callers split rows by
+ * (ith, nth).
  *
  * Activations: every weight type has one activation format, the same on every
  * ISA, so quantizing activations does not depend on the ISA:
@@ -12,15 +15,18 @@
 #ifndef TK_KERNELS_H
 #define TK_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "kernels/kvattn.h"
 
 /* y[t * ldy + r] = dot(W row r, x row t) for r in [r0, r1), t in [0, n_tok).
- * w: the weight rows (row stride = row bytes of wtype, k elements per row);
+ * w: the weight matrix in the layout of the gemv's row in the weight table
+ *    (file order: row stride = row bytes of the type, k elements per row);
  * xq: n_tok activation rows in the activation format, row stride xq_stride bytes.
  * Writes only those outputs; pure, so threads may run disjoint row ranges.
  * Invariance (tested): on one ISA level, each output is bitwise the same
@@ -31,53 +37,78 @@ typedef void (*tk_gemv_fn)(int64_t k, const void *w, int64_t r0, int64_t r1, con
 /* Quantize one activation row of k floats to the activation format. */
 typedef void (*tk_quant_act_fn)(const float *x, void *xq, int64_t k);
 
+/* Kernels that do not depend on the weight layout, one immutable table per
+ * ISA level (kernels_get). The matmuls are in the weight table below. */
 typedef struct tk_kernels {
     tk_isa isa;
-    tk_gemv_fn gemv[TK_DTYPE_COUNT]; /* NULL for unsupported weight types */
-    tk_gemv_fn gemv_q8_0_x8;         /* Q8_0 in TK_LAYOUT_X8 (below) */
-    tk_gemv_fn gemv_bf16_x4;         /* BF16 in TK_LAYOUT_X4 (below) */
-    tk_quant_act_fn quant_q8_0;      /* k % 32 == 0 */
-    tk_quant_act_fn quant_q8_k;      /* k % 256 == 0 */
+    tk_quant_act_fn quant_q8_0; /* k % 32 == 0 */
+    tk_quant_act_fn quant_q8_k; /* k % 256 == 0 */
     /* out[i] = x[i] * w[i] / rms(x) ; out may alias x */
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
     /* x += y */
     void (*add)(float *x, const float *y, int64_t n);
     /* out[i] = silu(gate[i]) * up[i] */
     void (*silu_mul)(float *out, const float *gate, const float *up, int64_t n);
-    /* Dequantize a row of k elements of type t to floats (for embeddings, tests). */
+    /* Dequantize a row of k elements of type t, in file order, to floats. */
     void (*dequant_row[TK_DTYPE_COUNT])(const void *row, float *out, int64_t k);
+    /* Attention over the paged KV cache (kvattn.h) for head_dim % attn_lanes
+     * == 0; kern_attn_for applies that rule. kv_to_f16 takes any n. */
+    kv_attn_fn attn;
+    int attn_lanes;
+    kv_to_f16_fn kv_to_f16;
 } tk_kernels;
-
-/* Q8_0 interleaved by 8 rows (TK_LAYOUT_X8). For rows % 8 == 0 and
- * nb = k / 32 blocks per row, group g (rows 8g..8g+7) takes nb * 272 bytes,
- * the same as its eight rows in file order, one 272-byte block after another:
- *   16 bytes of scales: row i's f16 d of this block, i = 0..7
- *   256 bytes of quants: 4-byte chunk c (0..7), row i (0..7) holds
- *                        w[8g + i][32b + 4c .. 32b + 4c + 3]
- * One 32-byte load is then the same four columns of eight rows, so the
- * kernel keeps eight row sums in the lanes of one register; and each thread
- * reads one strictly sequential stream (scales inline: a separate scale
- * array measured ~20% slower from DRAM, the prefetchers tracking two
- * streams). The gemv contract is the usual one (any [r0, r1) cut, invariance). */
-bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k);
-/* Row `row` of an X8 matrix of row length k, dequantized (embedding lookup). */
-void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out);
-
-/* BF16 interleaved by 4 rows (TK_LAYOUT_X4), for rows % 4 == 0 and
- * k % 16 == 0: group g (rows 4g..4g+3) is k / 16 chunks of 128 bytes, chunk j
- * holding w[4g + i][16j .. 16j + 15] for i = 0..3 in turn. The kernel's
- * arithmetic is gemv_bf16's (same bits); only its four row streams become
- * one. */
-bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k);
-void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out);
-/* Row `row` of weight tensor t (any layout) as floats; t->type has a dequant_row. */
-void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out);
 
 /* The table for an ISA level; levels above what the CPU has must not be asked
  * for (cpu_isa_from_env never returns one). Returned table is static, immutable. */
 const tk_kernels *kernels_get(tk_isa isa);
 /* kernels_get(cpu_isa_from_env(detected CPU)), computed once. */
 const tk_kernels *kernels_default(void);
+/* The highest level this build dispatches to (AVX-512 on x86-64, scalar
+ * elsewhere); tests walk every level up to it. */
+tk_isa kernels_top_isa(void);
+
+/* ---- the weight table: one row per (weight type, layout) ----------------------
+ * A row is everything a matmul weight in that layout needs: how to make it
+ * from rows in file order, how to read one row back, the activation format,
+ * and its gemv at every ISA level. A new layout (or a new weight type) is a
+ * new row in dispatch.c; callers find rows by (type, layout) and never name a
+ * layout. The layouts themselves are described in kernels_ref.h and
+ * docs/kernels.md. */
+typedef struct tk_weight_kernels {
+    tk_dtype act; /* activation format: F32, Q8_0 or Q8_K (the same for every layout of a type) */
+    /* Rows in file order -> this layout, rows x k elements into out (the same
+     * bytes as the input); false, writing nothing, when the shape does not fit.
+     * NULL for TK_LAYOUT_ROWS. */
+    bool (*pack)(const void *rows_in, void *out, int64_t rows, int64_t k);
+    /* Row `row` of a matrix w of row length k in this layout, as floats; NULL
+     * for TK_LAYOUT_ROWS (tk_kernels.dequant_row at row * row bytes). */
+    void (*dequant_row)(const void *w, int64_t k, int64_t row, float *out);
+    tk_gemv_fn gemv[TK_ISA_COUNT]; /* by tk_isa; every level of the build is filled */
+} tk_weight_kernels;
+
+/* The row for (t, layout); NULL when no matmul reads t in that layout. */
+const tk_weight_kernels *kern_weight(tk_dtype t, tk_layout layout);
+/* Its gemv at K's level (NULL if there is no row). */
+tk_gemv_fn kern_gemv(const tk_kernels *K, tk_dtype t, tk_layout layout);
+
+/* The gemv for a weight tensor's type and layout (NULL if none). */
+static inline tk_gemv_fn kern_gemv_of(const tk_kernels *K, const tk_tensor *w) {
+    return kern_gemv(K, w->type, w->layout);
+}
+
+/* Packs rows x k elements of type t from file order into the first layout
+ * after TK_LAYOUT_ROWS whose row takes the shape, and returns it; returns
+ * TK_LAYOUT_ROWS, writing nothing, when no layout takes it (the caller copies
+ * the rows as they are). out holds as many bytes as the input. */
+tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k);
+/* Row `row` of weight tensor t (any layout) as floats; t->type has a dequant_row. */
+void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out);
+
+/* The attention kernel for head_dim at level isa: isa's own when head_dim is
+ * a multiple of its attn_lanes, else the next level down that takes it
+ * (scalar takes any head_dim, so a SIMD kernel carries no tail code). The
+ * level chosen goes to *level (may be NULL). */
+kv_attn_fn kern_attn_for(tk_isa isa, int head_dim, tk_isa *level);
 
 /* Activation format for a weight type, and its row size for k elements
  * (TK_DTYPE_COUNT and 0 for a weight type without a gemv; 0 too when k is not
@@ -90,13 +121,6 @@ void kern_quant_act(const tk_kernels *K, tk_dtype wtype, const float *x, void *x
 /* Reference quantizers for weights (synth, repack at load). k % block == 0.
  * Return false for a type that cannot be written. */
 bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k);
-
-/* The gemv for a weight tensor's type and layout (NULL if none). */
-static inline tk_gemv_fn kern_gemv_of(const tk_kernels *K, const tk_tensor *w) {
-    if (w->layout == TK_LAYOUT_X8) return w->type == TK_DTYPE_Q8_0 ? K->gemv_q8_0_x8 : NULL;
-    if (w->layout == TK_LAYOUT_X4) return w->type == TK_DTYPE_BF16 ? K->gemv_bf16_x4 : NULL;
-    return K->gemv[w->type];
-}
 
 /* RoPE, in place on n_head vectors of head_dim at position pos.
  * neox: rotate pairs (i, i + head_dim/2) (HF layout, Qwen); otherwise pairs (2i, 2i+1)

@@ -1,6 +1,7 @@
 /* Internal: the plain-C reference kernels (the definitions) and the per-ISA
  * entry points dispatch.c puts in its tables. Not for callers outside
- * src/kernels/ and tests/kernels/: they go through tk_kernels. */
+ * src/kernels/ and the kernel tests: they go through tk_kernels, the weight
+ * table and kern_attn_for. */
 #ifndef TK_KERNELS_REF_H
 #define TK_KERNELS_REF_H
 
@@ -61,6 +62,35 @@ void kern_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, flo
 void kern_add_ref(float *x, const float *y, int64_t n);
 void kern_silu_mul_ref(float *out, const float *gate, const float *up, int64_t n);
 
+/* ---- interleaved layouts (quant_ref.c, gemv_ref.c) ------------------------------ */
+/* Q8_0 interleaved by 8 rows (TK_LAYOUT_X8). For rows % 8 == 0 and
+ * nb = k / 32 blocks per row, group g (rows 8g..8g+7) takes nb * 272 bytes,
+ * the same as its eight rows in file order, one 272-byte block after another:
+ *   16 bytes of scales: row i's f16 d of this block, i = 0..7
+ *   256 bytes of quants: 4-byte chunk c (0..7), row i (0..7) holds
+ *                        w[8g + i][32b + 4c .. 32b + 4c + 3]
+ * One 32-byte load is then the same four columns of eight rows, so the
+ * kernel keeps eight row sums in the lanes of one register; and each thread
+ * reads one strictly sequential stream (scales inline: a separate scale
+ * array measured ~20% slower from DRAM, the prefetchers tracking two
+ * streams). The gemv contract is the usual one (any [r0, r1) cut, invariance). */
+bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k);
+/* Row `row` of an X8 matrix of row length k, dequantized (embedding lookup). */
+void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out);
+
+/* BF16 interleaved by 4 rows (TK_LAYOUT_X4), for rows % 4 == 0 and
+ * k % 16 == 0: group g (rows 4g..4g+3) is k / 16 chunks of 128 bytes, chunk j
+ * holding w[4g + i][16j .. 16j + 15] for i = 0..3 in turn. The kernel's
+ * arithmetic is gemv_bf16's (same bits); only its four row streams become
+ * one. */
+bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out);
+
+/* ---- attention over the paged KV cache (attn_ref.c) -------------------------------- */
+void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
+                 int h1, float scale, float *out, float *scratch);
+void kv_to_f16_ref(const float *x, tk_f16 *y, int n);
+
 /* ---- AVX2 + FMA + F16C (x86/<name>_avx2.c) ---------------------------------------- */
 void kern_gemv_f32_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy);
@@ -87,6 +117,10 @@ void kern_add_avx2(float *x, const float *y, int64_t n);
 void kern_silu_mul_avx2(float *out, const float *gate, const float *up, int64_t n);
 void kern_dequant_f16_avx2(const void *row, float *out, int64_t k);
 void kern_dequant_bf16_avx2(const void *row, float *out, int64_t k);
+/* x86/kvattn_avx2.c: head_dim % 8 == 0 */
+void kv_attn_avx2(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
+                  int h1, float scale, float *out, float *scratch);
+void kv_to_f16_avx2(const float *x, tk_f16 *y, int n);
 
 /* ---- AVX-512 F/BW/VL/VNNI (x86/<name>_avx512.c) ------------------------------------ */
 void kern_gemv_f32_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
@@ -114,5 +148,9 @@ void kern_add_avx512(float *x, const float *y, int64_t n);
 void kern_silu_mul_avx512(float *out, const float *gate, const float *up, int64_t n);
 void kern_dequant_f16_avx512(const void *row, float *out, int64_t k);
 void kern_dequant_bf16_avx512(const void *row, float *out, int64_t k);
+/* x86/kvattn_avx512.c: head_dim % 16 == 0 */
+void kv_attn_avx512(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                    int h0, int h1, float scale, float *out, float *scratch);
+void kv_to_f16_avx512(const float *x, tk_f16 *y, int n);
 
 #endif

@@ -297,7 +297,7 @@ bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k) {
     }
 }
 
-/* ---- the 8-row interleaved Q8_0 layout (kernels.h) ------------------------------- */
+/* ---- the 8-row interleaved Q8_0 layout (kernels_ref.h) --------------------------- */
 
 bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k) {
     if (rows <= 0 || rows % 8 || k <= 0 || k % TK_QK8_0) return false;
@@ -329,7 +329,7 @@ void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out)
     }
 }
 
-/* ---- BF16 interleaved by 4 rows (kernels.h) --------------------------------------- */
+/* ---- BF16 interleaved by 4 rows (kernels_ref.h) ----------------------------------- */
 
 bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k) {
     if (rows <= 0 || rows % 4 || k <= 0 || k % 16) return false;
@@ -345,17 +345,4 @@ bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k) 
 void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out) {
     const uint16_t *g = (const uint16_t *)w + (size_t)(row / 4) * 4 * (size_t)k + (size_t)(row % 4) * 16;
     for (int64_t j = 0; j < k / 16; j++) kern_dequant_bf16_ref(g + (size_t)j * 64, out + j * 16, 16);
-}
-
-void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out) {
-    const int64_t k = t->ne[0];
-    if (t->layout == TK_LAYOUT_X8) {
-        kern_dequant_q8_0_x8_row(t->data, k, row, out);
-    } else if (t->layout == TK_LAYOUT_X4) {
-        kern_dequant_bf16_x4_row(t->data, k, row, out);
-    } else {
-        uint64_t rb = 0;
-        dtype_row_bytes(t->type, (uint64_t)k, &rb);
-        K->dequant_row[t->type]((const uint8_t *)t->data + (size_t)row * rb, out, k);
-    }
 }

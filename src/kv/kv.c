@@ -1,6 +1,6 @@
 /* The paged KV pool: one allocation for every layer's blocks, a free list of
- * block ids, conversion of written K/V vectors to the pool's KV type, and the
- * dispatch of attention to the kernel picked at init. */
+ * block ids, conversion of written K/V vectors to the pool's KV type, and
+ * attention through the kernel the dispatcher picked at init. */
 #include "kv.h"
 
 #include <math.h>
@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "kernels/kernels.h"
 #include "kv_simd.h"
 
 struct tk_kv {
@@ -155,24 +156,9 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     for (int i = 0; i < o->n_blocks; i++) kv->free_ids[i] = o->n_blocks - 1 - i;
     kv->n_free = o->n_blocks;
 
-    kv->isa = TK_ISA_SCALAR;
-    kv->attn = kv_attn_ref;
-    kv->to_f16 = kv_to_f16_ref;
-    /* The SIMD kernels walk whole vectors of head_dim; an odd head_dim drops to
-     * the next level down rather than carrying tail code in every kernel. */
-    if (isa >= TK_ISA_AVX512) {
-        kv->to_f16 = kv_to_f16_avx512;
-        if (o->head_dim % 16 == 0) {
-            kv->attn = kv_attn_avx512;
-            kv->isa = TK_ISA_AVX512;
-        }
-    } else if (isa >= TK_ISA_AVX2) {
-        kv->to_f16 = kv_to_f16_avx2;
-    }
-    if (isa >= TK_ISA_AVX2 && kv->isa == TK_ISA_SCALAR && o->head_dim % 8 == 0) {
-        kv->attn = kv_attn_avx2;
-        kv->isa = TK_ISA_AVX2;
-    }
+    /* The dispatcher picks the kernels (and the level below isa that takes an odd head_dim). */
+    kv->attn = kern_attn_for(isa, o->head_dim, &kv->isa);
+    kv->to_f16 = kernels_get(isa)->kv_to_f16;
     *out = kv;
     return TK_OK;
 }

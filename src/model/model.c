@@ -229,7 +229,7 @@ static tk_status load_matmul(tk_model *m, const model_source *src, const tk_mode
     if (st) return st;
     *out = *t;
     const tk_kernels *K = kernels_default();
-    if (!dtype_supported(t->type) || !K->gemv[t->type])
+    if (!dtype_supported(t->type) || !kern_gemv(K, t->type, TK_LAYOUT_ROWS))
         return tk_fail(TK_ERR_UNSUPPORTED, "model: tensor %s has type %s, which has no matmul kernel", t->name,
                        dtype_name(t->type));
     uint64_t rb;
@@ -369,7 +369,7 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
         /* The output matrix is the embedding matrix; a repack gets its own copy
          * so embedding lookups keep reading the file's rows. */
         m->output = m->tok_embd;
-        if (!kernels_default()->gemv[emb->type])
+        if (!kern_gemv(kernels_default(), emb->type, TK_LAYOUT_ROWS))
             return tk_fail(TK_ERR_UNSUPPORTED, "model: tied %s has type %s, which has no matmul kernel", emb->name,
                            dtype_name(emb->type));
         if (o->repack != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[o->repack] != emb->type) {
@@ -401,9 +401,9 @@ static bool is_matmul_weight(const tk_model *m, const tk_tensor *t) {
 }
 
 /* Copy every matmul weight (file views and owned repacks alike) to one
- * anonymous region advised for transparent huge pages, interleaving Q8_0
- * matrices by 8 rows and BF16 ones by 4 on the way (TK_LAYOUT_X8 / X4,
- * unless o->row_layout). Decode
+ * anonymous region advised for transparent huge pages, packing each matrix
+ * into its type's interleaved layout on the way where the kernels have one
+ * (kern_pack: Q8_0 by 8 rows, BF16 by 4), unless o->row_layout. Decode
  * streams all weights every token; with 4 KiB file pages each page costs a
  * TLB walk and stops the hardware prefetcher, which measured 10-15% of the
  * read bandwidth here. */
@@ -451,10 +451,7 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         const void *old = t->data;
         int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
         tk_layout lay = TK_LAYOUT_ROWS;
-        if (!o->row_layout && is_matmul_weight(m, t)) {
-            if (t->type == TK_DTYPE_Q8_0 && kern_pack_q8_0_x8(old, p + off, rows, t->ne[0])) lay = TK_LAYOUT_X8;
-            if (t->type == TK_DTYPE_BF16 && kern_pack_bf16_x4(old, p + off, rows, t->ne[0])) lay = TK_LAYOUT_X4;
-        }
+        if (!o->row_layout && is_matmul_weight(m, t)) lay = kern_pack(t->type, old, p + off, rows, t->ne[0]);
         if (lay == TK_LAYOUT_ROWS) memcpy(p + off, old, (size_t)t->nbytes);
         /* A tied output shares the embedding's data: move both. */
         for (int j = 0; j < n; j++)

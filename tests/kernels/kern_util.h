@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "kernels/kernels_ref.h"
 
 typedef struct {
     uint64_t s;
@@ -119,7 +119,7 @@ static inline void kt_x8_case(tk_gemv_fn fn, kt_rng *r, int n_tok, bool exact, c
         R->quant_q8_0(xf, xq + (size_t)i * xb, k);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
-    R->gemv[TK_DTYPE_Q8_0](k, wq, r0, r1, xq, xb, n_tok, want, ldy);
+    kern_gemv(R, TK_DTYPE_Q8_0, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
     fn(k, w8, r0, r1, xq, xb, n_tok, y, ldy);
     double num = 0, den = 0;
     for (int t = 0; t < n_tok; t++)

@@ -259,7 +259,7 @@ static void test_quant_gemv_ref_vs_dequant(void **state) {
         for (int64_t i = 0; i < rows; i++) assert_true(kern_quantize_row(t, w + i * k, wq + i * rb, k));
         for (int i = 0; i < n_tok; i++) kern_quant_act(K, t, x + i * k, xq + i * xb, k);
         float y[3 * 5], want[3 * 5];
-        K->gemv[t](k, wq, 0, rows, xq, xb, n_tok, y, rows);
+        kern_gemv(K, t, TK_LAYOUT_ROWS)(k, wq, 0, rows, xq, xb, n_tok, y, rows);
         for (int64_t i = 0; i < rows; i++) {
             K->dequant_row[t](wq + i * rb, wd, k);
             for (int tt = 0; tt < n_tok; tt++) {
@@ -339,8 +339,8 @@ static void test_quant_dispatch(void **state) {
     for (int isa = 0; isa <= (int)TK_ISA_AVX512; isa++) {
         const tk_kernels *K = kernels_get((tk_isa)isa);
         assert_int_equal(K->isa, isa);
-        assert_non_null(K->gemv[TK_DTYPE_Q8_0]);
-        assert_null(K->gemv[TK_DTYPE_Q8_K]);
+        assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_ROWS));
+        assert_null(kern_gemv(K, TK_DTYPE_Q8_K, TK_LAYOUT_ROWS));
         assert_non_null(K->rmsnorm);
     }
 }

@@ -1,6 +1,14 @@
-/* Every SIMD kernel against its reference, for every ISA level this CPU has
- * (so the AVX-512 tables run wherever the machine has AVX-512): random shapes
- * with ragged row ranges and tails, n_tok 1..9, and a stated tolerance.
+/* Every kernel the dispatcher has at one ISA level against its reference:
+ * random shapes with ragged row ranges and tails, n_tok 1..9, and a stated
+ * tolerance; every row of the weight table (each weight type and layout) and
+ * the attention kernels as kern_attn_for picks them.
+ *   kernels_test_simd LEVEL   LEVEL = scalar, avx2 or avx512. Exits 77 (ctest
+ *                             reports it skipped) when this build or this CPU
+ *                             does not have the level, so a missing level is
+ *                             never counted as a pass.
+ *   kernels_test_simd         the tables: complete at every level of the
+ *                             build, rows consistent, the attention fallback
+ *                             rule, the layouts' pack and row readers.
  *
  * Tolerances: gemv outputs differ from the reference only by the order of
  * float additions (integer block dots are exact), so NMSE <= 1e-9 for every
@@ -11,24 +19,26 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include "core/alloc.h"
 #include "kern_util.h"
 #include "kernels/kernels_ref.h"
+#include "kv/kv.h"
+#include "kv/kv_simd.h"
 
 #define GEMV_TOL 1e-9
 
-static int isa_levels(tk_isa out[2]) {
-    tk_cpu c;
-    cpu_detect(&c);
-    tk_isa best = cpu_best_isa(&c);
-    int n = 0;
-    for (int i = TK_ISA_AVX2; i <= (int)best; i++) out[n++] = (tk_isa)i;
-    return n;
-}
+static const tk_dtype TYPES[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
+                                 TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+#define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
+
+/* The table of the level under test (the cmocka state is its tk_isa). */
+static const tk_kernels *level_of(void **state) { return kernels_get(*(const tk_isa *)*state); }
 
 static int64_t pick_k(kt_rng *r, tk_dtype t) {
     int be = dtype_block_elems(t);
@@ -62,8 +72,8 @@ static void gemv_case(const tk_kernels *K, tk_dtype t, int n_tok, kt_rng *r) {
         kern_quant_act(R, t, xf, xq + (size_t)i * xb, k);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
-    R->gemv[t](k, wq, r0, r1, xq, xb, n_tok, want, ldy);
-    K->gemv[t](k, wq, r0, r1, xq, xb, n_tok, y, ldy);
+    kern_gemv(R, t, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
+    kern_gemv(K, t, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, y, ldy);
     double num = 0, den = 0;
     for (int tt = 0; tt < n_tok; tt++)
         for (int64_t i = 0; i < ldy; i++) {
@@ -90,59 +100,45 @@ static void gemv_case(const tk_kernels *K, tk_dtype t, int n_tok, kt_rng *r) {
 }
 
 static void test_simd_gemv(void **state) {
-    (void)state;
-    static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
-                                     TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
-    tk_isa levels[2];
-    int nl = isa_levels(levels);
-    if (nl == 0) print_message("no SIMD level on this CPU: nothing to compare\n");
-    kt_rng r = {1234};
-    for (int l = 0; l < nl; l++) {
-        const tk_kernels *K = kernels_get(levels[l]);
-        print_message("gemv at %s\n", cpu_isa_name(levels[l]));
-        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++)
-            for (int n_tok = 1; n_tok <= 9; n_tok++)
-                for (int rep = 0; rep < 4; rep++) gemv_case(K, types[c], n_tok, &r);
-    }
+    const tk_kernels *K = level_of(state);
+    kt_rng r = {1234 + (uint64_t)K->isa};
+    for (int c = 0; c < N_TYPES; c++)
+        for (int n_tok = 1; n_tok <= 9; n_tok++)
+            for (int rep = 0; rep < 4; rep++) gemv_case(K, TYPES[c], n_tok, &r);
 }
 
 /* Qwen3-0.6B-like shapes with a full row range, the decode case. */
 static void test_simd_gemv_model_shapes(void **state) {
-    (void)state;
-    tk_isa levels[2];
-    int nl = isa_levels(levels);
+    const tk_kernels *K = level_of(state);
     const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
     kt_rng r = {99};
     const int64_t k = 1024, rows = 64;
     static const tk_dtype types[] = {TK_DTYPE_BF16, TK_DTYPE_Q8_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
     float *wf = malloc(k * sizeof *wf), *xf = malloc(k * sizeof *xf);
-    for (int l = 0; l < nl; l++) {
-        const tk_kernels *K = kernels_get(levels[l]);
-        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
-            tk_dtype t = types[c];
-            uint64_t rb;
-            assert_true(dtype_row_bytes(t, k, &rb));
-            size_t xb = kern_act_row_bytes(t, k);
-            char *wq = malloc(rows * rb), *xq = malloc(xb * 4);
-            for (int64_t i = 0; i < rows; i++) {
-                kt_fill(&r, wf, k, 0.05f);
-                assert_true(kern_quantize_row(t, wf, wq + i * rb, k));
-            }
-            for (int i = 0; i < 4; i++) {
-                kt_fill(&r, xf, k, 1.0f);
-                kern_quant_act(K, t, xf, xq + i * xb, k);
-            }
-            float y[4 * 64], want[4 * 64];
-            for (int n_tok = 1; n_tok <= 4; n_tok += 3) {
-                R->gemv[t](k, wq, 0, rows, xq, xb, n_tok, want, rows);
-                K->gemv[t](k, wq, 0, rows, xq, xb, n_tok, y, rows);
-                double e = kt_nmse(y, want, rows * n_tok);
-                if (!(e <= GEMV_TOL))
-                    fail_msg("%s %s n_tok %d nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), n_tok, e);
-            }
-            free(wq);
-            free(xq);
+    for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+        tk_dtype t = types[c];
+        uint64_t rb;
+        assert_true(dtype_row_bytes(t, k, &rb));
+        size_t xb = kern_act_row_bytes(t, k);
+        char *wq = malloc(rows * rb), *xq = malloc(xb * 4);
+        for (int64_t i = 0; i < rows; i++) {
+            kt_fill(&r, wf, k, 0.05f);
+            assert_true(kern_quantize_row(t, wf, wq + i * rb, k));
         }
+        for (int i = 0; i < 4; i++) {
+            kt_fill(&r, xf, k, 1.0f);
+            kern_quant_act(K, t, xf, xq + i * xb, k);
+        }
+        float y[4 * 64], want[4 * 64];
+        for (int n_tok = 1; n_tok <= 4; n_tok += 3) {
+            kern_gemv(R, t, TK_LAYOUT_ROWS)(k, wq, 0, rows, xq, xb, n_tok, want, rows);
+            kern_gemv(K, t, TK_LAYOUT_ROWS)(k, wq, 0, rows, xq, xb, n_tok, y, rows);
+            double e = kt_nmse(y, want, rows * n_tok);
+            if (!(e <= GEMV_TOL))
+                fail_msg("%s %s n_tok %d nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), n_tok, e);
+        }
+        free(wq);
+        free(xq);
     }
     free(wf);
     free(xf);
@@ -176,63 +172,53 @@ static void fill_raw_blocks(kt_rng *r, tk_dtype t, char *p, int64_t nblocks) {
 }
 
 static void test_simd_gemv_raw_blocks(void **state) {
-    (void)state;
+    const tk_kernels *K = level_of(state);
     static const tk_dtype types[] = {TK_DTYPE_Q8_0, TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
-    tk_isa levels[2];
-    int nl = isa_levels(levels);
     const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
     kt_rng r = {2024};
     const int64_t k = 512, rows = 9;
     const int n_tok = 5;
     float xf[512];
-    for (int l = 0; l < nl; l++) {
-        const tk_kernels *K = kernels_get(levels[l]);
-        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
-            tk_dtype t = types[c];
-            int64_t nb = k / dtype_block_elems(t);
-            size_t rb = (size_t)nb * dtype_block_bytes(t), xb = kern_act_row_bytes(t, k);
-            char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
-            fill_raw_blocks(&r, t, wq, rows * nb);
-            for (int i = 0; i < n_tok; i++) {
-                kt_fill(&r, xf, k, 1.0f);
-                if (i == 0) /* full-scale activations: q = +-127 everywhere */
-                    for (int64_t j = 0; j < k; j++) xf[j] = j % 3 ? 1.0f : -1.0f;
-                kern_quant_act(R, t, xf, xq + i * xb, k);
-            }
-            float y[5 * 9], want[5 * 9];
-            R->gemv[t](k, wq, 0, rows, xq, xb, n_tok, want, rows);
-            K->gemv[t](k, wq, 0, rows, xq, xb, n_tok, y, rows);
-            double e = kt_nmse(y, want, rows * n_tok);
-            if (!(e <= GEMV_TOL)) fail_msg("%s raw %s: nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), e);
-            free(wq);
-            free(xq);
+    for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
+        tk_dtype t = types[c];
+        int64_t nb = k / dtype_block_elems(t);
+        size_t rb = (size_t)nb * dtype_block_bytes(t), xb = kern_act_row_bytes(t, k);
+        char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
+        fill_raw_blocks(&r, t, wq, rows * nb);
+        for (int i = 0; i < n_tok; i++) {
+            kt_fill(&r, xf, k, 1.0f);
+            if (i == 0) /* full-scale activations: q = +-127 everywhere */
+                for (int64_t j = 0; j < k; j++) xf[j] = j % 3 ? 1.0f : -1.0f;
+            kern_quant_act(R, t, xf, xq + i * xb, k);
         }
+        float y[5 * 9], want[5 * 9];
+        kern_gemv(R, t, TK_LAYOUT_ROWS)(k, wq, 0, rows, xq, xb, n_tok, want, rows);
+        kern_gemv(K, t, TK_LAYOUT_ROWS)(k, wq, 0, rows, xq, xb, n_tok, y, rows);
+        double e = kt_nmse(y, want, rows * n_tok);
+        if (!(e <= GEMV_TOL)) fail_msg("%s raw %s: nmse %.3g", cpu_isa_name(K->isa), dtype_name(t), e);
+        free(wq);
+        free(xq);
     }
 }
 
 static void test_simd_quant_act_exact(void **state) {
-    (void)state;
-    tk_isa levels[2];
-    int nl = isa_levels(levels);
+    const tk_kernels *K = level_of(state);
     const int64_t k = 1024;
     float *x = malloc(k * sizeof *x);
     void *a = malloc(k * 2), *b = malloc(k * 2);
     kt_rng r = {5};
-    for (int l = 0; l < nl; l++) {
-        const tk_kernels *K = kernels_get(levels[l]);
-        for (int rep = 0; rep < 6; rep++) {
-            kt_fill(&r, x, k, rep == 0 ? 1e-3f : 3.0f);
-            if (rep == 1) memset(x, 0, 256 * sizeof *x); /* zero blocks: d = 0 */
-            if (rep == 2)                                /* exact halves: ties round to even */
-                for (int64_t i = 0; i < k; i++) x[i] = (float)((int)(i % 255) - 127) * 0.5f;
-            if (rep == 3) x[17] = 1e30f; /* one huge value */
-            kern_quant_q8_0_ref(x, a, k);
-            K->quant_q8_0(x, b, k);
-            assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q8_0, k));
-            kern_quant_q8_k_ref(x, a, k);
-            K->quant_q8_k(x, b, k);
-            assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q4_K, k));
-        }
+    for (int rep = 0; rep < 6; rep++) {
+        kt_fill(&r, x, k, rep == 0 ? 1e-3f : 3.0f);
+        if (rep == 1) memset(x, 0, 256 * sizeof *x); /* zero blocks: d = 0 */
+        if (rep == 2)                                /* exact halves: ties round to even */
+            for (int64_t i = 0; i < k; i++) x[i] = (float)((int)(i % 255) - 127) * 0.5f;
+        if (rep == 3) x[17] = 1e30f; /* one huge value */
+        kern_quant_q8_0_ref(x, a, k);
+        K->quant_q8_0(x, b, k);
+        assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q8_0, k));
+        kern_quant_q8_k_ref(x, a, k);
+        K->quant_q8_k(x, b, k);
+        assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q4_K, k));
     }
     free(x);
     free(a);
@@ -240,84 +226,314 @@ static void test_simd_quant_act_exact(void **state) {
 }
 
 static void test_simd_elementwise(void **state) {
-    (void)state;
-    tk_isa levels[2];
-    int nl = isa_levels(levels);
+    const tk_kernels *K = level_of(state);
     kt_rng r = {11};
     float x[300], w[300], u[300], a[300], b[300];
     tk_f16 h[300];
     tk_bf16 bf[300];
-    for (int l = 0; l < nl; l++) {
-        const tk_kernels *K = kernels_get(levels[l]);
-        for (int rep = 0; rep < 20; rep++) {
-            int64_t n = kt_int(&r, 1, 300);
-            kt_fill(&r, x, n, rep % 2 ? 30.0f : 1.0f); /* large gates reach the exp clamps */
-            kt_fill(&r, w, n, 1.0f);
-            kt_fill(&r, u, n, 1.0f);
-            kern_rmsnorm_ref(a, x, w, n, 1e-6f);
-            K->rmsnorm(b, x, w, n, 1e-6f);
-            for (int64_t i = 0; i < n; i++) assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (fabsf(a[i]) + 1e-3f));
-            memcpy(b, x, n * sizeof *b);
-            K->rmsnorm(b, b, w, n, 1e-6f); /* in place */
-            for (int64_t i = 0; i < n; i++) assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (fabsf(a[i]) + 1e-3f));
-            kern_silu_mul_ref(a, x, u, n);
-            K->silu_mul(b, x, u, n);
-            for (int64_t i = 0; i < n; i++)
-                if (!(fabsf(a[i] - b[i]) <= 1e-5f * fabsf(a[i]) + 1e-30f))
-                    fail_msg("silu_mul %s: x %g: %g vs %g", cpu_isa_name(K->isa), x[i], b[i], a[i]);
-            memcpy(a, x, n * sizeof *a);
-            memcpy(b, x, n * sizeof *b);
-            kern_add_ref(a, u, n);
-            K->add(b, u, n);
-            assert_memory_equal(a, b, n * sizeof *a);
-            for (int64_t i = 0; i < n; i++) {
-                h[i] = tk_f32_to_f16(x[i]);
-                bf[i] = tk_f32_to_bf16(x[i]);
-            }
-            kern_dequant_f16_ref(h, a, n);
-            K->dequant_row[TK_DTYPE_F16](h, b, n);
-            assert_memory_equal(a, b, n * sizeof *a);
-            kern_dequant_bf16_ref(bf, a, n);
-            K->dequant_row[TK_DTYPE_BF16](bf, b, n);
-            assert_memory_equal(a, b, n * sizeof *a);
+    for (int rep = 0; rep < 20; rep++) {
+        int64_t n = kt_int(&r, 1, 300);
+        kt_fill(&r, x, n, rep % 2 ? 30.0f : 1.0f); /* large gates reach the exp clamps */
+        kt_fill(&r, w, n, 1.0f);
+        kt_fill(&r, u, n, 1.0f);
+        kern_rmsnorm_ref(a, x, w, n, 1e-6f);
+        K->rmsnorm(b, x, w, n, 1e-6f);
+        for (int64_t i = 0; i < n; i++) assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (fabsf(a[i]) + 1e-3f));
+        memcpy(b, x, n * sizeof *b);
+        K->rmsnorm(b, b, w, n, 1e-6f); /* in place */
+        for (int64_t i = 0; i < n; i++) assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (fabsf(a[i]) + 1e-3f));
+        kern_silu_mul_ref(a, x, u, n);
+        K->silu_mul(b, x, u, n);
+        for (int64_t i = 0; i < n; i++)
+            if (!(fabsf(a[i] - b[i]) <= 1e-5f * fabsf(a[i]) + 1e-30f))
+                fail_msg("silu_mul %s: x %g: %g vs %g", cpu_isa_name(K->isa), x[i], b[i], a[i]);
+        memcpy(a, x, n * sizeof *a);
+        memcpy(b, x, n * sizeof *b);
+        kern_add_ref(a, u, n);
+        K->add(b, u, n);
+        assert_memory_equal(a, b, n * sizeof *a);
+        for (int64_t i = 0; i < n; i++) {
+            h[i] = tk_f32_to_f16(x[i]);
+            bf[i] = tk_f32_to_bf16(x[i]);
         }
+        kern_dequant_f16_ref(h, a, n);
+        K->dequant_row[TK_DTYPE_F16](h, b, n);
+        assert_memory_equal(a, b, n * sizeof *a);
+        kern_dequant_bf16_ref(bf, a, n);
+        K->dequant_row[TK_DTYPE_BF16](bf, b, n);
+        assert_memory_equal(a, b, n * sizeof *a);
+        /* KV conversion to half: the same bits as the reference, any n */
+        tk_f16 h2[300];
+        kv_to_f16_ref(x, h, (int)n);
+        K->kv_to_f16(x, h2, (int)n);
+        assert_memory_equal(h, h2, n * sizeof *h);
     }
 }
 
 static void test_simd_gemv_invariance(void **state) {
-    (void)state;
-    static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
-                                     TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    const tk_kernels *K = level_of(state);
     kt_rng r = {31};
-    for (int isa = 0; isa <= (int)TK_ISA_AVX512; isa++) {
-        tk_isa levels[2];
-        int nl = isa_levels(levels);
-        if (isa > 0 && (nl == 0 || isa > (int)levels[nl - 1])) break;
-        const tk_kernels *K = kernels_get((tk_isa)isa);
-        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++)
-            kt_check_invariance(K->gemv[types[c]], types[c], &r, cpu_isa_name(K->isa));
+    for (int c = 0; c < N_TYPES; c++)
+        kt_check_invariance(kern_gemv(K, TYPES[c], TK_LAYOUT_ROWS), TYPES[c], &r, cpu_isa_name(K->isa));
+}
+
+/* Every row of the weight table at this level, whatever its layout: rows
+ * packed by the row's pack against the file-order reference gemv (NMSE <=
+ * GEMV_TOL, nothing written outside [r0, r1)), split and batch invariant, and
+ * each row read back through kern_dequant_tensor_row equal to the file-order
+ * row. A new row is checked here without a new test. */
+static bool weight_matrix(kt_rng *r, const tk_weight_kernels *w, tk_dtype t, int64_t rows, int64_t k,
+                          char **wq, char **wl) {
+    uint64_t rb;
+    if (!dtype_row_bytes(t, (uint64_t)k, &rb)) return false;
+    *wq = malloc((size_t)(rows * (int64_t)rb));
+    *wl = malloc((size_t)(rows * (int64_t)rb));
+    float *f = malloc((size_t)k * sizeof *f);
+    for (int64_t i = 0; i < rows; i++) {
+        kt_fill(r, f, k, 0.5f);
+        assert_true(kern_quantize_row(t, f, *wq + i * (int64_t)rb, k));
     }
+    free(f);
+    if (!w->pack) {
+        memcpy(*wl, *wq, (size_t)(rows * (int64_t)rb));
+        return true;
+    }
+    if (w->pack(*wq, *wl, rows, k)) return true;
+    free(*wq);
+    free(*wl);
+    return false;
+}
+
+static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, kt_rng *r) {
+    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
+    const tk_weight_kernels *w = kern_weight(t, layout);
+    const tk_gemv_fn fn = kern_gemv(K, t, layout), ref = kern_gemv(R, t, TK_LAYOUT_ROWS);
+    const int be = dtype_block_elems(t);
+    for (int n_tok = 1; n_tok <= 11; n_tok++) {
+        /* Shapes the layout takes, drawn at random (packs refuse the others). */
+        char *wq = NULL, *wl = NULL;
+        int64_t rows = 0, k = 0;
+        for (int tries = 0; tries < 1000; tries++) {
+            rows = kt_int(r, 1, 32);
+            k = be == 1 ? kt_int(r, 1, 20) * 16 + (kt_int(r, 0, 3) ? 0 : kt_int(r, 1, 15))
+                        : be * kt_int(r, 1, 6);
+            if (weight_matrix(r, w, t, rows, k, &wq, &wl)) break;
+            wq = NULL;
+        }
+        if (!wq) fail_msg("%s layout %d: no random shape taken by its pack", dtype_name(t), (int)layout);
+        int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
+                ldy = rows + kt_int(r, 0, 3);
+        size_t xb = kern_act_row_bytes(t, k) + (size_t)kt_int(r, 0, 3) * 4;
+        char *xq = malloc(xb * (size_t)n_tok);
+        float *xf = malloc((size_t)k * sizeof *xf), *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
+              *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
+        for (int i = 0; i < n_tok; i++) {
+            kt_fill(r, xf, k, 2.0f);
+            kern_quant_act(R, t, xf, xq + (size_t)i * xb, k);
+        }
+        for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
+        ref(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
+        fn(k, wl, r0, r1, xq, xb, n_tok, y, ldy);
+        double num = 0, den = 0;
+        for (int tt = 0; tt < n_tok; tt++)
+            for (int64_t i = 0; i < ldy; i++) {
+                float a = y[tt * ldy + i], b = want[tt * ldy + i];
+                if (i < r0 || i >= r1) {
+                    if (!isnan(a))
+                        fail_msg("%s %s layout %d wrote outside rows: t %d row %lld", cpu_isa_name(K->isa),
+                                 dtype_name(t), (int)layout, tt, (long long)i);
+                    continue;
+                }
+                num += ((double)a - b) * ((double)a - b);
+                den += (double)b * b;
+            }
+        if (!(num <= GEMV_TOL * den))
+            fail_msg("%s %s layout %d k %lld rows [%lld,%lld) n_tok %d: nmse %.3g", cpu_isa_name(K->isa),
+                     dtype_name(t), (int)layout, (long long)k, (long long)r0, (long long)r1, n_tok,
+                     num / den);
+        /* all rows at once, and one token at a time, give the same bits */
+        float *part = malloc((size_t)(ldy * n_tok) * sizeof *part);
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 0)
+                fn(k, wl, 0, rows, xq, xb, n_tok, part, ldy);
+            else
+                for (int i = 0; i < n_tok; i++)
+                    fn(k, wl, r0, r1, xq + (size_t)i * xb, xb, 1, part + i * ldy, ldy);
+            for (int tt = 0; tt < n_tok; tt++)
+                for (int64_t i = r0; i < r1; i++)
+                    if (memcmp(&part[tt * ldy + i], &y[tt * ldy + i], sizeof *y))
+                        fail_msg("%s %s layout %d: token %d row %lld differs %s", cpu_isa_name(K->isa),
+                                 dtype_name(t), (int)layout, tt, (long long)i,
+                                 pass ? "one token at a time" : "with all rows at once");
+        }
+        /* rows read back through the table */
+        uint64_t rb;
+        assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
+        tk_tensor tw = {.type = t, .n_dims = 2, .ne = {k, rows, 1, 1}, .data = wl, .layout = layout};
+        float *a = malloc((size_t)k * sizeof *a), *b = malloc((size_t)k * sizeof *b);
+        for (int64_t i = 0; i < rows; i++) {
+            R->dequant_row[t](wq + i * (int64_t)rb, a, k);
+            kern_dequant_tensor_row(K, &tw, i, b);
+            if (memcmp(a, b, (size_t)k * sizeof *a))
+                fail_msg("%s %s layout %d: row %lld read back differs", cpu_isa_name(K->isa), dtype_name(t),
+                         (int)layout, (long long)i);
+        }
+        free(a), free(b), free(part), free(wq), free(wl), free(xq), free(xf), free(y), free(want);
+    }
+}
+
+static void test_simd_weight_rows(void **state) {
+    const tk_kernels *K = level_of(state);
+    kt_rng r = {606};
+    int n = 0;
+    for (int t = 0; t < TK_DTYPE_COUNT; t++)
+        for (int l = 0; l < TK_LAYOUT_COUNT; l++)
+            if (kern_weight((tk_dtype)t, (tk_layout)l)) {
+                weight_row_check(K, (tk_dtype)t, (tk_layout)l, &r);
+                n++;
+            }
+    print_message("%s: %d rows of the weight table checked\n", cpu_isa_name(K->isa), n);
+    assert_true(n >= N_TYPES + 2);
 }
 
 /* The 8-row interleaved Q8_0 layout: the scalar kernel equals the row-order
  * reference bit for bit; each SIMD level is within the gemv tolerance, and
- * batch/split invariant with rows cut inside groups; a row dequantized from
- * the interleaved copy is the row-order one. */
+ * batch/split invariant with rows cut inside groups. */
 static void test_simd_gemv_q8_0_x8(void **state) {
-    (void)state;
+    const tk_kernels *K = level_of(state);
+    const tk_gemv_fn fn = kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X8);
+    const bool exact = K->isa == TK_ISA_SCALAR;
     kt_rng r = {808};
     for (int n_tok = 1; n_tok <= 11; n_tok++)
+        for (int rep = 0; rep < 4; rep++) kt_x8_case(fn, &r, n_tok, exact, cpu_isa_name(K->isa));
+    kt_check_invariance_x8(fn, &r, cpu_isa_name(K->isa));
+}
+
+/* The 4-row interleaved BF16 layout gives the row layout's bits at every
+ * level (scalar included). */
+static void test_simd_gemv_bf16_x4(void **state) {
+    const tk_kernels *K = level_of(state);
+    kt_rng r = {404};
+    for (int n_tok = 1; n_tok <= 9; n_tok++)
         for (int rep = 0; rep < 4; rep++)
-            kt_x8_case(kernels_get(TK_ISA_SCALAR)->gemv_q8_0_x8, &r, n_tok, true, "scalar q8_0 x8");
-    kt_check_invariance_x8(kernels_get(TK_ISA_SCALAR)->gemv_q8_0_x8, &r, "scalar");
-    tk_isa levels[2];
-    int nl = isa_levels(levels);
-    for (int l = 0; l < nl; l++) {
-        const tk_kernels *K = kernels_get(levels[l]);
-        for (int n_tok = 1; n_tok <= 11; n_tok++)
-            for (int rep = 0; rep < 4; rep++) kt_x8_case(K->gemv_q8_0_x8, &r, n_tok, false, cpu_isa_name(K->isa));
-        kt_check_invariance_x8(K->gemv_q8_0_x8, &r, cpu_isa_name(K->isa));
+            kt_bf16_x4_case(kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_X4),
+                            kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_ROWS), &r, n_tok, cpu_isa_name(K->isa));
+}
+
+/* Attention through the dispatcher at this level: a pool opened at the level
+ * runs kern_attn_for's kernel (the level's own, or the one below for a
+ * head_dim it does not take); its output is compared with the reference
+ * kernel's on the same pool, for every KV type, GQA ratios that fill and
+ * split the head tiles, decode and prefill queries. */
+static void test_simd_attention(void **state) {
+    const tk_kernels *K = level_of(state);
+    static const struct {
+        tk_kv_type t;
+        tk_kv_scale sc;
+    } kinds[] = {{TK_KV_F32, TK_KV_SCALE_HEAD},
+                 {TK_KV_F16, TK_KV_SCALE_HEAD},
+                 {TK_KV_BF16, TK_KV_SCALE_HEAD},
+                 {TK_KV_INT8, TK_KV_SCALE_TOKEN},
+                 {TK_KV_INT8, TK_KV_SCALE_HEAD}};
+    static const int shapes[][3] = {{8, 2, 64}, {6, 1, 128}, {5, 5, 16}, {6, 2, 40}, {4, 2, 20}, {12, 2, 72}};
+    kt_rng r = {4242};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+            const int n_head = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2], bs = 16, len = 53,
+                      n_q = 4;
+            tk_kv_opts o = {.n_layer = 1,
+                            .n_head_kv = nkv,
+                            .head_dim = hd,
+                            .block_size = bs,
+                            .n_blocks = 4,
+                            .type = kinds[ki].t,
+                            .scale = kinds[ki].sc};
+            tk_kv *kv;
+            assert_int_equal(kv_init_isa(&o, K->isa, &kv), TK_OK);
+            tk_isa want_level;
+            const kv_attn_fn fn = kern_attn_for(K->isa, hd, &want_level);
+            assert_int_equal(kv_isa(kv), want_level);
+            assert_true(want_level <= K->isa);
+            if (hd % K->attn_lanes == 0) assert_int_equal(want_level, K->isa);
+            int32_t bt[4];
+            for (int i = 0; i < 4; i++) bt[3 - i] = kv_block_alloc(kv); /* blocks out of order */
+            const size_t row = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
+            float *kx = malloc(row * 4), *vx = malloc(row * 4), *q = malloc(n_q * qrow * 4);
+            float *out = malloc(n_q * qrow * 4), *want = malloc(n_q * qrow * 4);
+            float *scratch = tk_malloc(kv_attn_scratch_floats(kv, len) * 4);
+            double vmax = 0;
+            for (int p = 0; p < len; p++) {
+                kt_fill(&r, kx, (int64_t)row, p % 9 ? 1.0f : 4.0f);
+                kt_fill(&r, vx, (int64_t)row, 1.0f);
+                for (size_t i = 0; i < row; i++) vmax = fmax(vmax, fabs(vx[i]));
+                kv_write(kv, 0, bt, p, kx, vx);
+            }
+            kt_fill(&r, q, (int64_t)(n_q * qrow), 1.0f);
+            const float scale = 1.0f / sqrtf((float)hd);
+            kv_set_attn(kv, fn);
+            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, out, scratch);
+            kv_set_attn(kv, kv_attn_ref);
+            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, want, scratch);
+            double err = 0;
+            for (size_t i = 0; i < n_q * qrow; i++) err = fmax(err, fabs((double)out[i] - want[i]) / vmax);
+            if (!(err <= 1e-5))
+                fail_msg("attention %s (kernel of %s) kv type %d heads %d/%d hd %d: max error %.3g of max|V|",
+                         cpu_isa_name(K->isa), cpu_isa_name(want_level), (int)kinds[ki].t, n_head, nkv, hd,
+                         err);
+            free(kx), free(vx), free(q), free(out), free(want);
+            tk_free(scratch);
+            kv_free(kv);
+        }
+}
+
+/* ---- the tables (no level argument) ------------------------------------------------ */
+
+static void test_simd_tables_complete(void **state) {
+    (void)state;
+    for (int isa = 0; isa <= (int)kernels_top_isa(); isa++) {
+        const tk_kernels *K = kernels_get((tk_isa)isa);
+        assert_int_equal(K->isa, isa);
+        for (int c = 0; c < N_TYPES; c++) {
+            assert_non_null(kern_gemv(K, TYPES[c], TK_LAYOUT_ROWS));
+            assert_non_null(K->dequant_row[TYPES[c]]);
+        }
+        assert_non_null(K->dequant_row[TK_DTYPE_Q8_K]);
+        assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X8));
+        assert_non_null(kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_X4));
+        assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
+        assert_true(K->attn && K->kv_to_f16 && K->attn_lanes >= 1);
+        /* every row has a gemv at every level of the build */
+        for (int t = 0; t < TK_DTYPE_COUNT; t++)
+            for (int l = 0; l < TK_LAYOUT_COUNT; l++)
+                if (kern_weight((tk_dtype)t, (tk_layout)l))
+                    assert_non_null(kern_gemv(K, (tk_dtype)t, (tk_layout)l));
     }
+    /* a row's layouts share its type's activation format; other layouts are
+     * made from file order and read back by the row */
+    for (int t = 0; t < TK_DTYPE_COUNT; t++)
+        for (int l = 0; l < TK_LAYOUT_COUNT; l++) {
+            const tk_weight_kernels *w = kern_weight((tk_dtype)t, (tk_layout)l);
+            if (!w) continue;
+            assert_non_null(kern_weight((tk_dtype)t, TK_LAYOUT_ROWS));
+            assert_int_equal(w->act, kern_act_type((tk_dtype)t));
+            assert_true(l == TK_LAYOUT_ROWS ? !w->pack && !w->dequant_row : w->pack && w->dequant_row);
+            for (int isa = 0; isa <= (int)kernels_top_isa(); isa++)
+                assert_non_null(kernels_get((tk_isa)isa)->dequant_row[t]);
+        }
+    /* misses are NULL, never out of bounds */
+    assert_null(kern_weight(TK_DTYPE_Q8_K, TK_LAYOUT_ROWS));
+    assert_null(kern_weight(TK_DTYPE_Q4_0, TK_LAYOUT_X8));
+    assert_null(kern_weight(TK_DTYPE_COUNT, TK_LAYOUT_ROWS));
+    assert_null(kern_weight((tk_dtype)-1, TK_LAYOUT_ROWS));
+    assert_null(kern_weight(TK_DTYPE_Q8_0, TK_LAYOUT_COUNT));
+    assert_null(kern_gemv(kernels_get(TK_ISA_SCALAR), TK_DTYPE_F32, TK_LAYOUT_X8));
+}
+
+/* kern_pack puts a type in its interleaved layout where the shape fits and
+ * writes nothing otherwise; the layouts read back the file-order rows. */
+static void test_simd_pack(void **state) {
+    (void)state;
+    kt_rng r = {808};
     const int64_t k = 160, rows = 16;
     char *wq, *w8;
     kt_q8_0_x8_matrix(&r, rows, k, &wq, &w8);
@@ -329,62 +545,96 @@ static void test_simd_gemv_q8_0_x8(void **state) {
     }
     assert_false(kern_pack_q8_0_x8(wq, w8, 12, k)); /* rows not a multiple of 8 */
     assert_false(kern_pack_q8_0_x8(wq, w8, 8, 40)); /* k not a multiple of 32 */
+    size_t bytes = (size_t)rows * (k / 32) * sizeof(tk_block_q8_0);
+    char *out = malloc(bytes);
+    assert_int_equal(kern_pack(TK_DTYPE_Q8_0, wq, out, rows, k), TK_LAYOUT_X8);
+    assert_memory_equal(out, w8, bytes);
+    memset(out, 0x5a, bytes);
+    assert_int_equal(kern_pack(TK_DTYPE_Q8_0, wq, out, 12, k), TK_LAYOUT_ROWS);
+    for (size_t i = 0; i < bytes; i++) assert_int_equal((unsigned char)out[i], 0x5a); /* nothing written */
+    assert_int_equal(kern_pack(TK_DTYPE_Q4_0, wq, out, 8, 64), TK_LAYOUT_ROWS);
+    assert_int_equal(kern_pack(TK_DTYPE_COUNT, wq, out, 8, 64), TK_LAYOUT_ROWS);
+    free(out);
     free(wq);
     free(w8);
-}
 
-/* The 4-row interleaved BF16 layout gives the row layout's bits at every
- * level (scalar included); rows dequantize to the same floats. */
-static void test_simd_gemv_bf16_x4(void **state) {
-    (void)state;
-    kt_rng r = {404};
-    for (int isa = 0; isa <= (int)TK_ISA_AVX512; isa++) {
-        tk_isa levels[2];
-        int nl = isa_levels(levels);
-        if (isa > 0 && (nl == 0 || isa > (int)levels[nl - 1])) break;
-        const tk_kernels *K = kernels_get((tk_isa)isa);
-        for (int n_tok = 1; n_tok <= 9; n_tok++)
-            for (int rep = 0; rep < 4; rep++)
-                kt_bf16_x4_case(K->gemv_bf16_x4, K->gemv[TK_DTYPE_BF16], &r, n_tok, cpu_isa_name(K->isa));
+    const int64_t kb = 48, rb = 8;
+    uint16_t w[8 * 48], w4[8 * 48], w4b[8 * 48];
+    for (int i = 0; i < rb * kb; i++) w[i] = tk_f32_to_bf16(kt_gauss(&r));
+    assert_true(kern_pack_bf16_x4(w, w4, rb, kb));
+    for (int64_t i = 0; i < rb; i++) {
+        kern_dequant_bf16_ref(w + i * kb, a, kb);
+        kern_dequant_bf16_x4_row(w4, kb, i, b);
+        assert_memory_equal(a, b, kb * sizeof *a);
     }
-    const int64_t k = 48, rows = 8;
-    uint16_t w[8 * 48], w4[8 * 48];
-    for (int i = 0; i < rows * k; i++) w[i] = tk_f32_to_bf16(kt_gauss(&r));
-    assert_true(kern_pack_bf16_x4(w, w4, rows, k));
-    float a[48], b[48];
-    for (int64_t i = 0; i < rows; i++) {
-        kern_dequant_bf16_ref(w + i * k, a, k);
-        kern_dequant_bf16_x4_row(w4, k, i, b);
-        assert_memory_equal(a, b, sizeof a);
-    }
-    assert_false(kern_pack_bf16_x4(w, w4, 6, k));  /* rows not a multiple of 4 */
+    assert_false(kern_pack_bf16_x4(w, w4, 6, kb)); /* rows not a multiple of 4 */
     assert_false(kern_pack_bf16_x4(w, w4, 4, 40)); /* k not a multiple of 16 */
+    assert_int_equal(kern_pack(TK_DTYPE_BF16, w, w4b, rb, kb), TK_LAYOUT_X4);
+    assert_memory_equal(w4, w4b, sizeof w4);
+    assert_int_equal(kern_pack(TK_DTYPE_F16, w, w4b, rb, kb), TK_LAYOUT_ROWS);
 }
 
-static void test_simd_tables_complete(void **state) {
+/* The head_dim fallback: a level's kernel takes head_dim % attn_lanes == 0,
+ * otherwise the next level down; scalar takes any. */
+static void test_simd_attention_fallback(void **state) {
     (void)state;
-    static const tk_dtype types[] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
-                                     TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
-    for (int isa = 0; isa <= (int)TK_ISA_AVX512; isa++) {
-        const tk_kernels *K = kernels_get((tk_isa)isa);
-        for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
-            assert_non_null(K->gemv[types[c]]);
-            assert_non_null(K->dequant_row[types[c]]);
+    static const int hds[] = {1, 8, 16, 20, 40, 64, 72, 128, 0, -8};
+    for (int isa = 0; isa <= (int)kernels_top_isa(); isa++)
+        for (size_t i = 0; i < sizeof hds / sizeof hds[0]; i++) {
+            tk_isa got;
+            kv_attn_fn fn = kern_attn_for((tk_isa)isa, hds[i], &got);
+            int want = isa;
+            while (want > 0 && (hds[i] <= 0 || hds[i] % kernels_get((tk_isa)want)->attn_lanes)) want--;
+            assert_int_equal(got, want);
+            assert_true(fn == kernels_get(got)->attn);
+            assert_true(kern_attn_for((tk_isa)isa, hds[i], NULL) == fn);
         }
-        assert_non_null(K->dequant_row[TK_DTYPE_Q8_K]);
-        assert_non_null(K->gemv_q8_0_x8);
-        assert_non_null(K->gemv_bf16_x4);
-        assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
-    }
+    assert_true(kern_attn_for(TK_ISA_SCALAR, 128, NULL) == kv_attn_ref);
+#if defined(__x86_64__)
+    assert_int_equal(kernels_top_isa(), TK_ISA_AVX512);
+    tk_isa got;
+    assert_true(kern_attn_for(TK_ISA_AVX512, 128, &got) == kv_attn_avx512 && got == TK_ISA_AVX512);
+    assert_true(kern_attn_for(TK_ISA_AVX512, 40, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
+    assert_true(kern_attn_for(TK_ISA_AVX512, 20, &got) == kv_attn_ref && got == TK_ISA_SCALAR);
+    assert_true(kern_attn_for(TK_ISA_AVX2, 128, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
+#endif
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_simd_tables_complete),
+            cmocka_unit_test(test_simd_pack),
+            cmocka_unit_test(test_simd_attention_fallback),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    int lv = -1;
+    for (int i = 0; i < TK_ISA_COUNT; i++)
+        if (!strcmp(argv[1], cpu_isa_name((tk_isa)i))) lv = i;
+    if (lv < 0) {
+        fprintf(stderr, "usage: %s [scalar|avx2|avx512]\n", argv[0]);
+        return 2;
+    }
+    tk_isa level = (tk_isa)lv;
+    tk_cpu c;
+    cpu_detect(&c);
+    if (level > kernels_top_isa() || level > cpu_best_isa(&c)) {
+        printf("SKIP: %s kernels: %s\n", argv[1],
+               level > kernels_top_isa() ? "this build has none" : "this CPU does not have the level");
+        return 77;
+    }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_simd_tables_complete),   cmocka_unit_test(test_simd_gemv),
-        cmocka_unit_test(test_simd_gemv_model_shapes), cmocka_unit_test(test_simd_gemv_raw_blocks),
-        cmocka_unit_test(test_simd_gemv_invariance),   cmocka_unit_test(test_simd_quant_act_exact),
-        cmocka_unit_test(test_simd_elementwise),       cmocka_unit_test(test_simd_gemv_q8_0_x8),
-        cmocka_unit_test(test_simd_gemv_bf16_x4),
+        cmocka_unit_test_prestate(test_simd_gemv, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_model_shapes, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_raw_blocks, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_invariance, &level),
+        cmocka_unit_test_prestate(test_simd_quant_act_exact, &level),
+        cmocka_unit_test_prestate(test_simd_elementwise, &level),
+        cmocka_unit_test_prestate(test_simd_weight_rows, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_q8_0_x8, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_bf16_x4, &level),
+        cmocka_unit_test_prestate(test_simd_attention, &level),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
 }

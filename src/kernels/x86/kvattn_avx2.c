@@ -2,7 +2,7 @@
  * kvattn_body.h with 8-lane vectors. */
 #include <immintrin.h>
 
-#include "kv/kv_simd.h"
+#include "kernels/kernels_ref.h"
 
 #define AI        static inline __attribute__((always_inline))
 #define KFN(name) name##_avx2

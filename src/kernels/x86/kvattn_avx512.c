@@ -4,7 +4,7 @@
  * registers. */
 #include <immintrin.h>
 
-#include "kv/kv_simd.h"
+#include "kernels/kernels_ref.h"
 
 #define AI        static inline __attribute__((always_inline))
 #define KFN(name) name##_avx512

@@ -1,4 +1,4 @@
-/* The x86 attention body over the paged KV cache (see src/kv/attn_ref.c for
+/* The x86 attention body over the paged KV cache (see src/kernels/attn_ref.c for
  * the definition), shared by kvattn_avx2.c and kvattn_avx512.c. Each of those
  * files defines, before including this one:
  *   KFN(name)            the exported name, e.g. name##_avx2
@@ -32,7 +32,7 @@
 #include <math.h>
 #include <stdbool.h>
 
-#include "kv/kv_simd.h"
+#include "kernels/kernels_ref.h"
 
 /* Rows (or dim chunks) processed at once for a tile of T heads: enough
  * independent FMA chains to hide the FMA latency within AVX2's 16 registers. */

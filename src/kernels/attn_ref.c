@@ -6,7 +6,7 @@
  * exp(old max - new max). */
 #include <math.h>
 
-#include "kv_simd.h"
+#include "kernels/kernels_ref.h"
 
 void kv_to_f16_ref(const float *x, tk_f16 *y, int n) {
     for (int i = 0; i < n; i++) y[i] = tk_f32_to_f16(x[i]);

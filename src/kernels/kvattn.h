@@ -1,0 +1,71 @@
+/* The interface of the attention kernels over the paged KV cache: where one
+ * layer's blocks live (kv_geom) and the kernel signatures. The KV pool
+ * (src/kv/kv.c) fills a kv_geom and calls the kernel the dispatcher picked
+ * (kern_attn_for in kernels.h); the kernels see the pool only through it, so
+ * the tk_kv struct stays private to kv.c. */
+#ifndef TK_KERNELS_KVATTN_H
+#define TK_KERNELS_KVATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "tokamak.h"
+
+/* Query heads that share a KV head are processed together, up to this many,
+ * so a block's K and V rows are read once for all of them. */
+#define KV_ATTN_TILE 4
+
+/* Where one layer's blocks live. A (layer, block) region is block_stride bytes
+ * (a multiple of 64, so every region starts 64-byte aligned) laid out as
+ *   K       [n_head_kv][block_size][head_dim]  elements of the KV type
+ *   V       [n_head_kv][block_size][head_dim]
+ *   k_scale [n_head_kv][block_size] floats (int8 per token) or
+ *           [n_head_kv][head_dim] (int8 per head: one per channel)
+ *   v_scale same as k_scale
+ * at byte offsets 0, v_off, ks_off, vs_off (scale sections exist only for int8). */
+typedef struct kv_geom {
+    uint8_t *layer;      /* [n_blocks][block_stride] bytes of this layer */
+    size_t block_stride; /* bytes per (layer, block) region */
+    size_t v_off, ks_off, vs_off;
+    int n_blocks, n_head_kv, head_dim, block_size;
+    tk_kv_type type;
+    tk_kv_scale scale;
+} kv_geom;
+
+/* Element size of a KV type in bytes (f32 4, f16/bf16 2, int8 1). */
+static inline size_t kv_type_size(tk_kv_type t) { return t == TK_KV_F32 ? 4 : t == TK_KV_INT8 ? 1 : 2; }
+
+/* Scale floats of one head in one block: block_size per token, head_dim per head. */
+static inline int kv_scales_per_head(const kv_geom *g) {
+    return g->type != TK_KV_INT8 ? 0 : g->scale == TK_KV_SCALE_TOKEN ? g->block_size : g->head_dim;
+}
+
+/* Head kvh's K rows [block_size][head_dim] (bytes) in block b. */
+static inline const uint8_t *kv_geom_k(const kv_geom *g, int32_t b, int kvh) {
+    return g->layer + (size_t)b * g->block_stride +
+           (size_t)kvh * g->block_size * g->head_dim * kv_type_size(g->type);
+}
+static inline const uint8_t *kv_geom_v(const kv_geom *g, int32_t b, int kvh) {
+    return kv_geom_k(g, b, kvh) + g->v_off;
+}
+/* Head kvh's scales in block b (NULL unless int8). */
+static inline const float *kv_geom_ks(const kv_geom *g, int32_t b, int kvh) {
+    if (g->type != TK_KV_INT8) return NULL;
+    return (const float *)(g->layer + (size_t)b * g->block_stride + g->ks_off) +
+           (size_t)kvh * kv_scales_per_head(g);
+}
+static inline const float *kv_geom_vs(const kv_geom *g, int32_t b, int kvh) {
+    if (g->type != TK_KV_INT8) return NULL;
+    return (const float *)(g->layer + (size_t)b * g->block_stride + g->vs_off) +
+           (size_t)kvh * kv_scales_per_head(g);
+}
+
+/* One attention kernel: the contract of kv_attention (src/kv/kv.h) with the
+ * layer resolved. scratch holds kv_attn_scratch_need floats. */
+typedef void (*kv_attn_fn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                           int h0, int h1, float scale, float *out, float *scratch);
+/* n floats to half, round-to-nearest-even (same bits as tk_f32_to_f16); any n. */
+typedef void (*kv_to_f16_fn)(const float *x, tk_f16 *y, int n);
+
+#endif
