@@ -926,7 +926,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     bool live = c->in_engine && !c->finished;
     pthread_mutex_unlock(&c->mu);
     if (live) call_cancel(c);
-    int status = c->gone && c->status == 200 ? 499 : c->status; /* 499: the client went away */
+    int status = c->gone && (c->status == 200 || c->status == 0) ? 499 : c->status; /* 499: the client left */
     srv_metrics_response(&s->metrics, c->status);
     if (!s->o.quiet && (c->route == R_COMPLETIONS || c->route == R_CHAT)) {
         pthread_mutex_lock(&c->mu);
@@ -1026,8 +1026,7 @@ bool srv_start(const srv_opts *o, srv **out) {
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;
     struct sockaddr *sa;
-    unsigned flags =
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
     memset(&a4, 0, sizeof a4);
     memset(&a6, 0, sizeof a6);
     if (inet_pton(AF_INET, o->host, &a4.sin_addr) == 1) {
