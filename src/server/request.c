@@ -421,6 +421,7 @@ static bool parse_generation(const cJSON *root, const srv_limits *lim, srv_req *
     /* Seeds are integers a double holds exactly; negative ones are as good as any. */
     if (!get_int(root, "seed", -9007199254740992.0, 9007199254740992.0, &d, &set, err)) return false;
     if (set) s->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    r->seed_set = set;
     if (!get_bool(root, "ignore_eos", &r->ignore_eos, err)) return false;
     if (!parse_stop(cJSON_GetObjectItemCaseSensitive(root, "stop"), r, err)) return false;
     if (!parse_logit_bias(cJSON_GetObjectItemCaseSensitive(root, "logit_bias"), lim, r, err)) return false;
@@ -462,6 +463,7 @@ bool srv_req_parse(const char *body, size_t len, srv_kind kind, const srv_limits
     out->enable_thinking = true;
     out->add_special = true;
     tk_sampling_default(&out->sampling);
+    out->sampling.temperature = 1;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
     if (!root) {

@@ -46,7 +46,8 @@ typedef struct srv_req {
     bool enable_thinking; /* chat_template_kwargs.enable_thinking (default true) */
     bool add_special;     /* tokenize: add_special_tokens (default true) */
     int max_tokens;       /* 0: until the context is full */
-    tk_sampling sampling; /* logit_bias points into bias */
+    tk_sampling sampling; /* logit_bias points into bias; temperature 1 unless given (OpenAI's default) */
+    bool seed_set;        /* false: the caller picks a fresh seed (no seed, no repeatable output) */
     tk_logit_bias *bias;  /* (sampling.n_logit_bias) */
     char *stop[TK_MAX_STOP];
     int n_stop;

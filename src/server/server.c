@@ -73,7 +73,7 @@ struct srv {
     pthread_t watcher;
     bool watching;
     _Atomic bool stop;
-    _Atomic uint64_t next_id;
+    _Atomic uint64_t next_id, next_seed;
 };
 
 struct srv_call {
@@ -648,6 +648,7 @@ static enum MHD_Result handle_generate(srv_call *c) {
     r.n_prompt = (int)n;
     r.max_tokens = q->max_tokens;
     r.sampling = q->sampling;
+    if (!q->seed_set) r.sampling.seed = atomic_fetch_add(&s->next_seed, 0x9e3779b97f4a7c15ull);
     for (int i = 0; i < q->n_stop; i++) r.stop[i] = q->stop[i];
     r.ignore_eos = q->ignore_eos;
     r.want_text = true;
@@ -1023,6 +1024,7 @@ bool srv_start(const srv_opts *o, srv **out) {
     atomic_store(&s->state, SRV_LOADING);
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     atomic_store(&s->next_id, seed);
+    atomic_store(&s->next_seed, seed * 0x2545f4914f6cdd1dull + (uint64_t)tk_now_s());
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;
     struct sockaddr *sa;

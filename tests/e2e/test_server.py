@@ -183,7 +183,7 @@ def test_basic(s):
         check(u["completion_tokens"] == 12, "usage counts %s tokens for max_tokens 12" % u["completion_tokens"])
         check(ch["text"] == want, "server %r != run %r" % (ch["text"], want))
     # Streaming gives the same text, in valid frames.
-    frames = s.stream("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "stream": True,
+    frames = s.stream("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "stream": True, "temperature": 0,
                                           "stream_options": {"include_usage": True}})
     text, _, finish, usage = stream_text(frames, False)
     check(text == ch["text"] and finish == ch["finish_reason"], "stream %r != %r" % (text, ch["text"]))
@@ -237,6 +237,9 @@ def test_sampling_params(s):
     _, _, a = s.post("/v1/completions", req)
     _, _, b = s.post("/v1/completions", req)
     check(a["choices"][0]["text"] == b["choices"][0]["text"], "same seed, different text")
+    # Without a seed, sampling at the default temperature 1 differs between requests.
+    texts = {s.post("/v1/completions", dict(base, max_tokens=8))[2]["choices"][0]["text"] for _ in range(3)}
+    check(len(texts) > 1, "unseeded sampling repeats itself: %s" % texts)
     check(a["usage"]["completion_tokens"] == 6, "ignore_eos with max_tokens 6: %s" % a["usage"])
     # logit_bias 100 forces a token under greedy decoding.
     _, _, f = s.post("/v1/completions", dict(base, temperature=0, logit_bias={"1879": 100}, logprobs=2))
