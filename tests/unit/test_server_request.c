@@ -1,7 +1,6 @@
 /* The server's pure parts: request JSON to validated requests (defaults, the
  * OpenAI spellings, refusals with the parameter named) and the Qwen3 reasoning
  * splitter over text cut at every byte. */
-#include <cmocka.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,6 +8,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cmocka.h>
 
 #include "server/request.h"
 #include "server/think.h"
