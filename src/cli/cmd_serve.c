@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "core/dtype.h"
 #include "server/server.h"
 #include "tokamak.h"
 
@@ -247,9 +246,8 @@ int cmd_serve(int argc, char **argv) {
             eo.static_batching = true;
             break;
         case O_REPACK:
-            mo.repack_dtype = dtype_from_name(optarg);
-            if (mo.repack_dtype < 0)
-                ok = false, fprintf(stderr, "tokamak serve: --repack: unknown type '%s'\n", optarg);
+            if (!tk_weight_type_from_name(optarg, &mo.repack))
+                ok = false, fprintf(stderr, "tokamak serve: --repack wants a type such as q8_0, got '%s'\n", optarg);
             break;
         case O_MMAP:
             mo.use_mmap = true;
