@@ -96,8 +96,9 @@ static const cli_opt KV_ROWS[] = {
      .kind = CLI_MIB,
      .dest = CLI_D_ENGINE,
      .off = offsetof(tk_engine_opts, kv_mem),
-     .lo = 1,
-     .hi = 1 << 22},
+     .lo = 0,
+     .hi = 1 << 22,
+     .flags = CLI_LO_OPEN},
     {0},
 };
 
@@ -308,8 +309,8 @@ bad:
     return false;
 }
 
-/* N MiB, or N with a K/M/G suffix; N in [lo, hi] MiB. */
-static bool parse_mib(const char *s, double lo, double hi, size_t *out) {
+/* N MiB, or N with a K/M/G suffix, in bytes. */
+static bool parse_mib(const char *s, size_t *out) {
     char *end;
     errno = 0;
     if (*s < '0' || *s > '9') return false;
@@ -323,10 +324,7 @@ static bool parse_mib(const char *s, double lo, double hi, size_t *out) {
     else if (*end == 'G' || *end == 'g')
         shift = 30, end++;
     if (*end || v > (SIZE_MAX >> shift)) return false;
-    size_t b = (size_t)v << shift;
-    double mib = (double)b / (1 << 20);
-    if (!(mib >= lo && mib <= hi)) return false;
-    *out = b;
+    *out = (size_t)v << shift;
     return true;
 }
 
@@ -387,10 +385,11 @@ static const char *row_want(const cli_opt *r, char *buf, size_t n) {
         break;
     case CLI_FLOAT:
     case CLI_DOUBLE:
-        snprintf(buf, n, "a number in %s%g, %g]", range_open(r), r->lo, r->hi);
+        snprintf(buf, n, "a number in %s%.10g, %.10g]", range_open(r), r->lo, r->hi);
         break;
     case CLI_MIB:
-        snprintf(buf, n, "MiB in [%g, %g], or a size with a K, M or G suffix", r->lo, r->hi);
+        snprintf(buf, n, "MiB in %s%.10g, %.10g], or a size with a K, M or G suffix", range_open(r), r->lo,
+                 r->hi);
         break;
     case CLI_ENUM:
         snprintf(buf, n, "one of %s", names_list(r->names, ", ", list, sizeof list));
@@ -435,8 +434,12 @@ static bool set_value(cli_opts *o, const cli_opt *r, const char *v) {
         else
             *(double *)f = d;
         return true;
-    case CLI_MIB:
-        return parse_mib(v, r->lo, r->hi, (size_t *)f);
+    case CLI_MIB: {
+        size_t b;
+        if (!parse_mib(v, &b) || !in_range(r, (double)b / (1 << 20))) return false;
+        *(size_t *)f = b;
+        return true;
+    }
     case CLI_STR:
         *(const char **)f = v;
         return true;
