@@ -58,9 +58,20 @@ typedef struct detokenize_args {
 } detokenize_args;
 
 static const cli_opt DETOKENIZE_ROWS[] = {
-    {.name = "-m", .alias = "--model", .arg = "MODEL", .help = "a directory with tokenizer.json, a tokenizer.json file, or a GGUF model", .kind = CLI_STR, .off = offsetof(detokenize_args, model)},
-    {.name = "--special", .help = "show special tokens (default: hidden)", .kind = CLI_FLAG, .off = offsetof(detokenize_args, special)},
-    {.name = "--lines", .help = "each input line is one sequence; print one text line per input line", .kind = CLI_FLAG, .off = offsetof(detokenize_args, lines)},
+    {.name = "-m",
+     .alias = "--model",
+     .arg = "MODEL",
+     .help = "a directory with tokenizer.json, a tokenizer.json file, or a GGUF model",
+     .kind = CLI_STR,
+     .off = offsetof(detokenize_args, model)},
+    {.name = "--special",
+     .help = "show special tokens (default: hidden)",
+     .kind = CLI_FLAG,
+     .off = offsetof(detokenize_args, special)},
+    {.name = "--lines",
+     .help = "each input line is one sequence; print one text line per input line",
+     .kind = CLI_FLAG,
+     .off = offsetof(detokenize_args, lines)},
     {0},
 };
 

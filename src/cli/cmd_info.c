@@ -19,7 +19,14 @@ typedef struct info_args {
 } info_args;
 
 static const cli_opt INFO_ROWS[] = {
-    {.name = "--bw", .arg = "GBPS", .help = "memory bandwidth for the TPOT floor (default: measured now)", .kind = CLI_DOUBLE, .off = offsetof(info_args, bw), .lo = 0, .hi = 1e6, .flags = CLI_LO_OPEN},
+    {.name = "--bw",
+     .arg = "GBPS",
+     .help = "memory bandwidth for the TPOT floor (default: measured now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(info_args, bw),
+     .lo = 0,
+     .hi = 1e6,
+     .flags = CLI_LO_OPEN},
     {0},
 };
 
