@@ -1,12 +1,13 @@
 /* One function per subcommand; each returns the process exit code
  * (0 ok, 1 runtime error, 2 usage error) and prints its own errors.
- * Options are parsed by cli/opts.h. */
+ * Options are parsed by cli/opts.h (included here: cli_opts, cli_parse_long, ...). */
 #ifndef TK_CLI_H
 #define TK_CLI_H
 
 #include <stddef.h>
 #include <stdio.h>
 
+#include "cli/opts.h"
 #include "tokamak.h"
 
 int cmd_synth(int argc, char **argv);
