@@ -13,17 +13,19 @@ typedef struct names_row {
     int value;
 } names_row;
 
+/* Either rows, or (rows NULL) the names name(v) of the values v in [0, n)
+ * where the enum keeps its own table (tk_weight_type_name). */
 typedef struct names_table {
     const char *what; /* "KV type", for messages */
     const names_row *rows;
     int n;
+    const char *(*name)(int value); /* NULL for a value without a name */
 } names_table;
 
 extern const names_table NAMES_KV_TYPE;  /* tk_kv_type: f32 f16 bf16 int8 */
 extern const names_table NAMES_KV_SCALE; /* tk_kv_scale: head token */
 extern const names_table NAMES_FINISH;   /* tk_finish: none stop length cancelled error */
-extern const names_table
-    NAMES_REPACK; /* tk_model_opts.repack_dtype: the weight types a model can be repacked to */
+extern const names_table NAMES_WEIGHTS;  /* tk_weight_type (tk_model_opts.repack), from tk_weight_type_name */
 
 /* The value named s; false (and *value untouched) when no row has that name. */
 bool names_find(const names_table *t, const char *s, int *value);

@@ -14,7 +14,6 @@
 // clang-format on
 
 #include "cli/opts.c"
-#include "core/dtype.h"
 
 typedef struct own_args {
     int n;
@@ -84,7 +83,7 @@ static void test_opts_values(void **state) {
     assert_true(o.sampling.top_p == 1.0f);
     assert_true(o.engine.kv_mem == (size_t)2 << 30);
     assert_int_equal(o.engine.block_size, 32);
-    assert_int_equal(o.model.repack_dtype, TK_DTYPE_Q8_0);
+    assert_int_equal(o.model.repack, TK_WEIGHTS_Q8_0);
     assert_int_equal(o.n_operands, 1);
     assert_string_equal(o.operands[0], "file");
     assert_true(cli_opts_given(&o, "--kv-type"));
@@ -195,8 +194,12 @@ static void test_opts_names(void **state) {
     assert_string_equal(names_str(&NAMES_KV_SCALE, 99), "?");
     assert_string_equal(names_list(&NAMES_KV_TYPE, ", ", buf, sizeof buf), "f32, f16, bf16, int8");
     assert_string_equal(names_list(&NAMES_KV_TYPE, ",", buf, 6), "f32,f"); /* cut, terminated */
-    for (int i = 0; i < NAMES_REPACK.n; i++)
-        assert_true(dtype_supported((uint32_t)NAMES_REPACK.rows[i].value));
+    /* a table kept by the enum itself: the library's tk_weight_type names */
+    assert_string_equal(names_list(&NAMES_WEIGHTS, " ", buf, sizeof buf), "keep f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
+    assert_true(names_find(&NAMES_WEIGHTS, "q4_k", &v));
+    assert_int_equal(v, TK_WEIGHTS_Q4_K);
+    assert_string_equal(names_str(&NAMES_WEIGHTS, TK_WEIGHTS_KEEP), "keep");
+    assert_false(names_find(&NAMES_WEIGHTS, "q5_1", &v));
 }
 
 static void test_opts_help(void **state) {
