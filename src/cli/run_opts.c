@@ -5,8 +5,6 @@
 #include "cli/run.h"
 #include "core/alloc.h"
 #include "core/error.h"
-#include "model/model.h"
-#include "tokenizer/tokenizer.h"
 
 static bool add_stop(const char *v, void *dst) {
     run_stops *s = dst;
@@ -44,6 +42,20 @@ static const cli_opt RUN_ROWS[] = {
      .help = "special-token text in a prompt (<|im_start|>, ...) is text, not control tokens",
      .kind = CLI_FLAG,
      .off = offsetof(run_args, no_special)},
+    {.name = "--chat",
+     .help = "the prompt (-p, or each --prompts line) is a user message in the model's chat format;\n"
+             "its text is text: special-token text in it is never a control token",
+     .kind = CLI_FLAG,
+     .off = offsetof(run_args, chat)},
+    {.name = "--system",
+     .arg = "TEXT",
+     .help = "chat: a system message before the user's (text, as the user's)",
+     .kind = CLI_STR,
+     .off = offsetof(run_args, system)},
+    {.name = "--no-think",
+     .help = "chat: skip the thinking (Qwen3: the template's empty think block)",
+     .kind = CLI_FLAG,
+     .off = offsetof(run_args, no_think)},
     {.kind = CLI_SECTION, .name = "generation"},
     {.name = "-n",
      .alias = "--n-predict",
@@ -123,8 +135,16 @@ int run_parse(int argc, char **argv, cli_opts *o, run_args *a) {
         cli_error(c, "give exactly one of -p TEXT or --tokens IDS%s", a->parallel ? " with --parallel" : "");
         return 2;
     }
-    if (a->no_special && a->tokens) {
-        cli_error(c, "--no-special is about prompt text; --tokens gives ids");
+    if ((a->no_special || a->chat) && a->tokens) {
+        cli_error(c, "%s is about prompt text; --tokens gives ids", a->chat ? "--chat" : "--no-special");
+        return 2;
+    }
+    if (a->chat && a->no_special) {
+        cli_error(c, "--chat encodes message text as text already; drop --no-special");
+        return 2;
+    }
+    if (!a->chat && (a->system || a->no_think)) {
+        cli_error(c, "%s needs --chat", a->system ? "--system" : "--no-think");
         return 2;
     }
     if (run_is_many(a)) {
@@ -146,22 +166,34 @@ int run_parse(int argc, char **argv, cli_opts *o, run_args *a) {
 }
 
 tk_status run_encode(const tk_model *m, const run_args *a, const char *text, int32_t **ids, int *n) {
-    const tk_tokenizer *tok = model_tokenizer(m);
-    if (!tok)
-        return tk_fail(TK_ERR_UNSUPPORTED,
-                       "the model has no vocabulary to encode text with; use --tokens IDS");
-    size_t len = strlen(text);
-    size_t cap = tok_encode_bound(tok, len);
-    if (cap == 0 || cap > (size_t)INT32_MAX) return tk_fail(TK_ERR_RANGE, "prompt too long (%zu bytes)", len);
-    int32_t *buf = tk_calloc(cap, sizeof *buf);
-    if (!buf) return tk_fail(TK_ERR_NOMEM, "out of memory encoding a prompt");
-    size_t got = 0;
-    tk_status st = tok_encode(tok, text, len, true, !a->no_special, buf, cap, &got);
-    if (st != TK_OK) {
-        tk_free(buf);
-        return st;
+    int32_t *got = NULL;
+    size_t n_got = 0;
+    tk_status st;
+    if (a->chat) {
+        tk_chat_message msgs[2];
+        int k = 0;
+        if (a->system) msgs[k++] = (tk_chat_message){"system", a->system};
+        msgs[k++] = (tk_chat_message){"user", text};
+        tk_chat_opts co;
+        tk_chat_opts_default(&co);
+        co.enable_thinking = !a->no_think;
+        st = tk_chat_tokenize(m, msgs, k, &co, &got, &n_got);
+    } else {
+        st = tk_tokenize(m, text, strlen(text), true, !a->no_special, &got, &n_got);
     }
-    *ids = buf;
-    *n = (int)got;
+    if (st != TK_OK) return st;
+    if (n_got > (size_t)INT32_MAX) {
+        tk_free_buf(got);
+        return tk_fail(TK_ERR_RANGE, "a prompt of %zu tokens", n_got);
+    }
+    /* callers free with tk_free, as the ids of --tokens */
+    *ids = tk_malloc((n_got ? n_got : 1) * sizeof **ids);
+    if (!*ids) {
+        tk_free_buf(got);
+        return tk_fail(TK_ERR_NOMEM, "out of memory for a prompt of %zu tokens", n_got);
+    }
+    if (n_got) memcpy(*ids, got, n_got * sizeof *got);
+    tk_free_buf(got);
+    *n = (int)n_got;
     return TK_OK;
 }
