@@ -18,6 +18,7 @@
 #include "core/checked.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/names.h"
 
 /* No new token, step or finish for this long means the engine is stuck. */
 #define BENCH_STALL_S 120.0
@@ -440,21 +441,12 @@ typedef struct series_spec {
     const char *want_weight_dtype; /* NULL: any */
 } series_spec;
 
-static const char *kv_name(tk_kv_type t) {
-    switch (t) {
-    case TK_KV_F32: return "f32";
-    case TK_KV_F16: return "f16";
-    case TK_KV_BF16: return "bf16";
-    case TK_KV_INT8: return "int8";
-    }
-    return "?";
-}
 
 /* The engine must run what the series asked for, or the rung's label lies. */
 static tk_status check_config(const series_spec *sp, const tk_engine_stats *s) {
     if (s->kv_type != sp->kv_type)
         return tk_fail(TK_ERR_INTERNAL, "bench: '%s' asked for KV %s, the engine runs %s", sp->label,
-                       kv_name(sp->kv_type), kv_name(s->kv_type));
+                       names_str(&NAMES_KV_TYPE, (int)sp->kv_type), names_str(&NAMES_KV_TYPE, (int)s->kv_type));
     if (s->unfused != sp->unfused || s->static_batching != sp->static_batching || s->no_chunking != sp->no_chunking)
         return tk_fail(TK_ERR_INTERNAL,
                        "bench: '%s' asked for unfused=%d static=%d no_chunking=%d, the engine runs %d %d %d",

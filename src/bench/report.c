@@ -10,27 +10,11 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/names.h"
 
-static const char *kv_str(tk_kv_type t) {
-    switch (t) {
-    case TK_KV_F32: return "f32";
-    case TK_KV_F16: return "f16";
-    case TK_KV_BF16: return "bf16";
-    case TK_KV_INT8: return "int8";
-    }
-    return "?";
-}
+static const char *kv_str(tk_kv_type t) { return names_str(&NAMES_KV_TYPE, (int)t); }
 
-static const char *finish_str(tk_finish f) {
-    switch (f) {
-    case TK_FINISH_NONE: return "none";
-    case TK_FINISH_STOP: return "stop";
-    case TK_FINISH_LENGTH: return "length";
-    case TK_FINISH_CANCELLED: return "cancelled";
-    case TK_FINISH_ERROR: return "error";
-    }
-    return "?";
-}
+static const char *finish_str(tk_finish f) { return names_str(&NAMES_FINISH, (int)f); }
 
 /* ---- markdown -------------------------------------------------------------- */
 
@@ -372,7 +356,7 @@ static cJSON *js_engine(const bench_series *s) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "weight_dtype", s->weight_dtype);
     cJSON_AddStringToObject(o, "kv_type", kv_str(e->kv_type));
-    cJSON_AddStringToObject(o, "kv_scale", e->kv_scale == TK_KV_SCALE_TOKEN ? "token" : "head");
+    cJSON_AddStringToObject(o, "kv_scale", names_str(&NAMES_KV_SCALE, (int)e->kv_scale));
     cJSON_AddBoolToObject(o, "unfused", e->unfused);
     cJSON_AddBoolToObject(o, "static_batching", e->static_batching);
     cJSON_AddBoolToObject(o, "no_chunking", e->no_chunking);

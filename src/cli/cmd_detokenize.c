@@ -1,26 +1,19 @@
 /* tokamak detokenize: token ids -> text, through the streaming detokenizer
  * (so it prints exactly what a generation stream would). */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
+#include "core/error.h"
 #include "core/alloc.h"
 #include "tokenizer/tokenizer.h"
 
 #define DETOKENIZE_MAX_INPUT ((size_t)1 << 30)
 
-static void detokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: tokamak detokenize -m MODEL [--special] [--lines] [FILE|-]\n"
-            "  -m MODEL    a directory with tokenizer.json, a tokenizer.json file, or a GGUF model\n"
-            "  --special   show special tokens (default: hidden)\n"
-            "  --lines     each input line is one sequence; print one text line per input line\n"
-            "  FILE        ids separated by spaces, tabs, commas or newlines (default: standard input)\n");
-}
-
-/* Read all of f into a tk_malloc'd buffer (NUL-terminated); NULL on error or past limit. */
 /* Decode the ids in text[0..len) and print them; 1 on a bad id. */
 static int decode_span(const tk_tokenizer *t, const char *text, size_t len, bool special, char *out, size_t cap) {
     tok_stream *s;
@@ -59,47 +52,61 @@ static int decode_span(const tk_tokenizer *t, const char *text, size_t len, bool
     return rc;
 }
 
+typedef struct detokenize_args {
+    const char *model;
+    bool special, lines;
+} detokenize_args;
+
+static const cli_opt DETOKENIZE_ROWS[] = {
+    {.name = "-m",
+     .alias = "--model",
+     .arg = "MODEL",
+     .help = "a directory with tokenizer.json, a tokenizer.json file, or a GGUF model",
+     .kind = CLI_STR,
+     .off = offsetof(detokenize_args, model)},
+    {.name = "--special",
+     .help = "show special tokens (default: hidden)",
+     .kind = CLI_FLAG,
+     .off = offsetof(detokenize_args, special)},
+    {.name = "--lines",
+     .help = "each input line is one sequence; print one text line per input line",
+     .kind = CLI_FLAG,
+     .off = offsetof(detokenize_args, lines)},
+    {0},
+};
+
+static const cli_cmd DETOKENIZE_CMD = {
+    "detokenize",
+    "usage: tokamak detokenize -m MODEL [--special] [--lines] [FILE|-]",
+    0,
+    DETOKENIZE_ROWS,
+    "FILE holds ids separated by spaces, tabs, commas or newlines (default: standard input), 1 GiB at most.",
+    1,
+};
+
 int cmd_detokenize(int argc, char **argv) {
-    const char *model = NULL, *file = NULL;
-    bool special = false, lines = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (++i >= argc) {
-                fprintf(stderr, "tokamak detokenize: %s needs a value\n", a);
-                return 2;
-            }
-            model = argv[i];
-        } else if (!strcmp(a, "--special")) special = true;
-        else if (!strcmp(a, "--lines")) lines = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            detokenize_usage(stdout);
-            return 0;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tokamak detokenize: unknown option '%s'\n", a);
-            detokenize_usage(stderr);
-            return 2;
-        } else if (!file) file = a;
-        else {
-            fprintf(stderr, "tokamak detokenize: more than one input file\n");
-            return 2;
-        }
-    }
-    if (!model) {
-        fprintf(stderr, "tokamak detokenize: -m MODEL is required\n");
-        detokenize_usage(stderr);
+    detokenize_args a = {0};
+    cli_opts o;
+    cli_opts_init(&o, &DETOKENIZE_CMD, &a);
+    int prc = cli_opts_parse(&o, argc, argv);
+    if (prc != CLI_GO_ON) return prc;
+    if (!a.model) {
+        cli_error(&DETOKENIZE_CMD, "-m MODEL is required; 'tokamak detokenize --help' lists the options");
         return 2;
     }
+    const char *model = a.model, *file = o.n_operands ? o.operands[0] : NULL;
+    bool special = a.special, lines = a.lines;
     FILE *in = stdin;
     if (file && strcmp(file, "-") && !(in = fopen(file, "rb"))) {
         fprintf(stderr, "tokamak detokenize: cannot open %s\n", file);
         return 1;
     }
     size_t len = 0;
-    char *text = cli_read_all(in, DETOKENIZE_MAX_INPUT, &len);
+    char *text = NULL;
+    tk_status rs = cli_read_all(in, file ? file : "standard input", DETOKENIZE_MAX_INPUT, &text, &len);
     if (in != stdin) fclose(in);
-    if (!text) {
-        fprintf(stderr, "tokamak detokenize: cannot read the input (or it is over 1 GiB)\n");
+    if (rs != TK_OK) {
+        fprintf(stderr, "tokamak detokenize: %s\n", tk_last_error());
         return 1;
     }
     tk_tokenizer *t = NULL;

@@ -1,26 +1,44 @@
 /* tokamak info: a model's shapes, its bytes per weight type, the bytes one
  * decode token must read, KV bytes per token of context, and the TPOT floor
  * those bytes imply at a memory bandwidth (given, or measured here). */
-#include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench/probe.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/dtype.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "tokamak.h"
 
-static void info_usage(FILE *f) {
-    fprintf(f,
-            "usage: tokamak info -m MODEL [--bw GBPS] [--threads N] [--repack TYPE]\n"
-            "  -m MODEL      a GGUF file or a Hugging Face directory\n"
-            "  --bw GBPS     memory bandwidth for the TPOT floor (default: measured now)\n"
-            "  --threads N   threads for the bandwidth probe (default: every core)\n"
-            "  --repack TYPE account for the weights repacked at load (e.g. q8_0)\n");
-}
+typedef struct info_args {
+    double bw;
+} info_args;
+
+static const cli_opt INFO_ROWS[] = {
+    {.name = "--bw",
+     .arg = "GBPS",
+     .help = "memory bandwidth for the TPOT floor (default: measured now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(info_args, bw),
+     .lo = 0,
+     .hi = 1e6,
+     .flags = CLI_LO_OPEN},
+    {0},
+};
+
+static const cli_cmd INFO_CMD = {
+    "info",
+    "usage: tokamak info -m MODEL [--bw GBPS] [--threads N] [--repack TYPE]",
+    CLI_G_MODEL | CLI_G_THREADS,
+    INFO_ROWS,
+    "The weights are read through the file mapping (shapes only, no copy); --repack accounts for the\n"
+    "weights repacked at load, --threads sizes the bandwidth probe.",
+    0,
+};
 
 static void print_bytes(const char *label, uint64_t b) {
     printf("%-22s %llu (%.2f MiB)\n", label, (unsigned long long)b, (double)b / (1024.0 * 1024.0));
@@ -33,50 +51,20 @@ static size_t kv_token_bytes(const tk_model_info *in, tk_kv_type t) {
 }
 
 int cmd_info(int argc, char **argv) {
-    const char *path = NULL;
-    double bw = 0;
-    int threads = 0;
-    tk_model_opts mo;
-    tk_model_opts_default(&mo);
-    mo.use_mmap = true; /* info reads shapes only: no copy of the weights */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            info_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && has) {
-            path = argv[++i];
-        } else if (!strcmp(a, "--bw") && has) {
-            char *end;
-            errno = 0;
-            bw = strtod(argv[++i], &end);
-            if (errno || *end || !(bw > 0 && bw < 1e6)) {
-                fprintf(stderr, "tokamak info: --bw '%s' is not a bandwidth in GB/s (0, 1e6)\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(a, "--threads") && has) {
-            threads = atoi(argv[++i]);
-            if (threads < 1 || threads > 4096) {
-                fprintf(stderr, "tokamak info: --threads '%s' must be in [1, 4096]\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(a, "--repack") && has) {
-            if (!tk_weight_type_from_name(argv[++i], &mo.repack)) {
-                fprintf(stderr, "tokamak info: --repack '%s' is not a weight type (f32 f16 bf16 q8_0 q4_0 q4_k q6_k)\n",
-                        argv[i]);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "tokamak info: unknown or incomplete option '%s'\n", a);
-            info_usage(stderr);
-            return 2;
-        }
-    }
-    if (!path) {
-        info_usage(stderr);
+    info_args ia = {0};
+    cli_opts o;
+    cli_opts_init(&o, &INFO_CMD, &ia);
+    o.model.use_mmap = true; /* info reads shapes only: no copy of the weights */
+    int rc = cli_opts_parse(&o, argc, argv);
+    if (rc != CLI_GO_ON) return rc;
+    if (!o.model_path) {
+        cli_error(&INFO_CMD, "-m MODEL is required; 'tokamak info --help' lists the options");
         return 2;
     }
+    const char *path = o.model_path;
+    double bw = ia.bw;
+    int threads = o.engine.n_threads;
+    tk_model_opts mo = o.model;
     tk_model *m;
     if (tk_model_open(path, &mo, &m) != TK_OK) {
         fprintf(stderr, "tokamak info: %s\n", tk_last_error());

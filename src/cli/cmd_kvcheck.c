@@ -8,11 +8,13 @@
  * only make sense here: quantized weights quantize the activations, whose
  * rounding flips amplify any KV difference. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
 #include "core/error.h"
@@ -45,20 +47,81 @@ typedef struct {
     int32_t *bt;
 } kc_run;
 
-static void kc_usage(FILE *f) {
-    fprintf(f, "usage: tokamak kvcheck -m MODEL [options]\n"
-               "  -m MODEL          a GGUF file or a Hugging Face directory\n"
-               "  --seeds LIST      prompt seeds (default 99,1,2,3,4)\n"
-               "  --prompt N        prompt tokens (default 32)\n"
-               "  --gen N           teacher-forced greedy positions compared (default 256)\n"
-               "  --block-size N    KV block tokens (default 16)\n"
-               "  --threads N       threads (default: every core)\n"
-               "Compares int8 (per-head and per-token scales), bf16 and f16 KV against f32 KV:\n"
-               "top-1 agreement and mean KL divergence per seed and over all seeds.\n"
-               "Use float weights (F32/F16/BF16): with Q8_0/Q4 weights the activations are\n"
-               "quantized too, and a tiny KV difference that flips their rounding swamps the\n"
-               "KV error (even f16 KV then shows a KL of ~6e-5 on qwen3-0.6b).\n");
+typedef struct kc_seed_list {
+    int v[KC_MAX_SEEDS], n;
+} kc_seed_list;
+
+typedef struct kc_args {
+    kc_seed_list seeds;
+    int np, ngen;
+} kc_args;
+
+/* "5,6,7" -> up to KC_MAX_SEEDS seeds in [0, 2^30]. */
+static bool kc_seeds(const char *v, void *dst) {
+    kc_seed_list *a = dst;
+    int n = 0;
+    for (const char *p = v; *p;) {
+        char num[16];
+        size_t k = strcspn(p, ",");
+        long l;
+        if (n == KC_MAX_SEEDS || k == 0 || k >= sizeof num) return false;
+        memcpy(num, p, k);
+        num[k] = 0;
+        if (!cli_parse_long(num, 0, 1 << 30, &l)) return false;
+        a->v[n++] = (int)l;
+        p += k + (p[k] == ',');
+    }
+    if (n == 0) return false;
+    a->n = n;
+    return true;
 }
+
+static const cli_opt KC_ROWS[] = {
+    {.name = "--seeds",
+     .arg = "LIST",
+     .help = "prompt seeds (default 99,1,2,3,4)",
+     .kind = CLI_FN,
+     .off = offsetof(kc_args, seeds),
+     .fn = kc_seeds,
+     .want = "up to 16 comma-separated integers in [0, 1073741824]"},
+    {.name = "--prompt",
+     .arg = "N",
+     .help = "prompt tokens (default 32)",
+     .kind = CLI_INT,
+     .off = offsetof(kc_args, np),
+     .lo = 1,
+     .hi = 4096},
+    {.name = "--gen",
+     .arg = "N",
+     .help = "teacher-forced greedy positions compared (default 256)",
+     .kind = CLI_INT,
+     .off = offsetof(kc_args, ngen),
+     .lo = 1,
+     .hi = 1 << 16},
+    {.name = "--block-size",
+     .arg = "N",
+     .help = "KV block tokens: 16, 32, 64, 128 or 256 (default 16)",
+     .kind = CLI_INT,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, block_size),
+     .lo = 16,
+     .hi = 256,
+     .flags = CLI_POW2},
+    {0},
+};
+
+static const cli_cmd KC_CMD = {
+    "kvcheck",
+    "usage: tokamak kvcheck -m MODEL [options]",
+    CLI_G_MODEL | CLI_G_THREADS,
+    KC_ROWS,
+    "Compares int8 (per-head and per-token scales), bf16 and f16 KV against f32 KV:\n"
+    "top-1 agreement and mean KL divergence per seed and over all seeds.\n"
+    "Use float weights (F32/F16/BF16): with Q8_0/Q4 weights the activations are\n"
+    "quantized too, and a tiny KV difference that flips their rounding swamps the\n"
+    "KV error (even f16 KV then shows a KL of ~6e-5 on qwen3-0.6b).",
+    0,
+};
 
 static bool kc_run_init(kc_run *r, tk_model *m, tk_pool *pool, tk_kv_type t, tk_kv_scale s, int ctx, int bs,
                         int max_tok) {
@@ -110,72 +173,22 @@ static double kc_kl(const float *lp, const float *lq, int n) {
     return kl;
 }
 
-static bool kc_int(const char *s, int lo, int hi, int *out) {
-    long v;
-    if (!cli_parse_long(s, lo, hi, &v)) return false;
-    *out = (int)v;
-    return true;
-}
-
 int cmd_kvcheck(int argc, char **argv) {
-    const char *path = NULL;
-    int seeds[KC_MAX_SEEDS] = {99, 1, 2, 3, 4}, n_seeds = 5, np = 32, ngen = 256, bs = 16, threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            kc_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && has) {
-            path = argv[++i];
-        } else if (!strcmp(a, "--seeds") && has) {
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", argv[++i]);
-            n_seeds = 0;
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                if (n_seeds == KC_MAX_SEEDS || !kc_int(tok, 0, 1 << 30, &seeds[n_seeds])) {
-                    fprintf(stderr, "tokamak kvcheck: --seeds wants up to %d integers, got '%s'\n", KC_MAX_SEEDS,
-                            argv[i]);
-                    return 2;
-                }
-                n_seeds++;
-            }
-            if (n_seeds == 0) {
-                fprintf(stderr, "tokamak kvcheck: --seeds is empty\n");
-                return 2;
-            }
-        } else if (!strcmp(a, "--prompt") && has) {
-            if (!kc_int(argv[++i], 1, 4096, &np)) {
-                fprintf(stderr, "tokamak kvcheck: --prompt wants 1..4096 tokens, got '%s'\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(a, "--gen") && has) {
-            if (!kc_int(argv[++i], 1, 1 << 16, &ngen)) {
-                fprintf(stderr, "tokamak kvcheck: --gen wants 1..65536 positions, got '%s'\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(a, "--block-size") && has) {
-            if (!kc_int(argv[++i], 16, 256, &bs) || (bs & (bs - 1))) {
-                fprintf(stderr, "tokamak kvcheck: --block-size wants 16, 32, 64, 128 or 256, got '%s'\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(a, "--threads") && has) {
-            if (!kc_int(argv[++i], 1, 4096, &threads)) {
-                fprintf(stderr, "tokamak kvcheck: --threads wants 1..4096, got '%s'\n", argv[i]);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "tokamak kvcheck: unknown or incomplete option '%s'\n", a);
-            kc_usage(stderr);
-            return 2;
-        }
-    }
-    if (!path) {
-        kc_usage(stderr);
+    kc_args ka = {{{99, 1, 2, 3, 4}, 5}, 32, 256};
+    cli_opts o;
+    cli_opts_init(&o, &KC_CMD, &ka);
+    o.engine.block_size = 16;
+    int prc = cli_opts_parse(&o, argc, argv);
+    if (prc != CLI_GO_ON) return prc;
+    if (!o.model_path) {
+        cli_error(&KC_CMD, "-m MODEL is required; 'tokamak kvcheck --help' lists the options");
         return 2;
     }
+    const char *path = o.model_path;
+    const int *seeds = ka.seeds.v;
+    int n_seeds = ka.seeds.n, np = ka.np, ngen = ka.ngen, bs = o.engine.block_size, threads = o.engine.n_threads;
     tk_model *m = NULL;
-    if (tk_model_open(path, NULL, &m) != TK_OK) {
+    if (tk_model_open(path, &o.model, &m) != TK_OK) {
         fprintf(stderr, "tokamak kvcheck: %s\n", tk_last_error());
         return 1;
     }
@@ -192,7 +205,7 @@ int cmd_kvcheck(int argc, char **argv) {
     float *lr = tk_malloc((size_t)vocab * sizeof *lr), *lq = tk_malloc((size_t)vocab * sizeof *lq);
     int32_t *prompt = tk_malloc((size_t)np * sizeof *prompt);
     int rc = 1;
-    if (!lr || !lq || !prompt || pool_init(threads, false, &pool) != TK_OK) {
+    if (!lr || !lq || !prompt || pool_init(threads, o.engine.pin_threads, &pool) != TK_OK) {
         fprintf(stderr, "tokamak kvcheck: out of memory\n");
         goto out;
     }

@@ -1,19 +1,19 @@
 /* tokamak run: one sequence, prefill then decode, straight on the forward pass
  * (no engine), streaming text (or ids without a tokenizer) to stdout and a
- * timing line to stderr. --prompts / --parallel go to run_many (the engine).
+ * timing line to stderr. --prompts / --parallel go to run_many (the engine);
+ * both parse the same options (run_opts.c).
  *
  * --dump-logits FILE writes float32 little-endian rows of n_vocab logits, raw
  * (before any sampling step): row 0 is the last prompt position, row i (1..n-1)
  * the step that consumed generated token i-1; so n rows for -n N, fewer if EOS
  * stops generation early (one row per generated token). */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench/probe.h"
 #include "cli/cli.h"
-#include "cli/run_many.h"
+#include "cli/run.h"
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "engine/sampler.h"
@@ -25,135 +25,6 @@
 
 #define RUN_BLOCK 64
 #define RUN_CHUNK 512 /* prefill tokens per step */
-
-static void run_usage(FILE *f) {
-    fprintf(f,
-            "usage: tokamak run -m MODEL (-p TEXT | --tokens IDS) -n N [options]\n"
-            "  -m MODEL            a GGUF file or a Hugging Face directory\n"
-            "  -p TEXT             prompt text (needs the model's tokenizer; BOS added if the vocabulary asks)\n"
-            "  --tokens IDS        prompt token ids, comma or space separated\n"
-            "  -n N                tokens to generate (default 32)\n"
-            "  --temp T --top-k K --top-p P --min-p P --seed S   sampling (default greedy)\n"
-            "  --ignore-eos        keep generating past end-of-generation tokens\n"
-            "  --threads N         threads (default: every core)\n"
-            "  --kv-type T         f32, f16 (default), bf16, int8\n"
-            "  --repack TYPE       repack matmul weights at load (e.g. q8_0)\n"
-            "  --mmap              read weights through the file mapping (default: huge-page copy)\n"
-            "  --row-layout        keep Q8_0/BF16 weights in file row order (default: interleaved)\n"
-            "  --unfused           the unfused forward plan (ablation)\n"
-            "  --dump-logits FILE  raw float32 logits: last prompt position, then each decode step\n"
-            "  --no-probe          skip the bandwidth probe (no %% of peak in the timing line)\n"
-            "  --prompts FILE | --parallel N   many prompts through the engine (see run --prompts --help)\n");
-}
-
-static bool parse_float(const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) return false;
-    *out = v;
-    return true;
-}
-
-/* "1,2, 3" -> ids (tk_malloc'd). */
-static int32_t *parse_ids(const char *s, int *n_out) {
-    size_t cap = strlen(s) / 2 + 2;
-    int32_t *ids = tk_calloc(cap, sizeof *ids);
-    int n = 0;
-    if (!ids) return NULL;
-    const char *p = s;
-    while (*p) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n') p++;
-        if (!*p) break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n')) {
-            tk_free(ids);
-            return NULL;
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-    }
-    *n_out = n;
-    return ids;
-}
-
-typedef struct run_args {
-    const char *model, *prompt, *tokens, *dump;
-    long n, threads;
-    tk_sampling samp;
-    bool ignore_eos, unfused, no_probe, use_mmap, row_layout;
-    tk_kv_type kv_type;
-    tk_weight_type repack;
-} run_args;
-
-static int parse_args(int argc, char **argv, run_args *a) {
-    memset(a, 0, sizeof *a);
-    a->n = 32;
-    a->kv_type = TK_KV_F16;
-    a->repack = TK_WEIGHTS_KEEP;
-    tk_sampling_default(&a->samp);
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        bool has = i + 1 < argc;
-        const char *v = has ? argv[i + 1] : NULL;
-        double d = 0;
-        long l = 0;
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            run_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(o, "--ignore-eos")) { a->ignore_eos = true; continue; }
-        if (!strcmp(o, "--unfused")) { a->unfused = true; continue; }
-        if (!strcmp(o, "--mmap")) { a->use_mmap = true; continue; }
-        if (!strcmp(o, "--row-layout")) { a->row_layout = true; continue; }
-        if (!strcmp(o, "--no-probe")) { a->no_probe = true; continue; }
-        if (!has) {
-            fprintf(stderr, "tokamak run: unknown or incomplete option '%s'\n", o);
-            return 2;
-        }
-        i++;
-        bool ok = true;
-        if (!strcmp(o, "-m")) a->model = v;
-        else if (!strcmp(o, "-p")) a->prompt = v;
-        else if (!strcmp(o, "--tokens")) a->tokens = v;
-        else if (!strcmp(o, "--dump-logits")) a->dump = v;
-        else if (!strcmp(o, "-n")) ok = cli_parse_long(v, 1, 1 << 24, &a->n);
-        else if (!strcmp(o, "--threads")) ok = cli_parse_long(v, 1, 4096, &a->threads);
-        else if (!strcmp(o, "--temp")) ok = parse_float(v, 0, 100, &d), a->samp.temperature = (float)d;
-        else if (!strcmp(o, "--top-p")) ok = parse_float(v, 0, 1, &d), a->samp.top_p = (float)d;
-        else if (!strcmp(o, "--min-p")) ok = parse_float(v, 0, 1, &d), a->samp.min_p = (float)d;
-        else if (!strcmp(o, "--top-k")) ok = cli_parse_long(v, 0, 1 << 24, &l), a->samp.top_k = (int)l;
-        else if (!strcmp(o, "--seed")) {
-            char *end;
-            errno = 0;
-            a->samp.seed = strtoull(v, &end, 10);
-            ok = !errno && *end == 0 && end != v;
-        } else if (!strcmp(o, "--kv-type")) {
-            if (!strcmp(v, "f32")) a->kv_type = TK_KV_F32;
-            else if (!strcmp(v, "f16")) a->kv_type = TK_KV_F16;
-            else if (!strcmp(v, "bf16")) a->kv_type = TK_KV_BF16;
-            else if (!strcmp(v, "int8")) a->kv_type = TK_KV_INT8;
-            else ok = false;
-        } else if (!strcmp(o, "--repack")) {
-            ok = tk_weight_type_from_name(v, &a->repack);
-        } else {
-            fprintf(stderr, "tokamak run: unknown option '%s'\n", o);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "tokamak run: bad value '%s' for %s\n", v, o);
-            return 2;
-        }
-    }
-    if (!a->model || (!a->prompt == !a->tokens)) {
-        fprintf(stderr, "tokamak run: need -m MODEL and exactly one of -p TEXT or --tokens IDS\n");
-        run_usage(stderr);
-        return 2;
-    }
-    return -1; /* go on */
-}
 
 /* Everything one run holds, freed in one place. */
 typedef struct run_state {
@@ -206,21 +77,18 @@ static bool is_eog(const run_state *s, int32_t tok) {
 }
 
 int cmd_run(int argc, char **argv) {
-    if (run_many_wanted(argc, argv)) return run_many(argc, argv);
+    cli_opts o;
     run_args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc >= 0) return rc;
+    int rc = run_parse(argc, argv, &o, &a);
+    if (rc != CLI_GO_ON) return rc;
+    if (run_is_many(&a)) return run_many(&o, &a);
     run_state s;
     memset(&s, 0, sizeof s);
     double probe = 0;
-    if (!a.no_probe) probe = probe_read_bw((int)a.threads); /* before our pool pins anything */
+    if (!a.no_probe) probe = probe_read_bw(o.engine.n_threads); /* before our pool pins anything */
 
-    tk_model_opts mo;
-    tk_model_opts_default(&mo);
-    mo.repack = a.repack;
-    mo.use_mmap = a.use_mmap;
-    mo.row_layout = a.row_layout;
-    if (tk_model_open(a.model, &mo, &s.m) != TK_OK) return fail(&s, "cannot load the model");
+    if (tk_model_open(o.model_path, &o.model, &s.m) != TK_OK) return fail(&s, "cannot load the model");
+    cli_opts_fit_model(&o, s.m);
     const tk_hparams *hp = model_hparams(s.m);
     const tk_tokenizer *tok = model_tokenizer(s.m);
 
@@ -228,19 +96,8 @@ int cmd_run(int argc, char **argv) {
     int n_prompt = 0;
     int32_t *prompt = NULL;
     if (a.prompt) {
-        if (!tok) {
-            fprintf(stderr, "tokamak run: -p needs a tokenizer and %s has no vocabulary; use --tokens IDS\n", a.model);
-            run_free(&s);
-            return 2;
-        }
-        size_t cap = tok_encode_bound(tok, strlen(a.prompt)), n = 0;
-        prompt = tk_calloc(cap ? cap : 1, sizeof *prompt);
-        if (!prompt || tok_encode(tok, a.prompt, strlen(a.prompt), true, true, prompt, cap, &n) != TK_OK) {
-            tk_free(prompt);
-            return fail(&s, "cannot encode the prompt");
-        }
-        n_prompt = (int)n;
-    } else if (!(prompt = parse_ids(a.tokens, &n_prompt))) {
+        if (run_encode(s.m, &a, a.prompt, &prompt, &n_prompt) != TK_OK) return fail(&s, "cannot encode the prompt");
+    } else if (!cli_parse_ids(a.tokens, &prompt, &n_prompt)) {
         fprintf(stderr, "tokamak run: --tokens '%s' is not a list of token ids\n", a.tokens);
         run_free(&s);
         return 2;
@@ -252,17 +109,22 @@ int cmd_run(int argc, char **argv) {
             run_free(&s);
             return 2;
         }
-    if (n_prompt == 0) {
-        fprintf(stderr, "tokamak run: the prompt is empty\n");
+    if (n_prompt == 0 || n_prompt > o.engine.ctx) {
+        if (n_prompt)
+            fprintf(stderr, "tokamak run: a %d-token prompt does not fit in --ctx %d\n", n_prompt, o.engine.ctx);
+        else
+            fprintf(stderr, "tokamak run: the prompt is empty\n");
         tk_free(prompt);
         run_free(&s);
         return 2;
     }
-    long ctx = (long)n_prompt + a.n;
-    if (ctx > (1 << 24)) {
-        tk_free(prompt);
-        return fail(&s, "prompt + n exceeds 16M tokens");
-    }
+    /* -n 0 and an -n past the context both generate until the context is full,
+     * as the engine does: the last token is sampled but never stored */
+    long room = (long)o.engine.ctx - n_prompt + 1, n_max = a.n == 0 || a.n > room ? room : a.n;
+    if (a.n > room)
+        fprintf(stderr, "tokamak run: generating at most %ld tokens: the %d-token prompt fills --ctx %d but for %ld\n",
+                n_max, n_prompt, o.engine.ctx, room - 1);
+    long ctx = (long)n_prompt + n_max;
     s.ids = tk_calloc((size_t)ctx, sizeof *s.ids);
     if (!s.ids) {
         tk_free(prompt);
@@ -272,15 +134,16 @@ int cmd_run(int argc, char **argv) {
     tk_free(prompt);
 
     /* KV, pool, forward, sampler */
-    int n_blocks = (int)((ctx + RUN_BLOCK - 1) / RUN_BLOCK);
+    int block = cli_opts_given(&o, "--block-size") ? o.engine.block_size : RUN_BLOCK;
+    int n_blocks = (int)((ctx + block - 1) / block);
     tk_kv_opts ko = {.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                     .block_size = RUN_BLOCK, .n_blocks = n_blocks, .type = a.kv_type, .scale = TK_KV_SCALE_HEAD};
+                     .block_size = block, .n_blocks = n_blocks, .type = o.engine.kv_type, .scale = o.engine.kv_scale};
     if (kv_init(&ko, &s.kv) != TK_OK) return fail(&s, "cannot create the KV cache");
-    if (pool_init((int)a.threads, false, &s.pool) != TK_OK) return fail(&s, "cannot start threads");
+    if (pool_init(o.engine.n_threads, o.engine.pin_threads, &s.pool) != TK_OK) return fail(&s, "cannot start threads");
     int chunk = n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK;
-    fwd_opts fo = {.max_tokens = chunk, .max_seqs = 1, .max_ctx = (int)ctx, .unfused = a.unfused};
+    fwd_opts fo = {.max_tokens = chunk, .max_seqs = 1, .max_ctx = (int)ctx, .unfused = o.engine.unfused};
     if (fwd_init(s.m, s.kv, s.pool, &fo, &s.f) != TK_OK) return fail(&s, "cannot set up the forward pass");
-    if (sampler_init(&a.samp, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");
+    if (sampler_init(&o.sampling, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");
     sampler_set_n_prompt(s.smp, n_prompt);
     s.bt = tk_calloc((size_t)n_blocks, sizeof *s.bt);
     s.logits = tk_calloc((size_t)hp->n_vocab, sizeof *s.logits);
@@ -326,7 +189,7 @@ int cmd_run(int argc, char **argv) {
         s.ids[n_prompt + n_gen++] = t;
         bool stop = !a.ignore_eos && is_eog(&s, t);
         if (!stop) emit(&s, t);
-        if (stop || n_gen >= a.n) break;
+        if (stop || n_gen >= n_max) break;
         n1 = 1;
         pos0 = n_prompt + n_gen - 1;
         want = 1;
@@ -355,7 +218,7 @@ int cmd_run(int argc, char **argv) {
         if (probe > 0) fprintf(stderr, " = %.1f%% of %.1f GB/s probe", 100.0 * gbs / probe, probe);
     }
     fprintf(stderr, " | %d threads, kv %s, weights %s\n", pool_size(s.pool),
-            a.kv_type == TK_KV_F32 ? "f32" : a.kv_type == TK_KV_BF16 ? "bf16" : a.kv_type == TK_KV_INT8 ? "int8" : "f16",
+            names_str(&NAMES_KV_TYPE, (int)o.engine.kv_type),
             model_weight_dtype(s.m));
     run_free(&s);
     return 0;

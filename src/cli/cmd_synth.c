@@ -1,50 +1,119 @@
 /* `tokamak synth`: write a synthetic model with real shapes and seeded weights,
  * as GGUF (every dtype tokamak runs) or as a Hugging Face directory. */
-#include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/synth.h"
 #include "core/alloc.h"
 #include "core/error.h"
 
-static void synth_usage(FILE *f) {
-    fprintf(f,
-            "usage: tokamak synth --preset NAME [--dtype T] [options] -o OUT\n\n"
-            "  --preset NAME      tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b\n"
-            "  --dtype T          f32 (default), f16, bf16, q8_0, q4_0, q4_k_m\n"
-            "  --arch A           qwen3 (default), qwen2, llama (preset tiny only)\n"
-            "  --layers N         override the number of layers\n"
-            "  --seed S           weight seed (default 0); same seed, same bytes\n"
-            "  --vocab N          embedding rows (>= the tokenizer's 151669; default the preset's)\n"
-            "  --tied | --untied  share token_embd as the output matrix or not (default: the preset's)\n"
-            "  --format gguf|hf   a GGUF file (default) or an HF directory (f32/f16/bf16 only)\n"
-            "  --shard-mb N       hf: shard model.safetensors at N MB (with an index; default 4 GB)\n"
-            "  -o OUT             output file (gguf) or directory (hf)\n"
-            "  --dry-run          print the shapes and the GGUF tensor plan; write nothing\n\n"
-            "The vocabulary comes from $TOKAMAK_TOKENIZER_DIR or the npm Qwen3 tokenizer under .cache\n"
-            "(`make deps`). Weights: gaussian std 0.02, norms 1 + 0.1 * gaussian, biases 0.1 * gaussian.\n");
-}
+typedef struct synth_args {
+    const char *preset, *arch, *out, *format;
+    synth_quant quant;
+    long layers, vocab, shard_mb, n_ctx;
+    uint64_t seed;
+    bool tied, untied, dry;
+} synth_args;
 
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static int parse_quant(const char *s, synth_quant *q) {
+static bool parse_quant(const char *s, void *dst) {
     for (int i = SYNTH_F32; i <= SYNTH_Q4_K_M; i++)
         if (!strcmp(s, synth_quant_name((synth_quant)i))) {
-            *q = (synth_quant)i;
-            return 1;
+            *(synth_quant *)dst = (synth_quant)i;
+            return true;
         }
-    return 0;
+    return false;
 }
+
+static const cli_opt SYNTH_ROWS[] = {
+    {.name = "--preset",
+     .arg = "NAME",
+     .help = "tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b",
+     .kind = CLI_STR,
+     .off = offsetof(synth_args, preset)},
+    {.name = "--dtype",
+     .arg = "T",
+     .help = "f32 (default), f16, bf16, q8_0, q4_0, q4_k_m",
+     .kind = CLI_FN,
+     .off = offsetof(synth_args, quant),
+     .fn = parse_quant,
+     .want = "one of f32, f16, bf16, q8_0, q4_0, q4_k_m"},
+    {.name = "--arch",
+     .arg = "A",
+     .help = "qwen3 (default), qwen2, llama (preset tiny only)",
+     .kind = CLI_STR,
+     .off = offsetof(synth_args, arch)},
+    {.name = "--layers",
+     .arg = "N",
+     .help = "override the number of layers",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, layers),
+     .lo = 1,
+     .hi = 1024},
+    {.name = "--seed",
+     .arg = "S",
+     .help = "weight seed (default 0); same seed, same bytes",
+     .kind = CLI_U64,
+     .off = offsetof(synth_args, seed)},
+    {.name = "--vocab",
+     .arg = "N",
+     .help = "embedding rows (>= the tokenizer's 151669; default the preset's)",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, vocab),
+     .lo = 1,
+     .hi = 1 << 24},
+    {.name = "--n-ctx",
+     .arg = "N",
+     .help = "the trained context written to the model (default the preset's)",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, n_ctx),
+     .lo = 1,
+     .hi = 1 << 24},
+    {.name = "--tied",
+     .help = "share token_embd as the output matrix (default: the preset's)",
+     .kind = CLI_FLAG,
+     .off = offsetof(synth_args, tied)},
+    {.name = "--untied",
+     .help = "a separate output matrix",
+     .kind = CLI_FLAG,
+     .off = offsetof(synth_args, untied)},
+    {.name = "--format",
+     .arg = "F",
+     .help = "gguf: a GGUF file (default); hf: an HF directory (f32/f16/bf16 only)",
+     .kind = CLI_STR,
+     .off = offsetof(synth_args, format)},
+    {.name = "--shard-mb",
+     .arg = "N",
+     .help = "hf: shard model.safetensors at N MB (with an index; default 4 GB)",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, shard_mb),
+     .lo = 1,
+     .hi = 1 << 24},
+    {.name = "-o",
+     .alias = "--output",
+     .arg = "OUT",
+     .help = "output file (gguf) or directory (hf)",
+     .kind = CLI_STR,
+     .off = offsetof(synth_args, out)},
+    {.name = "--dry-run",
+     .help = "print the shapes and the GGUF tensor plan; write nothing",
+     .kind = CLI_FLAG,
+     .off = offsetof(synth_args, dry)},
+    {0},
+};
+
+static const cli_cmd SYNTH_CMD = {
+    "synth",
+    "usage: tokamak synth --preset NAME [--dtype T] [options] -o OUT",
+    0,
+    SYNTH_ROWS,
+    "The vocabulary comes from $TOKAMAK_TOKENIZER_DIR or the npm Qwen3 tokenizer under .cache\n"
+    "(`make deps`). Weights: gaussian std 0.02, norms 1 + 0.1 * gaussian, biases 0.1 * gaussian.",
+    0,
+};
 
 /* The plan as text (for tests and for sizing a download-free benchmark). */
 static int print_plan(const synth_cfg *c) {
@@ -73,59 +142,23 @@ static int print_plan(const synth_cfg *c) {
 }
 
 int cmd_synth(int argc, char **argv) {
-    const char *preset = NULL, *arch = NULL, *outp = NULL, *format = "gguf";
-    synth_quant quant = SYNTH_F32;
-    int64_t layers = 0, vocab = 0, shard_mb = 0, seed = 0;
-    int tied = -1;
-    bool dry = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_val = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            synth_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--dry-run")) {
-            dry = true;
-        } else if (!strcmp(a, "--tied")) {
-            tied = 1;
-        } else if (!strcmp(a, "--untied")) {
-            tied = 0;
-        } else if (!has_val && a[0] == '-') {
-            fprintf(stderr, "tokamak synth: %s needs a value\n", a);
-            return 2;
-        } else if (!strcmp(a, "--preset")) {
-            preset = argv[++i];
-        } else if (!strcmp(a, "--arch")) {
-            arch = argv[++i];
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            outp = argv[++i];
-        } else if (!strcmp(a, "--format")) {
-            format = argv[++i];
-        } else if (!strcmp(a, "--dtype")) {
-            if (!parse_quant(argv[++i], &quant)) {
-                fprintf(stderr, "tokamak synth: --dtype %s: expected f32, f16, bf16, q8_0, q4_0 or q4_k_m\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(a, "--layers") || !strcmp(a, "--vocab") || !strcmp(a, "--shard-mb") ||
-                   !strcmp(a, "--seed")) {
-            int64_t *dst = !strcmp(a, "--layers") ? &layers : !strcmp(a, "--vocab") ? &vocab
-                                                          : !strcmp(a, "--seed")    ? &seed
-                                                                                    : &shard_mb;
-            int64_t hi = dst == &layers ? 1024 : dst == &vocab ? (1 << 24) : dst == &seed ? INT64_MAX : (1 << 24);
-            if (!parse_i64(argv[++i], dst == &seed ? 0 : 1, hi, dst)) {
-                fprintf(stderr, "tokamak synth: %s %s: expected an integer in [%d, %lld]\n", a, argv[i],
-                        dst == &seed ? 0 : 1, (long long)hi);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "tokamak synth: unknown option '%s'\n\n", a);
-            synth_usage(stderr);
-            return 2;
-        }
+    synth_args sa = {.format = "gguf", .quant = SYNTH_F32};
+    cli_opts o;
+    cli_opts_init(&o, &SYNTH_CMD, &sa);
+    int rc = cli_opts_parse(&o, argc, argv);
+    if (rc != CLI_GO_ON) return rc;
+    if (sa.tied && sa.untied) {
+        cli_error(&SYNTH_CMD, "give one of --tied or --untied");
+        return 2;
     }
+    const char *preset = sa.preset, *arch = sa.arch, *outp = sa.out, *format = sa.format;
+    synth_quant quant = sa.quant;
+    int64_t layers = sa.layers, vocab = sa.vocab, shard_mb = sa.shard_mb;
+    uint64_t seed = sa.seed;
+    int tied = sa.tied ? 1 : sa.untied ? 0 : -1;
+    bool dry = sa.dry;
     if (!preset || (!outp && !dry)) {
-        fprintf(stderr, "tokamak synth: %s is required\n\n", !preset ? "--preset" : "-o");
-        synth_usage(stderr);
+        cli_error(&SYNTH_CMD, "%s is required; 'tokamak synth --help' lists the options", !preset ? "--preset" : "-o");
         return 2;
     }
     bool hf = !strcmp(format, "hf");
@@ -137,7 +170,7 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "tokamak synth: --shard-mb is for --format hf\n");
         return 2;
     }
-    synth_cfg c = {.quant = quant, .seed = (uint64_t)seed};
+    synth_cfg c = {.quant = quant, .seed = seed};
     if (preset_require(preset, arch, &c.p) != TK_OK) {
         fprintf(stderr, "tokamak synth: %s\n", tk_last_error());
         return 2;
@@ -145,6 +178,7 @@ int cmd_synth(int argc, char **argv) {
     if (layers) c.p.n_layer = (int)layers;
     if (tied >= 0) c.p.tied = tied;
     if (vocab) c.p.n_vocab = (int)vocab;
+    if (sa.n_ctx) c.p.n_ctx = (int)sa.n_ctx;
     if (dry) return print_plan(&c);
 
     char tok_dir[4096];

@@ -3,33 +3,20 @@
  * -m takes a directory with tokenizer.json, a tokenizer.json path, or a GGUF
  * model. --lines encodes each '\n'-terminated line on its own (the newline is
  * not part of it), which is how the tests compare with Hugging Face line by line. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
+#include "core/error.h"
 #include "core/alloc.h"
 #include "tokenizer/tokenizer.h"
 
 #define TOKENIZE_MAX_INPUT ((size_t)1 << 30)
 
-static void tokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: tokamak tokenize -m MODEL [--ids|--pieces|--count] [--lines] [--no-bos] [--no-special]\n"
-            "                        [--time] [FILE|-]\n"
-            "  -m MODEL       a directory with tokenizer.json, a tokenizer.json file, or a GGUF model\n"
-            "  --ids          print token ids separated by spaces (default)\n"
-            "  --pieces       print one token per line: id, a tab, and its text (escaped)\n"
-            "  --count        print the number of tokens\n"
-            "  --lines        encode each input line separately (one output line per input line)\n"
-            "  --no-bos       never add BOS (default: add it when the vocabulary asks for it)\n"
-            "  --no-special   treat special tokens in the text as plain text\n"
-            "  --time         print encode throughput to stderr (MB per CPU-second of this thread)\n"
-            "  FILE           input text (default: standard input)\n");
-}
-
-/* Read all of f into a tk_malloc'd buffer (NUL-terminated); NULL on error or past limit. */
 static void print_escaped(const char *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
@@ -75,62 +62,96 @@ static int emit_ids(const tk_tokenizer *t, const int32_t *ids, size_t n, out_mod
     return 0;
 }
 
+typedef struct tokenize_args {
+    const char *model;
+    bool ids, pieces, count, lines, no_bos, no_special, timing;
+} tokenize_args;
+
+static const cli_opt TOKENIZE_ROWS[] = {
+    {.name = "-m",
+     .alias = "--model",
+     .arg = "MODEL",
+     .help = "a directory with tokenizer.json, a tokenizer.json file, or a GGUF model",
+     .kind = CLI_STR,
+     .off = offsetof(tokenize_args, model)},
+    {.name = "--ids",
+     .help = "print token ids separated by spaces (default)",
+     .kind = CLI_FLAG,
+     .off = offsetof(tokenize_args, ids)},
+    {.name = "--pieces",
+     .help = "print one token per line: id, a tab, and its text (escaped)",
+     .kind = CLI_FLAG,
+     .off = offsetof(tokenize_args, pieces)},
+    {.name = "--count",
+     .help = "print the number of tokens",
+     .kind = CLI_FLAG,
+     .off = offsetof(tokenize_args, count)},
+    {.name = "--lines",
+     .help = "encode each input line separately (one output line per input line)",
+     .kind = CLI_FLAG,
+     .off = offsetof(tokenize_args, lines)},
+    {.name = "--no-bos",
+     .help = "never add BOS (default: add it when the vocabulary asks for it)",
+     .kind = CLI_FLAG,
+     .off = offsetof(tokenize_args, no_bos)},
+    {.name = "--no-special",
+     .help = "treat special tokens in the text as plain text",
+     .kind = CLI_FLAG,
+     .off = offsetof(tokenize_args, no_special)},
+    {.name = "--time",
+     .help = "print encode throughput to stderr (MB per CPU-second of this thread)",
+     .kind = CLI_FLAG,
+     .off = offsetof(tokenize_args, timing)},
+    {0},
+};
+
+static const cli_cmd TOKENIZE_CMD = {
+    "tokenize",
+    "usage: tokamak tokenize -m MODEL [--ids|--pieces|--count] [--lines] [--no-bos] [--no-special]\n"
+    "                        [--time] [FILE|-]",
+    0,
+    TOKENIZE_ROWS,
+    "FILE is the input text (default: standard input), 1 GiB at most.",
+    1,
+};
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *file = NULL;
-    out_mode mode = OUT_IDS;
-    bool lines = false, bos = true, special = true, timing = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (++i >= argc) {
-                fprintf(stderr, "tokamak tokenize: %s needs a value\n", a);
-                return 2;
-            }
-            model = argv[i];
-        } else if (!strcmp(a, "--ids")) mode = OUT_IDS;
-        else if (!strcmp(a, "--pieces")) mode = OUT_PIECES;
-        else if (!strcmp(a, "--count")) mode = OUT_COUNT;
-        else if (!strcmp(a, "--lines")) lines = true;
-        else if (!strcmp(a, "--no-bos")) bos = false;
-        else if (!strcmp(a, "--no-special")) special = false;
-        else if (!strcmp(a, "--time")) timing = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            tokenize_usage(stdout);
-            return 0;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tokamak tokenize: unknown option '%s'\n", a);
-            tokenize_usage(stderr);
-            return 2;
-        } else if (!file) file = a;
-        else {
-            fprintf(stderr, "tokamak tokenize: more than one input file\n");
-            return 2;
-        }
-    }
-    if (!model) {
-        fprintf(stderr, "tokamak tokenize: -m MODEL is required\n");
-        tokenize_usage(stderr);
+    tokenize_args a = {0};
+    cli_opts o;
+    cli_opts_init(&o, &TOKENIZE_CMD, &a);
+    int rc = cli_opts_parse(&o, argc, argv);
+    if (rc != CLI_GO_ON) return rc;
+    if (a.ids + a.pieces + a.count > 1) {
+        cli_error(&TOKENIZE_CMD, "give one of --ids, --pieces or --count");
         return 2;
     }
+    if (!a.model) {
+        cli_error(&TOKENIZE_CMD, "-m MODEL is required; 'tokamak tokenize --help' lists the options");
+        return 2;
+    }
+    out_mode mode = a.pieces ? OUT_PIECES : a.count ? OUT_COUNT : OUT_IDS;
+    bool lines = a.lines, bos = !a.no_bos, special = !a.no_special, timing = a.timing;
+    const char *file = o.n_operands ? o.operands[0] : NULL;
     FILE *in = stdin;
     if (file && strcmp(file, "-") && !(in = fopen(file, "rb"))) {
         fprintf(stderr, "tokamak tokenize: cannot open %s\n", file);
         return 1;
     }
     size_t len = 0;
-    char *text = cli_read_all(in, TOKENIZE_MAX_INPUT, &len);
+    char *text = NULL;
+    tk_status rs = cli_read_all(in, file ? file : "standard input", TOKENIZE_MAX_INPUT, &text, &len);
     if (in != stdin) fclose(in);
-    if (!text) {
-        fprintf(stderr, "tokamak tokenize: cannot read the input (or it is over 1 GiB)\n");
+    if (rs != TK_OK) {
+        fprintf(stderr, "tokamak tokenize: %s\n", tk_last_error());
         return 1;
     }
     tk_tokenizer *t = NULL;
-    if (tok_load_path(model, &t)) {
+    if (tok_load_path(a.model, &t)) {
         fprintf(stderr, "tokamak tokenize: %s\n", tk_last_error());
         tk_free(text);
         return 1;
     }
-    int rc = 0;
+    rc = 0;
     size_t cap = tok_encode_bound(t, len), dec_cap = tok_stream_bound(t) * 2;
     int32_t *ids = cap < SIZE_MAX / sizeof(int32_t) ? tk_malloc(cap * sizeof *ids + 1) : NULL;
     char *dec = tk_malloc(dec_cap);

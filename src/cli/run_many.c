@@ -2,7 +2,7 @@
  * together under continuous batching. Output lines are tagged "[i] " with the
  * prompt's number (0-based, file order), released a line at a time as tokens
  * stream in; the summary goes to stderr. */
-#include "cli/run_many.h"
+#include "cli/run.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/stats.h"
 #include "cli/cli.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/names.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "tokamak.h"
@@ -30,26 +32,6 @@ typedef struct rm_req {
     bool text;           /* print text (else ids) */
     FILE *out;
 } rm_req;
-
-static void usage(void) {
-    fprintf(stderr,
-            "usage: tokamak run -m MODEL (--prompts FILE | --parallel N (-p TEXT | --tokens IDS)) [-n N]\n"
-            "         [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--ignore-eos] [--stop STR]...\n"
-            "         [--threads N] [--pin] [--ctx N] [--max-batch N] [--max-seqs N] [--kv-mem BYTES]\n"
-            "         [--block-size 16|32|64|128|256] [--kv-type f32|f16|bf16|int8] [--kv-scale head|token]\n"
-            "         [--step-ms MS] [--step-tokens N] [--no-chunking] [--static-batching] [--unfused] [--quiet]\n"
-            "  --prompts FILE: one prompt per line (empty lines skipped); --parallel N: N copies of -p/--tokens.\n"
-            "  --step-ms MS: target time of a step; prefill chunks are sized from measured costs to fit it\n"
-            "  (default: automatic, 2 x the step's decode time, at most 1000 ms). --step-tokens N alone: a fixed\n"
-            "  budget of N tokens a step; with --step-ms, the cap of the time-based one (default 1024).\n"
-            "  Text is printed as \"[i] line\" per prompt i; the summary (TTFT, TPOT, throughput) goes to stderr.\n");
-}
-
-bool run_many_wanted(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--prompts") || !strcmp(argv[i], "--parallel")) return true;
-    return false;
-}
 
 /* Append bytes to the request's pending line; print every complete line. */
 static void rm_emit(rm_req *r, const char *s, size_t n, bool final) {
@@ -113,288 +95,85 @@ static void rm_on_finish(void *user, const tk_finish_event *ev) {
     pthread_mutex_unlock(&c->sync->mu);
 }
 
-static const char *finish_name(tk_finish f) {
-    switch (f) {
-    case TK_FINISH_STOP: return "stop";
-    case TK_FINISH_LENGTH: return "length";
-    case TK_FINISH_CANCELLED: return "cancelled";
-    case TK_FINISH_ERROR: return "error";
-    default: return "none";
-    }
-}
 
-static bool parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return false;
-    *out = v;
-    return true;
-}
-
-/* "1,2,3" -> ids (tk_malloc'd). */
-static bool parse_ids(const char *s, int32_t **out, int *n_out) {
-    int cap = 1;
-    for (const char *p = s; *p; p++) cap += *p == ',';
-    int32_t *ids = tk_calloc((size_t)cap, sizeof *ids);
-    if (!ids) return false;
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
-            tk_free(ids);
-            return false;
-        }
-        ids[n++] = (int32_t)v;
-        p = *end ? end + 1 : end;
-    }
-    if (n == 0) {
-        tk_free(ids);
-        return false;
-    }
-    *out = ids;
-    *n_out = n;
-    return true;
-}
-
-static tk_status encode_text(const tk_tokenizer *tok, const char *text, int32_t **ids, int *n) {
-    size_t len = strlen(text);
-    size_t cap = tok_encode_bound(tok, len);
-    if (cap == 0 || cap > (size_t)INT32_MAX) return tk_fail(TK_ERR_RANGE, "prompt too long (%zu bytes)", len);
-    int32_t *buf = tk_calloc(cap, sizeof *buf);
-    if (!buf) return tk_fail(TK_ERR_NOMEM, "out of memory encoding a prompt");
-    size_t got = 0;
-    tk_status st = tok_encode(tok, text, len, true, true, buf, cap, &got);
-    if (st != TK_OK) {
-        tk_free(buf);
-        return st;
-    }
-    *ids = buf;
-    *n = (int)got;
-    return TK_OK;
-}
-
-/* Read FILE into lines (empty ones skipped). */
+/* FILE's lines (empty ones skipped; "\n" or "\r\n" ends one), at most
+ * RUN_PROMPTS_MAX bytes; a NUL byte is an error naming its line. */
 static char **read_lines(const char *path, int *n_out) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "tokamak run: cannot open %s: %s\n", path, strerror(errno));
         return NULL;
     }
-    char **lines = NULL;
-    int n = 0, cap = 0;
-    char *buf = NULL;
-    size_t bcap = 0;
-    ssize_t k;
-    while ((k = getline(&buf, &bcap, f)) >= 0) {
-        while (k > 0 && (buf[k - 1] == '\n' || buf[k - 1] == '\r')) buf[--k] = 0;
-        if (k == 0) continue;
-        if (n == cap) {
-            int nc = cap ? cap * 2 : 16;
-            char **nl = tk_realloc(lines, (size_t)nc * sizeof *nl);
-            if (!nl) break;
-            lines = nl;
-            cap = nc;
-        }
-        lines[n] = tk_strdup(buf);
-        if (!lines[n]) break;
-        n++;
-    }
-    free(buf);
+    size_t len = 0;
+    char *text = NULL;
+    tk_status st = cli_read_all(f, path, RUN_PROMPTS_MAX, &text, &len);
     fclose(f);
-    *n_out = n;
+    if (st != TK_OK) {
+        fprintf(stderr, "tokamak run: --prompts %s\n", tk_last_error());
+        return NULL;
+    }
+    char **lines = NULL;
+    int n = 0, cap = 0, line_no = 0;
+    for (size_t pos = 0; pos < len;) {
+        const char *nl = memchr(text + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - text) : len, k = end - pos;
+        line_no++;
+        if (memchr(text + pos, 0, k)) {
+            fprintf(stderr, "tokamak run: --prompts %s: line %d holds a NUL byte\n", path, line_no);
+            goto fail;
+        }
+        if (k > 0 && text[pos + k - 1] == '\r') k--;
+        if (k > 0) {
+            if (n == cap) {
+                int nc = cap ? cap * 2 : 16;
+                char **nl2 = tk_realloc(lines, (size_t)nc * sizeof *nl2);
+                if (!nl2) goto nomem;
+                lines = nl2;
+                cap = nc;
+            }
+            if (!(lines[n] = tk_malloc(k + 1))) goto nomem;
+            memcpy(lines[n], text + pos, k);
+            lines[n++][k] = 0;
+        }
+        pos = end + 1;
+    }
+    tk_free(text);
     if (n == 0) {
         tk_free(lines);
         fprintf(stderr, "tokamak run: %s has no prompts\n", path);
         return NULL;
     }
+    *n_out = n;
     return lines;
+nomem:
+    fprintf(stderr, "tokamak run: out of memory reading %s\n", path);
+fail:
+    for (int i = 0; i < n; i++) tk_free(lines[i]);
+    tk_free(lines);
+    tk_free(text);
+    return NULL;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-int run_many(int argc, char **argv) {
-    const char *model_path = NULL, *prompts_path = NULL, *prompt_text = NULL, *token_list = NULL;
-    long parallel = 0, n_predict = 128;
-    bool quiet = false;
-    tk_engine_opts eo;
-    tk_engine_opts_default(&eo);
+int run_many(const cli_opts *o, const run_args *a) {
+    const char *model_path = o->model_path;
     tk_request base;
     tk_request_default(&base);
-    int n_stop = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long n;
-#define NEED_VALUE                                                                                                     \
-    do {                                                                                                               \
-        if (!v) {                                                                                                      \
-            fprintf(stderr, "tokamak run: %s needs a value\n", a);                                                     \
-            return 2;                                                                                                  \
-        }                                                                                                              \
-        i++;                                                                                                           \
-    } while (0)
-#define BAD_VALUE                                                                                                      \
-    do {                                                                                                               \
-        fprintf(stderr, "tokamak run: bad value '%s' for %s\n", v, a);                                                 \
-        return 2;                                                                                                      \
-    } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            NEED_VALUE;
-            model_path = v;
-        } else if (!strcmp(a, "--prompts")) {
-            NEED_VALUE;
-            prompts_path = v;
-        } else if (!strcmp(a, "--parallel")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 1, 100000, &parallel)) BAD_VALUE;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            NEED_VALUE;
-            prompt_text = v;
-        } else if (!strcmp(a, "--tokens")) {
-            NEED_VALUE;
-            token_list = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 0, 1 << 24, &n_predict)) BAD_VALUE;
-        } else if (!strcmp(a, "--temp")) {
-            NEED_VALUE;
-            if (!parse_float(v, &base.sampling.temperature)) BAD_VALUE;
-        } else if (!strcmp(a, "--top-k")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 0, 1 << 24, &n)) BAD_VALUE;
-            base.sampling.top_k = (int)n;
-        } else if (!strcmp(a, "--top-p")) {
-            NEED_VALUE;
-            if (!parse_float(v, &base.sampling.top_p)) BAD_VALUE;
-        } else if (!strcmp(a, "--min-p")) {
-            NEED_VALUE;
-            if (!parse_float(v, &base.sampling.min_p)) BAD_VALUE;
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            NEED_VALUE;
-            if (!parse_float(v, &base.sampling.repetition_penalty)) BAD_VALUE;
-        } else if (!strcmp(a, "--seed")) {
-            NEED_VALUE;
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD_VALUE;
-            base.sampling.seed = s;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            base.ignore_eos = true;
-        } else if (!strcmp(a, "--stop")) {
-            NEED_VALUE;
-            if (n_stop >= TK_MAX_STOP) {
-                fprintf(stderr, "tokamak run: at most %d --stop strings\n", TK_MAX_STOP);
-                return 2;
-            }
-            base.stop[n_stop++] = v;
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 0, 4096, &n)) BAD_VALUE;
-            eo.n_threads = (int)n;
-        } else if (!strcmp(a, "--pin")) {
-            eo.pin_threads = true;
-        } else if (!strcmp(a, "--ctx")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 1, 1 << 24, &n)) BAD_VALUE;
-            eo.ctx = (int)n;
-        } else if (!strcmp(a, "--max-batch")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 1, 4096, &n)) BAD_VALUE;
-            eo.max_batch = (int)n;
-        } else if (!strcmp(a, "--max-seqs")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 1, 1 << 20, &n)) BAD_VALUE;
-            eo.max_seqs = (int)n;
-        } else if (!strcmp(a, "--kv-mem")) {
-            NEED_VALUE;
-            char *end;
-            errno = 0;
-            unsigned long long b = strtoull(v, &end, 10);
-            if (errno || end == v) BAD_VALUE;
-            /* optional K/M/G suffix */
-            if (*end == 'K' || *end == 'k') b <<= 10, end++;
-            else if (*end == 'M' || *end == 'm') b <<= 20, end++;
-            else if (*end == 'G' || *end == 'g') b <<= 30, end++;
-            if (*end) BAD_VALUE;
-            eo.kv_mem = (size_t)b;
-        } else if (!strcmp(a, "--block-size")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 1, 4096, &n)) BAD_VALUE;
-            eo.block_size = (int)n;
-        } else if (!strcmp(a, "--kv-type")) {
-            NEED_VALUE;
-            if (!strcmp(v, "f32")) eo.kv_type = TK_KV_F32;
-            else if (!strcmp(v, "f16")) eo.kv_type = TK_KV_F16;
-            else if (!strcmp(v, "bf16")) eo.kv_type = TK_KV_BF16;
-            else if (!strcmp(v, "int8")) eo.kv_type = TK_KV_INT8;
-            else BAD_VALUE;
-        } else if (!strcmp(a, "--kv-scale")) {
-            NEED_VALUE;
-            if (!strcmp(v, "head")) eo.kv_scale = TK_KV_SCALE_HEAD;
-            else if (!strcmp(v, "token")) eo.kv_scale = TK_KV_SCALE_TOKEN;
-            else BAD_VALUE;
-        } else if (!strcmp(a, "--step-tokens")) {
-            NEED_VALUE;
-            if (!cli_parse_long(v, 1, 1 << 20, &n)) BAD_VALUE;
-            eo.step_tokens = (int)n;
-        } else if (!strcmp(a, "--step-ms")) {
-            NEED_VALUE;
-            char *end;
-            errno = 0;
-            double ms = strtod(v, &end);
-            if (errno || end == v || *end || !(ms > 0) || ms > 3600e3) BAD_VALUE;
-            eo.step_ms = ms;
-        } else if (!strcmp(a, "--no-chunking")) {
-            eo.no_chunking = true;
-        } else if (!strcmp(a, "--static-batching")) {
-            eo.static_batching = true;
-        } else if (!strcmp(a, "--unfused")) {
-            eo.unfused = true;
-        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            quiet = true;
-        } else {
-            fprintf(stderr, "tokamak run: unknown option '%s'\n", a);
-            usage();
-            return 2;
-        }
-#undef NEED_VALUE
-#undef BAD_VALUE
-    }
-    if (!model_path) {
-        fprintf(stderr, "tokamak run: -m MODEL is required\n");
-        return 2;
-    }
-    if (!!prompts_path == !!parallel) {
-        fprintf(stderr, "tokamak run: give exactly one of --prompts FILE or --parallel N\n");
-        return 2;
-    }
-    if (parallel && !!prompt_text == !!token_list) {
-        fprintf(stderr, "tokamak run: --parallel needs exactly one of -p TEXT or --tokens IDS\n");
-        return 2;
-    }
-    if (prompts_path && (prompt_text || token_list)) {
-        fprintf(stderr, "tokamak run: --prompts takes its prompts from the file, not -p/--tokens\n");
-        return 2;
-    }
-    base.max_tokens = (int)n_predict;
-    if (n_predict == 0) base.max_tokens = 0; /* until the context limit */
+    base.sampling = o->sampling;
+    base.ignore_eos = a->ignore_eos;
+    base.max_tokens = a->n; /* 0: until the context is full */
+    for (int i = 0; i < a->stop.n; i++) base.stop[i] = a->stop.s[i];
+    tk_engine_opts eo = o->engine;
+    bool quiet = a->quiet;
+    const char *prompts_path = a->prompts, *prompt_text = a->prompt, *token_list = a->tokens;
 
     tk_model *m = NULL;
-    if (tk_model_open(model_path, NULL, &m) != TK_OK) {
+    if (tk_model_open(model_path, &o->model, &m) != TK_OK) {
         fprintf(stderr, "tokamak run: %s\n", tk_last_error());
         return 1;
     }
+    cli_opts fit = *o;
+    cli_opts_fit_model(&fit, m);
+    eo.ctx = fit.engine.ctx;
     const tk_tokenizer *tok = model_tokenizer(m);
     int rc = 1;
     int n_req = 0;
@@ -415,7 +194,7 @@ int run_many(int argc, char **argv) {
             goto done;
         }
     } else {
-        n_req = (int)parallel;
+        n_req = a->parallel;
         if (prompt_text && !tok) {
             fprintf(stderr, "tokamak run: -p needs a tokenizer and %s has none; use --tokens\n", model_path);
             goto done;
@@ -433,9 +212,10 @@ int run_many(int argc, char **argv) {
         r->out = stdout;
         r->text = tok != NULL;
         tk_status st;
-        if (lines) st = encode_text(tok, lines[i], &r->ids, &r->n_ids);
-        else if (prompt_text) st = encode_text(tok, prompt_text, &r->ids, &r->n_ids);
-        else st = parse_ids(token_list, &r->ids, &r->n_ids) ? TK_OK : tk_fail(TK_ERR_INVALID, "bad --tokens '%s'", token_list);
+        if (lines) st = run_encode(m, a, lines[i], &r->ids, &r->n_ids);
+        else if (prompt_text) st = run_encode(m, a, prompt_text, &r->ids, &r->n_ids);
+        else if (cli_parse_ids(token_list, &r->ids, &r->n_ids)) st = TK_OK;
+        else st = tk_fail(TK_ERR_INVALID, "--tokens '%s' is not a list of token ids", token_list);
         if (st != TK_OK) {
             fprintf(stderr, "tokamak run: prompt %d: %s\n", i, tk_last_error());
             goto done;
@@ -495,13 +275,10 @@ int run_many(int argc, char **argv) {
         in_tok += (uint64_t)t->n_prompt;
         any_error |= r->reason == TK_FINISH_ERROR;
         fprintf(stderr, "%-5d %7d %7d %10.2f %10.2f %-9s %d\n", i, t->n_prompt, t->n_output, ttft, tpot,
-                finish_name(r->reason), t->n_preempted);
+                names_str(&NAMES_FINISH, (int)r->reason), t->n_preempted);
     }
     double med = 0;
-    if (n_tpot && tpots) {
-        qsort(tpots, (size_t)n_tpot, sizeof *tpots, cmp_double);
-        med = tpots[n_tpot / 2];
-    }
+    if (n_tpot && tpots && stats_percentile(tpots, (size_t)n_tpot, 50, &med) != TK_OK) med = 0;
     tk_free(tpots);
     char budget[160];
     if (es.step_adaptive) {

@@ -109,38 +109,43 @@ static void plan_add(plan_builder *b, const char *gguf, const char *hf, synth_ki
                         gguf, (long long)ne0, dtype_name(t->gguf_type), be);
 }
 
+/* A tensor of layer l: "blk.<l>.<gguf>" and "model.layers.<l>.<hf>". */
+static void plan_add_layer(plan_builder *b, int l, const char *gguf, const char *hf, synth_kind kind, int64_t ne0,
+                           int64_t ne1, int permute_heads) {
+    char g[64], h[80];
+    snprintf(g, sizeof g, "blk.%d.%s", l, gguf);
+    snprintf(h, sizeof h, "model.layers.%d.%s", l, hf);
+    plan_add(b, g, h, kind, ne0, ne1, permute_heads);
+}
+
 tk_status synth_plan(const synth_cfg *c, synth_tensor **out, int *n_out) {
     const tk_preset *p = &c->p;
     plan_builder b = {.c = c};
     int64_t E = p->n_embd, Q = (int64_t)p->n_head * p->head_dim, KV = (int64_t)p->n_head_kv * p->head_dim;
     bool llama = !strcmp(p->arch, "llama");
-    char g[64], h[80];
     plan_add(&b, "token_embd.weight", "model.embed_tokens.weight", SYNTH_MATRIX, E, p->n_vocab, 0);
     if (p->rope_factor > 0) plan_add(&b, "rope_freqs.weight", "", SYNTH_ROPE_FREQS, p->head_dim / 2, 0, 0);
     for (int l = 0; l < p->n_layer; l++) {
-#define ADD(gn, hn, kind, ne0, ne1, perm)                                                                       \
-    do {                                                                                                       \
-        snprintf(g, sizeof g, "blk.%d.%s", l, gn);                                                             \
-        snprintf(h, sizeof h, "model.layers.%d.%s", l, hn);                                                    \
-        plan_add(&b, g, h, kind, ne0, ne1, perm);                                                              \
-    } while (0)
-        ADD("attn_norm.weight", "input_layernorm.weight", SYNTH_NORM, E, 0, 0);
-        ADD("attn_q.weight", "self_attn.q_proj.weight", SYNTH_MATRIX, E, Q, llama ? p->n_head : 0);
-        if (p->qkv_bias) ADD("attn_q.bias", "self_attn.q_proj.bias", SYNTH_BIAS, Q, 0, 0);
-        ADD("attn_k.weight", "self_attn.k_proj.weight", SYNTH_MATRIX, E, KV, llama ? p->n_head_kv : 0);
-        if (p->qkv_bias) ADD("attn_k.bias", "self_attn.k_proj.bias", SYNTH_BIAS, KV, 0, 0);
-        ADD("attn_v.weight", "self_attn.v_proj.weight", SYNTH_MATRIX, E, KV, 0);
-        if (p->qkv_bias) ADD("attn_v.bias", "self_attn.v_proj.bias", SYNTH_BIAS, KV, 0, 0);
-        ADD("attn_output.weight", "self_attn.o_proj.weight", SYNTH_MATRIX, Q, E, 0);
+        plan_add_layer(&b, l, "attn_norm.weight", "input_layernorm.weight", SYNTH_NORM, E, 0, 0);
+        plan_add_layer(&b, l, "attn_q.weight", "self_attn.q_proj.weight", SYNTH_MATRIX, E, Q,
+                       llama ? p->n_head : 0);
+        if (p->qkv_bias) plan_add_layer(&b, l, "attn_q.bias", "self_attn.q_proj.bias", SYNTH_BIAS, Q, 0, 0);
+        plan_add_layer(&b, l, "attn_k.weight", "self_attn.k_proj.weight", SYNTH_MATRIX, E, KV,
+                       llama ? p->n_head_kv : 0);
+        if (p->qkv_bias) plan_add_layer(&b, l, "attn_k.bias", "self_attn.k_proj.bias", SYNTH_BIAS, KV, 0, 0);
+        plan_add_layer(&b, l, "attn_v.weight", "self_attn.v_proj.weight", SYNTH_MATRIX, E, KV, 0);
+        if (p->qkv_bias) plan_add_layer(&b, l, "attn_v.bias", "self_attn.v_proj.bias", SYNTH_BIAS, KV, 0, 0);
+        plan_add_layer(&b, l, "attn_output.weight", "self_attn.o_proj.weight", SYNTH_MATRIX, Q, E, 0);
         if (p->qk_norm) {
-            ADD("attn_q_norm.weight", "self_attn.q_norm.weight", SYNTH_NORM, p->head_dim, 0, 0);
-            ADD("attn_k_norm.weight", "self_attn.k_norm.weight", SYNTH_NORM, p->head_dim, 0, 0);
+            plan_add_layer(&b, l, "attn_q_norm.weight", "self_attn.q_norm.weight", SYNTH_NORM, p->head_dim, 0,
+                           0);
+            plan_add_layer(&b, l, "attn_k_norm.weight", "self_attn.k_norm.weight", SYNTH_NORM, p->head_dim, 0,
+                           0);
         }
-        ADD("ffn_norm.weight", "post_attention_layernorm.weight", SYNTH_NORM, E, 0, 0);
-        ADD("ffn_gate.weight", "mlp.gate_proj.weight", SYNTH_MATRIX, E, p->n_ff, 0);
-        ADD("ffn_up.weight", "mlp.up_proj.weight", SYNTH_MATRIX, E, p->n_ff, 0);
-        ADD("ffn_down.weight", "mlp.down_proj.weight", SYNTH_MATRIX, p->n_ff, E, 0);
-#undef ADD
+        plan_add_layer(&b, l, "ffn_norm.weight", "post_attention_layernorm.weight", SYNTH_NORM, E, 0, 0);
+        plan_add_layer(&b, l, "ffn_gate.weight", "mlp.gate_proj.weight", SYNTH_MATRIX, E, p->n_ff, 0);
+        plan_add_layer(&b, l, "ffn_up.weight", "mlp.up_proj.weight", SYNTH_MATRIX, E, p->n_ff, 0);
+        plan_add_layer(&b, l, "ffn_down.weight", "mlp.down_proj.weight", SYNTH_MATRIX, p->n_ff, E, 0);
     }
     plan_add(&b, "output_norm.weight", "model.norm.weight", SYNTH_NORM, E, 0, 0);
     if (!p->tied) plan_add(&b, "output.weight", "lm_head.weight", SYNTH_MATRIX, E, p->n_vocab, 0);

@@ -12,61 +12,71 @@
 
 #define ROW_BLOCK_FLOATS (1 << 20) /* generate ~4 MB of floats at a time */
 
+/* "<arch>.<suffix>" in key: the architecture's own metadata keys. */
+static const char *akey(char key[128], const tk_preset *p, const char *suffix) {
+    snprintf(key, 128, "%s.%s", p->arch, suffix);
+    return key;
+}
+
+/* Every key in order; the first failure stops the writes and is returned. */
 static tk_status write_meta(gguf_writer *w, const synth_cfg *c, const synth_vocab *v) {
     const tk_preset *p = &c->p;
     char key[128], name[128];
     tk_status st = TK_OK;
-#define K(suffix) (snprintf(key, sizeof key, "%s.%s", p->arch, suffix), key)
-#define CHK(call)                                                                                                  \
-    do {                                                                                                           \
-        if ((st = (call)) != TK_OK) return st;                                                                     \
-    } while (0)
-    if (!strcmp(p->name, "tiny")) snprintf(name, sizeof name, "synth-tiny-%s", p->arch);
-    else snprintf(name, sizeof name, "synth-%s", p->name);
-    CHK(gguf_w_str(w, "general.architecture", p->arch));
-    CHK(gguf_w_str(w, "general.name", name));
-    CHK(gguf_w_u32(w, "general.alignment", 32));
-    CHK(gguf_w_u32(w, "general.file_type", synth_file_type(c->quant)));
-    CHK(gguf_w_u32(w, "general.quantization_version", 2));
-    CHK(gguf_w_u32(w, K("block_count"), (uint32_t)p->n_layer));
-    CHK(gguf_w_u32(w, K("context_length"), (uint32_t)p->n_ctx));
-    CHK(gguf_w_u32(w, K("embedding_length"), (uint32_t)p->n_embd));
-    CHK(gguf_w_u32(w, K("feed_forward_length"), (uint32_t)p->n_ff));
-    CHK(gguf_w_u32(w, K("attention.head_count"), (uint32_t)p->n_head));
-    CHK(gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)p->n_head_kv));
-    CHK(gguf_w_u32(w, K("attention.key_length"), (uint32_t)p->head_dim));
-    CHK(gguf_w_u32(w, K("attention.value_length"), (uint32_t)p->head_dim));
-    CHK(gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)p->head_dim));
-    CHK(gguf_w_f32(w, K("rope.freq_base"), (float)p->rope_theta));
-    CHK(gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), (float)p->rms_eps));
-    CHK(gguf_w_u32(w, K("vocab_size"), (uint32_t)p->n_vocab));
+    if (!strcmp(p->name, "tiny"))
+        snprintf(name, sizeof name, "synth-tiny-%s", p->arch);
+    else
+        snprintf(name, sizeof name, "synth-%s", p->name);
+    if (st == TK_OK) st = gguf_w_str(w, "general.architecture", p->arch);
+    if (st == TK_OK) st = gguf_w_str(w, "general.name", name);
+    if (st == TK_OK) st = gguf_w_u32(w, "general.alignment", 32);
+    if (st == TK_OK) st = gguf_w_u32(w, "general.file_type", synth_file_type(c->quant));
+    if (st == TK_OK) st = gguf_w_u32(w, "general.quantization_version", 2);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "block_count"), (uint32_t)p->n_layer);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "context_length"), (uint32_t)p->n_ctx);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "embedding_length"), (uint32_t)p->n_embd);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "feed_forward_length"), (uint32_t)p->n_ff);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "attention.head_count"), (uint32_t)p->n_head);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "attention.head_count_kv"), (uint32_t)p->n_head_kv);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "attention.key_length"), (uint32_t)p->head_dim);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "attention.value_length"), (uint32_t)p->head_dim);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "rope.dimension_count"), (uint32_t)p->head_dim);
+    if (st == TK_OK) st = gguf_w_f32(w, akey(key, p, "rope.freq_base"), (float)p->rope_theta);
+    if (st == TK_OK) st = gguf_w_f32(w, akey(key, p, "attention.layer_norm_rms_epsilon"), (float)p->rms_eps);
+    if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "vocab_size"), (uint32_t)p->n_vocab);
     if (p->rope_factor > 0) {
         /* llama.cpp encodes Llama-3 scaling as the rope_freqs.weight tensor; these
          * keys describe it for readers that want the parameters. */
-        CHK(gguf_w_str(w, K("rope.scaling.type"), "llama3"));
-        CHK(gguf_w_f32(w, K("rope.scaling.factor"), (float)p->rope_factor));
-        CHK(gguf_w_u32(w, K("rope.scaling.original_context_length"), (uint32_t)p->rope_orig_ctx));
-        CHK(gguf_w_f32(w, K("rope.scaling.low_freq_factor"), (float)p->rope_low_freq));
-        CHK(gguf_w_f32(w, K("rope.scaling.high_freq_factor"), (float)p->rope_high_freq));
+        if (st == TK_OK) st = gguf_w_str(w, akey(key, p, "rope.scaling.type"), "llama3");
+        if (st == TK_OK) st = gguf_w_f32(w, akey(key, p, "rope.scaling.factor"), (float)p->rope_factor);
+        if (st == TK_OK)
+            st = gguf_w_u32(w, akey(key, p, "rope.scaling.original_context_length"),
+                            (uint32_t)p->rope_orig_ctx);
+        if (st == TK_OK)
+            st = gguf_w_f32(w, akey(key, p, "rope.scaling.low_freq_factor"), (float)p->rope_low_freq);
+        if (st == TK_OK)
+            st = gguf_w_f32(w, akey(key, p, "rope.scaling.high_freq_factor"), (float)p->rope_high_freq);
     }
-    CHK(gguf_w_str(w, "tokenizer.ggml.model", "gpt2"));
-    CHK(gguf_w_str(w, "tokenizer.ggml.pre", "qwen2"));
-    CHK(gguf_w_arr_str(w, "tokenizer.ggml.tokens", v->pieces, v->piece_lens, (uint64_t)v->n_tokens));
-    CHK(gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_I32, v->types, (uint64_t)v->n_tokens));
-    CHK(gguf_w_arr_str(w, "tokenizer.ggml.merges", v->merges, v->merge_lens, (uint64_t)v->n_merges));
-    CHK(gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos_id));
-    CHK(gguf_w_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)v->pad_id));
-    CHK(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos_id));
-    CHK(gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false));
-    if (v->chat_template) CHK(gguf_w_str(w, "tokenizer.chat_template", v->chat_template));
-#undef K
-#undef CHK
+    if (st == TK_OK) st = gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+    if (st == TK_OK) st = gguf_w_str(w, "tokenizer.ggml.pre", "qwen2");
+    if (st == TK_OK)
+        st = gguf_w_arr_str(w, "tokenizer.ggml.tokens", v->pieces, v->piece_lens, (uint64_t)v->n_tokens);
+    if (st == TK_OK)
+        st = gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_I32, v->types, (uint64_t)v->n_tokens);
+    if (st == TK_OK)
+        st = gguf_w_arr_str(w, "tokenizer.ggml.merges", v->merges, v->merge_lens, (uint64_t)v->n_merges);
+    if (st == TK_OK) st = gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos_id);
+    if (st == TK_OK) st = gguf_w_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)v->pad_id);
+    if (st == TK_OK) st = gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos_id);
+    if (st == TK_OK) st = gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false);
+    if (st == TK_OK && v->chat_template) st = gguf_w_str(w, "tokenizer.chat_template", v->chat_template);
     return st;
 }
 
 /* One tensor: rows generated in blocks into f32, quantized per row into the
  * tensor's buffer, written in one call (the writer takes whole tensors). */
-static tk_status write_tensor(gguf_writer *w, const synth_cfg *c, const synth_tensor *t, float *fbuf, int64_t fcap) {
+static tk_status write_tensor(gguf_writer *w, const synth_cfg *c, const synth_tensor *t, float *fbuf,
+                              int64_t fcap) {
     uint64_t row_bytes, nbytes;
     int64_t cols = t->ne[0], rows = t->ne[1];
     if (!dtype_row_bytes(t->gguf_type, (uint64_t)cols, &row_bytes) || !tk_mul_u64(row_bytes, (uint64_t)rows, &nbytes) ||

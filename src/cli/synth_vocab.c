@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "cli/synth.h"
 #include "core/alloc.h"
 #include "core/error.h"
@@ -65,28 +66,9 @@ tk_status synth_tokenizer_dir(char *out, size_t cap) {
 static tk_status read_file(const char *path, char **data, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return tk_fail(TK_ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    long sz = -1;
-    if (fseek(f, 0, SEEK_END) == 0) sz = ftell(f);
-    if (sz < 0 || fseek(f, 0, SEEK_SET) != 0 || sz > (long)1 << 30) {
-        fclose(f);
-        return tk_fail(TK_ERR_IO, "%s: cannot size the file (or larger than 1 GB)", path);
-    }
-    buf = tk_malloc((size_t)sz + 1);
-    if (!buf) {
-        fclose(f);
-        return tk_fail(TK_ERR_NOMEM, "%s: out of memory (%ld bytes)", path, sz);
-    }
-    size_t got = fread(buf, 1, (size_t)sz, f);
+    tk_status st = cli_read_all(f, path, (size_t)1 << 30, data, len);
     fclose(f);
-    if (got != (size_t)sz) {
-        tk_free(buf);
-        return tk_fail(TK_ERR_IO, "%s: short read", path);
-    }
-    buf[sz] = 0;
-    *data = buf;
-    *len = (size_t)sz;
-    return TK_OK;
+    return st;
 }
 
 /* Pieces and merges are appended to one arena; offsets become pointers at the end. */
