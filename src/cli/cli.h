@@ -14,6 +14,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_kvcheck(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 /* Read all of f (at most limit bytes) into a NUL-terminated tk_malloc'd
  * buffer; NULL on a read error, no memory, or input over the limit. */

@@ -16,6 +16,7 @@ static const subcommand CMDS[] = {
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"bench", cmd_bench, "TTFT/TPOT/ITL/throughput and the bandwidth roofline"},
     {"kvcheck", cmd_kvcheck, "top-1 agreement and KL of int8/bf16/f16 KV against f32 KV"},
+    {"quantize", cmd_quantize, "convert a HF directory or GGUF to GGUF (f32, bf16, q8_0)"},
 };
 
 static void usage(FILE *f) {
