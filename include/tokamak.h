@@ -45,10 +45,29 @@ const char *tk_status_str(tk_status st);
 
 typedef struct tk_model tk_model;
 
+/* A type the matmul weights can be converted to at load. */
+typedef enum tk_weight_type {
+    TK_WEIGHTS_KEEP = 0, /* the file's types (default) */
+    TK_WEIGHTS_F32,
+    TK_WEIGHTS_F16,
+    TK_WEIGHTS_BF16,
+    TK_WEIGHTS_Q8_0,
+    TK_WEIGHTS_Q4_0,
+    TK_WEIGHTS_Q4_K,
+    TK_WEIGHTS_Q6_K,
+} tk_weight_type;
+
+/* "keep", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"; NULL for a
+ * value outside the enum. */
+const char *tk_weight_type_name(tk_weight_type t);
+/* The type named name (as above); false, *out untouched, for any other name. */
+bool tk_weight_type_from_name(const char *name, tk_weight_type *out);
+
 typedef struct tk_model_opts {
-    /* Repack weights to this GGUF type id at load (-1: keep the file's types).
-     * Used for W8A8 from a BF16 file (TK_DTYPE_Q8_0), and by the ablation. */
-    int repack_dtype;
+    /* Convert every matmul weight, the output matrix included, to this type at
+     * load (embedding lookups keep the file's rows). Used for W8A8 from a BF16
+     * file (TK_WEIGHTS_Q8_0), and by the ablation. */
+    tk_weight_type repack;
     /* false (default): copy the weights that are file views into anonymous
      * memory backed by transparent huge pages (streams faster: no TLB walk or
      * prefetcher stop every 4 KiB). true: read them through the file mapping

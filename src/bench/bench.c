@@ -433,7 +433,7 @@ static tk_status measured_run(tk_engine *e, bench_ctx *c, bench_ctx *bgc, const 
 
 typedef struct series_spec {
     const char *label;
-    int repack_dtype;
+    tk_weight_type repack;
     tk_kv_type kv_type;
     bool unfused, static_batching, no_chunking;
     bool check;           /* the engine must report exactly these settings */
@@ -482,7 +482,7 @@ static int level_requests(const bench_opts *o, int level) {
 static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk_model *m, bench_info *info,
                             bench_series *out) {
     snprintf(out->label, sizeof out->label, "%s", sp->label);
-    out->repack_dtype = sp->repack_dtype;
+    out->repack = sp->repack;
     tk_engine_opts eo = o->engine;
     eo.kv_type = sp->kv_type;
     eo.unfused = sp->unfused;
@@ -584,10 +584,10 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
     return st;
 }
 
-static tk_status open_model(const char *path, int repack, bench_info *info, tk_model **m) {
+static tk_status open_model(const char *path, tk_weight_type repack, bench_info *info, tk_model **m) {
     tk_model_opts mo;
     tk_model_opts_default(&mo);
-    mo.repack_dtype = repack;
+    mo.repack = repack;
     tk_status st = tk_model_open(path, &mo, m);
     if (st != TK_OK) return st;
     tk_model_info mi;
@@ -672,32 +672,33 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
     series_spec specs[BENCH_MAX_SERIES];
     int n_specs = 0;
     if (!o->ablation) {
-        specs[n_specs++] = (series_spec){.label = "run", .repack_dtype = o->model.repack_dtype,
+        specs[n_specs++] = (series_spec){.label = "run", .repack = o->model.repack,
                                          .kv_type = o->engine.kv_type, .unfused = o->engine.unfused,
                                          .static_batching = o->engine.static_batching,
                                          .no_chunking = o->engine.no_chunking, .check = true};
     } else {
         /* The ladder: each rung adds one optimisation to the one before. */
-        specs[n_specs++] = (series_spec){"1 bf16 weights, bf16 KV, unfused, static", -1, TK_KV_BF16, true, true,
-                                         true, true, "bf16"};
-        specs[n_specs++] = (series_spec){"2 int8 weights (W8A8)", TK_DTYPE_Q8_0, TK_KV_BF16, true, true, true,
-                                         true, "q8_0"};
-        specs[n_specs++] = (series_spec){"3 + int8 KV", TK_DTYPE_Q8_0, TK_KV_INT8, true, true, true, true, "q8_0"};
-        specs[n_specs++] = (series_spec){"4 + fused kernels", TK_DTYPE_Q8_0, TK_KV_INT8, false, true, true, true,
+        specs[n_specs++] = (series_spec){"1 bf16 weights, bf16 KV, unfused, static", TK_WEIGHTS_KEEP,
+                                         TK_KV_BF16, true, true, true, true, "bf16"};
+        specs[n_specs++] = (series_spec){"2 int8 weights (W8A8)", TK_WEIGHTS_Q8_0, TK_KV_BF16, true, true,
+                                         true, true, "q8_0"};
+        specs[n_specs++] = (series_spec){"3 + int8 KV", TK_WEIGHTS_Q8_0, TK_KV_INT8, true, true, true, true,
                                          "q8_0"};
-        specs[n_specs++] = (series_spec){"5 + continuous batching, chunked prefill", TK_DTYPE_Q8_0, TK_KV_INT8,
-                                         false, false, false, true, "q8_0"};
+        specs[n_specs++] = (series_spec){"4 + fused kernels", TK_WEIGHTS_Q8_0, TK_KV_INT8, false, true, true,
+                                         true, "q8_0"};
+        specs[n_specs++] = (series_spec){"5 + continuous batching, chunked prefill", TK_WEIGHTS_Q8_0,
+                                         TK_KV_INT8, false, false, false, true, "q8_0"};
     }
     tk_model *m = NULL;
     int m_repack = -2;
     for (int i = 0; i < n_specs; i++) {
-        if (!m || m_repack != specs[i].repack_dtype) {
+        if (!m || m_repack != (int)specs[i].repack) {
             tk_model_free(m);
             m = NULL;
             if (!o->quiet) fprintf(stderr, "bench: loading %s\n", o->model_path);
-            st = open_model(o->model_path, specs[i].repack_dtype, info, &m);
+            st = open_model(o->model_path, specs[i].repack, info, &m);
             if (st != TK_OK) break;
-            m_repack = specs[i].repack_dtype;
+            m_repack = (int)specs[i].repack;
             if (o->ablation && i == 0 && strcmp(info->model_dtype, "bf16") != 0) {
                 st = tk_fail(TK_ERR_INVALID, "bench: --ablation needs a BF16 model; %s holds %s weights",
                              o->model_path, info->model_dtype);

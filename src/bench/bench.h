@@ -140,7 +140,7 @@ typedef struct bench_point {
  * per rung for --ablation). */
 typedef struct bench_series {
     char label[96];
-    int repack_dtype;       /* tk_model_opts.repack_dtype used */
+    tk_weight_type repack;  /* tk_model_opts.repack used */
     tk_engine_stats engine; /* the configuration as the engine reported it */
     char weight_dtype[16];  /* engine.weight_dtype copied (the model owns the string) */
     int n_points;

@@ -224,8 +224,8 @@ void report_markdown(const bench_result *r, FILE *f) {
     else
         fprintf(f, "requests per level: %d x concurrency (16 per rate)", o->requests_x > 0 ? o->requests_x : 2);
     char repack[48] = "";
-    if (o->model.repack_dtype >= 0 && !o->ablation)
-        snprintf(repack, sizeof repack, ", weights repacked to %s", dtype_name((uint32_t)o->model.repack_dtype));
+    if (o->model.repack != TK_WEIGHTS_KEEP && !o->ablation)
+        snprintf(repack, sizeof repack, ", weights repacked to %s", tk_weight_type_name(o->model.repack));
     char step[64];
     if (e->step_ms > 0 && e->step_tokens > 0)
         snprintf(step, sizeof step, "--step-ms %g --step-tokens %d (cap)", e->step_ms, e->step_tokens);
@@ -445,7 +445,7 @@ static cJSON *js_result(const bench_result *r) {
         const bench_series *sr = &r->series[s];
         cJSON *js = cJSON_CreateObject();
         cJSON_AddStringToObject(js, "label", sr->label);
-        cJSON_AddNumberToObject(js, "repack_dtype", sr->repack_dtype);
+        cJSON_AddStringToObject(js, "repack", tk_weight_type_name(sr->repack));
         cJSON_AddItemToObject(js, "engine", js_engine(sr));
         cJSON *pts = cJSON_AddArrayToObject(js, "points");
         for (int i = 0; i < sr->n_points; i++) {

@@ -223,8 +223,7 @@ int cmd_bench(int argc, char **argv) {
             o.model.use_mmap = true;
             break;
         case OPT_REPACK:
-            o.model.repack_dtype = dtype_from_name(optarg);
-            if (o.model.repack_dtype < 0) {
+            if (!tk_weight_type_from_name(optarg, &o.model.repack)) {
                 fprintf(stderr, "tokamak bench: --repack wants a type such as q8_0, got '%s'\n", optarg);
                 ok = false;
             }

@@ -62,8 +62,7 @@ int cmd_info(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--repack") && has) {
-            mo.repack_dtype = dtype_from_name(argv[++i]);
-            if (mo.repack_dtype < 0) {
+            if (!tk_weight_type_from_name(argv[++i], &mo.repack)) {
                 fprintf(stderr, "tokamak info: --repack '%s' is not a weight type (f32 f16 bf16 q8_0 q4_0 q4_k q6_k)\n",
                         argv[i]);
                 return 2;

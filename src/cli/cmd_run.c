@@ -1,6 +1,7 @@
 /* tokamak run: one sequence, prefill then decode, on the backend's runner
- * (no engine: the runner hands back every logit of a step), streaming text (or ids without a tokenizer) to stdout and a
- * timing line to stderr. --prompts / --parallel go to run_many (the engine).
+ * (no engine: the runner hands back every logit of a step), streaming text
+ * (or ids without a tokenizer) to stdout and a timing line to stderr.
+ * --prompts / --parallel go to run_many (the engine).
  *
  * --dump-logits FILE writes float32 little-endian rows of n_vocab logits, raw
  * (before any sampling step): row 0 is the last prompt position, row i (1..n-1)
@@ -84,14 +85,14 @@ typedef struct run_args {
     tk_sampling samp;
     bool ignore_eos, unfused, no_probe, use_mmap, row_layout;
     tk_kv_type kv_type;
-    int repack;
+    tk_weight_type repack;
 } run_args;
 
 static int parse_args(int argc, char **argv, run_args *a) {
     memset(a, 0, sizeof *a);
     a->n = 32;
     a->kv_type = TK_KV_F16;
-    a->repack = -1;
+    a->repack = TK_WEIGHTS_KEEP;
     tk_sampling_default(&a->samp);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -136,8 +137,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
             else if (!strcmp(v, "int8")) a->kv_type = TK_KV_INT8;
             else ok = false;
         } else if (!strcmp(o, "--repack")) {
-            a->repack = dtype_from_name(v);
-            ok = a->repack >= 0;
+            ok = tk_weight_type_from_name(v, &a->repack);
         } else {
             fprintf(stderr, "tokamak run: unknown option '%s'\n", o);
             return 2;
@@ -213,7 +213,7 @@ int cmd_run(int argc, char **argv) {
 
     tk_model_opts mo;
     tk_model_opts_default(&mo);
-    mo.repack_dtype = a.repack;
+    mo.repack = a.repack;
     mo.use_mmap = a.use_mmap;
     mo.row_layout = a.row_layout;
     if (tk_model_open(a.model, &mo, &s.m) != TK_OK) return fail(&s, "cannot load the model");

@@ -18,7 +18,31 @@
 
 void tk_model_opts_default(tk_model_opts *o) {
     memset(o, 0, sizeof *o);
-    o->repack_dtype = -1;
+    o->repack = TK_WEIGHTS_KEEP;
+}
+
+/* The internal type of each public weight type (KEEP has none). */
+static const tk_dtype WEIGHT_DTYPE[] = {
+    [TK_WEIGHTS_F32] = TK_DTYPE_F32,   [TK_WEIGHTS_F16] = TK_DTYPE_F16,   [TK_WEIGHTS_BF16] = TK_DTYPE_BF16,
+    [TK_WEIGHTS_Q8_0] = TK_DTYPE_Q8_0, [TK_WEIGHTS_Q4_0] = TK_DTYPE_Q4_0, [TK_WEIGHTS_Q4_K] = TK_DTYPE_Q4_K,
+    [TK_WEIGHTS_Q6_K] = TK_DTYPE_Q6_K,
+};
+#define N_WEIGHT_TYPES ((int)(sizeof WEIGHT_DTYPE / sizeof WEIGHT_DTYPE[0]))
+
+const char *tk_weight_type_name(tk_weight_type t) {
+    if (t == TK_WEIGHTS_KEEP) return "keep";
+    if ((int)t < 0 || (int)t >= N_WEIGHT_TYPES) return NULL;
+    return dtype_name(WEIGHT_DTYPE[t]);
+}
+
+bool tk_weight_type_from_name(const char *name, tk_weight_type *out) {
+    if (!name) return false;
+    for (int i = 0; i < N_WEIGHT_TYPES; i++)
+        if (!strcmp(name, tk_weight_type_name((tk_weight_type)i))) {
+            *out = (tk_weight_type)i;
+            return true;
+        }
+    return false;
 }
 
 const tk_hparams *model_hparams(const tk_model *m) { return &m->hp; }
@@ -217,8 +241,8 @@ static tk_status load_matmul(tk_model *m, const model_source *src, const tk_mode
         out->data = dst;
     }
     if ((st = ensure_aligned(m, out))) return st;
-    if (o->repack_dtype >= 0 && (tk_dtype)o->repack_dtype != out->type) {
-        if ((st = repack(m, out, (tk_dtype)o->repack_dtype))) return st;
+    if (o->repack != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[o->repack] != out->type) {
+        if ((st = repack(m, out, WEIGHT_DTYPE[o->repack]))) return st;
         m->repacked = true;
     }
     return TK_OK;
@@ -347,8 +371,8 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
         if (!kernels_default()->gemv[emb->type])
             return tk_fail(TK_ERR_UNSUPPORTED, "model: tied %s has type %s, which has no matmul kernel", emb->name,
                            dtype_name(emb->type));
-        if (o->repack_dtype >= 0 && (tk_dtype)o->repack_dtype != emb->type) {
-            if ((st = repack(m, &m->output, (tk_dtype)o->repack_dtype))) return st;
+        if (o->repack != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[o->repack] != emb->type) {
+            if ((st = repack(m, &m->output, WEIGHT_DTYPE[o->repack]))) return st;
             m->repacked = true;
         }
     } else if ((st = load_matmul(m, src, o, TK_ROLE_OUTPUT, 0, &m->output))) {
@@ -454,9 +478,8 @@ tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_m
         tk_model_opts_default(&def);
         o = &def;
     }
-    if (o->repack_dtype >= 0 && !dtype_supported((uint32_t)o->repack_dtype))
-        return tk_fail(TK_ERR_INVALID, "model: repack type %d (%s) is not supported", o->repack_dtype,
-                       dtype_name((uint32_t)o->repack_dtype));
+    if (!tk_weight_type_name(o->repack))
+        return tk_fail(TK_ERR_INVALID, "model: repack type %d is not a tk_weight_type", (int)o->repack);
     tk_model *m = tk_calloc(1, sizeof *m);
     if (!m) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
     m->hp = *hp;

@@ -1,6 +1,6 @@
 /* The private layout of tk_model, shared by src/model/ (all of it) and their tests.
  * Weights are tk_tensor views into the mapped file, or owned repacked copies
- * (llama Q/K un-permuted, or every matmul weight converted by repack_dtype).
+ * (llama Q/K un-permuted, or every matmul weight converted by tk_model_opts.repack).
  * Shapes below are GGML order written as (rows, row length): a matmul weight
  * (out, in) holds `out` rows of `in` elements each. */
 #ifndef TK_MODEL_INTERNAL_H

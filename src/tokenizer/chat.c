@@ -6,9 +6,11 @@
  *   llama3  <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
  *   chatml  <|im_start|>role\ncontent<|im_end|>\n (the fallback)
  *
- * The result holds no BOS text: encode it with tok_encode(add_bos=true,
- * parse_special=true), which adds BOS only where the vocabulary asks for it
- * (Llama-3 yes, Qwen no). */
+ * The text is built together with the byte ranges of the format's own markers
+ * and encoded with tok_encode_marked, so only those become control tokens: a
+ * special token written in a message is text. The result never exists as a
+ * string a caller could re-encode with parse_special. BOS is prepended where
+ * the vocabulary asks for it (Llama-3 yes, Qwen no). */
 #include <string.h>
 
 #include "core/alloc.h"
@@ -19,6 +21,8 @@
 typedef struct sbuf {
     char *p;
     size_t n, cap;
+    tok_range *marks; /* (n_marks) the markers' bytes in p */
+    size_t n_marks, cap_marks;
     bool oom;
 } sbuf;
 
@@ -40,7 +44,45 @@ static void sb_putn(sbuf *b, const char *s, size_t n) {
     b->p[b->n] = 0;
 }
 
+/* Template text (ASCII literals and role names). */
 static void sb_put(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
+
+/* A marker of the format: the only place a special token may match. */
+static void sb_mark(sbuf *b, const char *s) {
+    if (b->oom) return;
+    if (b->n_marks == b->cap_marks) {
+        size_t c = b->cap_marks ? 2 * b->cap_marks : 16;
+        tok_range *q = tk_realloc(b->marks, c * sizeof *q);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->marks = q;
+        b->cap_marks = c;
+    }
+    size_t at = b->n;
+    sb_putn(b, s, strlen(s));
+    if (!b->oom) b->marks[b->n_marks++] = (tok_range){at, b->n};
+}
+
+/* Message content [s, s + n): invalid UTF-8 becomes U+FFFD here, so the
+ * assembled text is valid and the marks keep their offsets. */
+static void sb_content(sbuf *b, const char *s, size_t n) {
+    if (tok_utf8_valid(s, n)) {
+        sb_putn(b, s, n);
+        return;
+    }
+    size_t need;
+    char *r = tk_mul_size(n, 3, &need) ? tk_malloc(need ? need : 1) : NULL;
+    if (!r) {
+        b->oom = true;
+        return;
+    }
+    sb_putn(b, r, tok_utf8_repair(s, n, r));
+    tk_free(r);
+}
+
+static void sb_content0(sbuf *b, const char *s) { sb_content(b, s, strlen(s)); }
 
 typedef enum chat_family { CHAT_CHATML, CHAT_QWEN3, CHAT_LLAMA3 } chat_family;
 
@@ -90,17 +132,19 @@ static void qwen3_assistant(sbuf *b, const char *content, bool think_block) {
         if (open) rb = open + strlen("<think>"); /* .split('<think>')[-1] */
         trim_nl(&rb, &re, true, false);
     }
-    sb_put(b, "<|im_start|>assistant\n");
+    sb_mark(b, "<|im_start|>");
+    sb_put(b, "assistant\n");
     if (think_block) {
         const char *sb_ = rb, *se = re;
         trim_nl(&sb_, &se, true, true);
         sb_put(b, "<think>\n");
-        sb_putn(b, sb_, (size_t)(se - sb_));
+        sb_content(b, sb_, (size_t)(se - sb_));
         sb_put(b, "\n</think>\n\n");
         trim_nl(&cb, &ce, true, false);
     }
-    sb_putn(b, cb, (size_t)(ce - cb));
-    sb_put(b, "<|im_end|>\n");
+    sb_content(b, cb, (size_t)(ce - cb));
+    sb_mark(b, "<|im_end|>");
+    sb_put(b, "\n");
 }
 
 static bool has_reasoning(const char *content) {
@@ -114,13 +158,17 @@ static bool has_reasoning(const char *content) {
     return re > rb;
 }
 
-static void format_qwen3(sbuf *b, const tk_chat_msg *m, int n, bool gen, bool think) {
-    int first = 0;
-    if (n > 0 && !strcmp(m[0].role, "system")) {
-        sb_put(b, "<|im_start|>system\n");
-        sb_put(b, m[0].content);
-        sb_put(b, "<|im_end|>\n");
-    }
+/* <|im_start|>role\ncontent<|im_end|>\n */
+static void chatml_turn(sbuf *b, const char *role, const char *content) {
+    sb_mark(b, "<|im_start|>");
+    sb_put(b, role);
+    sb_put(b, "\n");
+    sb_content0(b, content);
+    sb_mark(b, "<|im_end|>");
+    sb_put(b, "\n");
+}
+
+static void format_qwen3(sbuf *b, const tk_chat_message *m, int n, bool gen, bool think) {
     /* The last user turn that is a real query (not a wrapped tool response). */
     int last_query = n - 1;
     for (int i = n - 1; i >= 0; i--)
@@ -129,60 +177,78 @@ static void format_qwen3(sbuf *b, const tk_chat_msg *m, int n, bool gen, bool th
             last_query = i;
             break;
         }
-    for (int i = first; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         const char *role = m[i].role, *c = m[i].content;
-        if (!strcmp(role, "user") || (!strcmp(role, "system") && i != 0)) {
-            sb_put(b, "<|im_start|>");
-            sb_put(b, role);
-            sb_put(b, "\n");
-            sb_put(b, c);
-            sb_put(b, "<|im_end|>\n");
+        if (!strcmp(role, "user") || !strcmp(role, "system")) {
+            chatml_turn(b, role, c);
         } else if (!strcmp(role, "assistant")) {
             bool think_block = i > last_query && (i == n - 1 || has_reasoning(c));
             qwen3_assistant(b, c, think_block);
         } else if (!strcmp(role, "tool")) {
-            if (i == 0 || strcmp(m[i - 1].role, "tool")) sb_put(b, "<|im_start|>user");
+            if (i == 0 || strcmp(m[i - 1].role, "tool")) {
+                sb_mark(b, "<|im_start|>");
+                sb_put(b, "user");
+            }
             sb_put(b, "\n<tool_response>\n");
-            sb_put(b, c);
+            sb_content0(b, c);
             sb_put(b, "\n</tool_response>");
-            if (i == n - 1 || strcmp(m[i + 1].role, "tool")) sb_put(b, "<|im_end|>\n");
+            if (i == n - 1 || strcmp(m[i + 1].role, "tool")) {
+                sb_mark(b, "<|im_end|>");
+                sb_put(b, "\n");
+            }
         }
     }
     if (gen) {
-        sb_put(b, "<|im_start|>assistant\n");
+        sb_mark(b, "<|im_start|>");
+        sb_put(b, "assistant\n");
         if (!think) sb_put(b, "<think>\n\n</think>\n\n");
     }
 }
 
-static void format_chatml(sbuf *b, const tk_chat_msg *m, int n, bool gen) {
-    for (int i = 0; i < n; i++) {
-        sb_put(b, "<|im_start|>");
-        sb_put(b, m[i].role);
-        sb_put(b, "\n");
-        sb_put(b, m[i].content);
-        sb_put(b, "<|im_end|>\n");
+static void format_chatml(sbuf *b, const tk_chat_message *m, int n, bool gen) {
+    for (int i = 0; i < n; i++) chatml_turn(b, m[i].role, m[i].content);
+    if (gen) {
+        sb_mark(b, "<|im_start|>");
+        sb_put(b, "assistant\n");
     }
-    if (gen) sb_put(b, "<|im_start|>assistant\n");
 }
 
-static void format_llama3(sbuf *b, const tk_chat_msg *m, int n, bool gen) {
+static void llama3_header(sbuf *b, const char *role) {
+    sb_mark(b, "<|start_header_id|>");
+    sb_put(b, role);
+    sb_mark(b, "<|end_header_id|>");
+    sb_put(b, "\n\n");
+}
+
+static void format_llama3(sbuf *b, const tk_chat_message *m, int n, bool gen) {
     for (int i = 0; i < n; i++) {
         const char *c = m[i].content, *e = c + strlen(c);
         while (c < e && (*c == ' ' || *c == '\t' || *c == '\n' || *c == '\r')) c++; /* Jinja's | trim */
         while (e > c && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) e--;
-        sb_put(b, "<|start_header_id|>");
-        sb_put(b, m[i].role);
-        sb_put(b, "<|end_header_id|>\n\n");
-        sb_putn(b, c, (size_t)(e - c));
-        sb_put(b, "<|eot_id|>");
+        llama3_header(b, m[i].role);
+        sb_content(b, c, (size_t)(e - c));
+        sb_mark(b, "<|eot_id|>");
     }
-    if (gen) sb_put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (gen) llama3_header(b, "assistant");
 }
 
-tk_status tok_chat_format(const tk_tokenizer *t, const tk_chat_msg *msgs, int n, bool add_generation_prompt,
-                          bool enable_thinking, char **out) {
-    *out = NULL;
-    if (!t || (n > 0 && !msgs) || n < 0) return tk_fail(TK_ERR_INVALID, "tok_chat_format: bad arguments");
+const char *tok_chat_family(const tk_tokenizer *t) {
+    switch (family_of(t->chat_template)) {
+    case CHAT_QWEN3:
+        return "qwen3";
+    case CHAT_LLAMA3:
+        return "llama3";
+    default:
+        return "chatml";
+    }
+}
+
+tk_status tok_chat_encode(const tk_tokenizer *t, const tk_chat_message *msgs, int n,
+                          bool add_generation_prompt, bool enable_thinking, int32_t **ids, size_t *n_ids) {
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (!t || (n > 0 && !msgs) || n < 0 || !ids || !n_ids)
+        return tk_fail(TK_ERR_INVALID, "chat: bad arguments");
     static const char *const roles[] = {"system", "user", "assistant", "tool"};
     for (int i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content) return tk_fail(TK_ERR_INVALID, "chat: message %d has no role or content", i);
@@ -198,11 +264,19 @@ tk_status tok_chat_format(const tk_tokenizer *t, const tk_chat_msg *msgs, int n,
     case CHAT_LLAMA3: format_llama3(&b, msgs, n, add_generation_prompt); break;
     default: format_chatml(&b, msgs, n, add_generation_prompt); break;
     }
-    sb_put(&b, ""); /* a valid empty string when there is nothing to format */
-    if (b.oom) {
-        tk_free(b.p);
-        return tk_fail(TK_ERR_NOMEM, "chat: out of memory");
+    tk_status st = TK_OK;
+    int32_t *out = NULL;
+    size_t cap = tok_encode_bound(t, b.n), got = 0;
+    if (b.oom || cap > SIZE_MAX / sizeof *out || !(out = tk_malloc((cap ? cap : 1) * sizeof *out))) {
+        st = tk_fail(TK_ERR_NOMEM, "chat: out of memory");
+    } else if (!(st = tok_encode_marked(t, b.p ? b.p : "", b.n, b.marks, b.n_marks, true, out, cap, &got))) {
+        int32_t *fit = tk_realloc(out, (got ? got : 1) * sizeof *out); /* give back the bound's slack */
+        *ids = fit ? fit : out;
+        *n_ids = got;
+        out = NULL;
     }
-    *out = b.p;
-    return TK_OK;
+    tk_free(out);
+    tk_free(b.p);
+    tk_free(b.marks);
+    return st;
 }

@@ -516,6 +516,24 @@ size_t tok_encode_bound(const tk_tokenizer *t, size_t text_len) {
     return b;
 }
 
+size_t tok_utf8_repair(const char *text, size_t len, char *out) {
+    size_t k = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        int l = tok_utf8_next((const unsigned char *)text + i, len - i, &cp);
+        if (l > 0) {
+            memcpy(out + k, text + i, (size_t)l);
+            k += (size_t)l;
+            i += (size_t)l;
+        } else {
+            memcpy(out + k, "\xef\xbf\xbd", 3);
+            k += 3;
+            i += l < 0 ? (size_t)-l : len - i; /* 0: a truncated character at the end */
+        }
+    }
+    return k;
+}
+
 /* A tk_malloc'd copy of text with each invalid maximal subpart replaced by U+FFFD. */
 static tk_status repair_utf8(const char *text, size_t len, char **res, size_t *res_len) {
     size_t need;
@@ -523,26 +541,12 @@ static tk_status repair_utf8(const char *text, size_t len, char **res, size_t *r
         return tk_fail(TK_ERR_RANGE, "tokenizer: text too long");
     char *r = tk_malloc(need);
     if (!r) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
-    size_t k = 0;
-    for (size_t i = 0; i < len;) {
-        uint32_t cp;
-        int l = tok_utf8_next((const unsigned char *)text + i, len - i, &cp);
-        if (l > 0) {
-            memcpy(r + k, text + i, (size_t)l);
-            k += (size_t)l;
-            i += (size_t)l;
-        } else {
-            memcpy(r + k, "\xef\xbf\xbd", 3);
-            k += 3;
-            i += l < 0 ? (size_t)-l : len - i; /* 0: a truncated character at the end */
-        }
-    }
     *res = r;
-    *res_len = k;
+    *res_len = tok_utf8_repair(text, len, r);
     return TK_OK;
 }
 
-static bool utf8_valid(const char *text, size_t len) {
+bool tok_utf8_valid(const char *text, size_t len) {
     for (size_t i = 0; i < len;) {
         if ((unsigned char)text[i] < 0x80) {
             i++;
@@ -556,33 +560,28 @@ static bool utf8_valid(const char *text, size_t len) {
     return true;
 }
 
-/* The added token starting at text[i], longest first; -1 if none. */
-static int match_added(const tk_tokenizer *t, const char *text, size_t len, size_t i, bool parse_special) {
+/* The added token starting at text[i] and ending by text[end], longest first;
+ * -1 if none. Special tokens match only where special_ok. */
+static int match_added(const tk_tokenizer *t, const char *text, size_t end, size_t i, bool special_ok) {
     unsigned char c = (unsigned char)text[i];
     if (!(t->added_first[c >> 3] & (1u << (c & 7)))) return -1;
     for (int k = 0; k < t->n_added; k++) {
         const tok_added *a = &t->added[k];
-        if (a->special && !parse_special) continue;
+        if (a->special && !special_ok) continue;
         size_t pl = (size_t)(t->piece_off[a->id + 1] - t->piece_off[a->id]);
-        if (pl <= len - i && !memcmp(text + i, t->piece_buf + t->piece_off[a->id], pl)) return k;
+        if (pl <= end - i && !memcmp(text + i, t->piece_buf + t->piece_off[a->id], pl)) return k;
     }
     return -1;
 }
 
-tk_status tok_encode(const tk_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
-                     int32_t *ids, size_t cap, size_t *n_out) {
-    *n_out = 0;
-    if (!t || (!text && len)) return tk_fail(TK_ERR_INVALID, "tok_encode: NULL tokenizer or text");
+/* The pipeline over valid UTF-8. The marks cut the text into segments (each
+ * mark, and each gap between marks); an added token is matched only inside one
+ * segment, and a special one only inside a mark. */
+static tk_status encode_valid(const tk_tokenizer *t, const char *text, size_t len, const tok_range *marks,
+                              size_t n_marks, bool add_bos, out_ids *o) {
     scratch s = {0};
-    out_ids o = {ids, ids ? cap : 0, 0};
     tk_status st = TK_OK;
     pcre2_match_data *md = NULL;
-    char *repaired = NULL;
-    if (!utf8_valid(text, len)) {
-        st = repair_utf8(text, len, &repaired, &len);
-        if (st) goto done;
-        text = repaired;
-    }
     if (t->kind == TOK_KIND_BPE) {
         md = pcre2_match_data_create_from_pattern((const pcre2_code *)t->re, (pcre2_general_context *)t->re_gctx);
         if (md && len >= 4096) { /* short texts rarely repeat a word: skip the cache's setup cost */
@@ -603,33 +602,81 @@ tk_status tok_encode(const tk_tokenizer *t, const char *text, size_t len, bool a
             goto done;
         }
     }
-    if (add_bos && t->add_bos && t->bos >= 0) emit(&o, t->bos);
+    if (add_bos && t->add_bos && t->bos >= 0) emit(o, t->bos);
     bool prev_special = true; /* SPM: a fragment at the start or after a special token gets a space prefix */
-    size_t seg = 0;
+    size_t seg = 0, mk = 0;   /* marks[mk]: the first mark that ends after i */
     for (size_t i = 0; i <= len;) {
-        int k = i < len && t->n_added ? match_added(t, text, len, i, parse_special) : -1;
+        int k = -1;
+        if (i < len && t->n_added) {
+            while (mk < n_marks && marks[mk].end <= i) mk++;
+            bool in_mark = mk < n_marks && marks[mk].begin <= i;
+            size_t end = in_mark ? marks[mk].end : mk < n_marks ? marks[mk].begin : len;
+            k = match_added(t, text, end, i, in_mark);
+        }
         if (k < 0 && i < len) {
             i++;
             continue;
         }
         if (i > seg) {
-            if (t->kind == TOK_KIND_BPE) st = bpe_segment(t, text + seg, i - seg, md, &s, &o);
-            else st = spm_segment(t, text + seg, i - seg, t->add_space_prefix && prev_special, &s, &o);
+            if (t->kind == TOK_KIND_BPE)
+                st = bpe_segment(t, text + seg, i - seg, md, &s, o);
+            else
+                st = spm_segment(t, text + seg, i - seg, t->add_space_prefix && prev_special, &s, o);
             if (st) goto done;
             prev_special = false;
         }
         if (k < 0) break; /* i == len */
         int32_t id = t->added[k].id;
-        emit(&o, id);
+        emit(o, id);
         prev_special = true;
         i += (size_t)(t->piece_off[id + 1] - t->piece_off[id]);
         seg = i;
     }
-    if (o.n > o.cap) st = tk_fail(TK_ERR_RANGE, "tok_encode: %zu ids do not fit in %zu (size with tok_encode_bound)", o.n, cap);
-    else *n_out = o.n;
 done:
     if (md) pcre2_match_data_free(md);
-    tk_free(repaired);
     scratch_free(&s);
     return st;
+}
+
+static tk_status check_fit(const out_ids *o, size_t cap, size_t *n_out) {
+    if (o->n > o->cap)
+        return tk_fail(TK_ERR_RANGE, "tok_encode: %zu ids do not fit in %zu (size with tok_encode_bound)",
+                       o->n, cap);
+    *n_out = o->n;
+    return TK_OK;
+}
+
+tk_status tok_encode(const tk_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
+                     int32_t *ids, size_t cap, size_t *n_out) {
+    *n_out = 0;
+    if (!t || (!text && len)) return tk_fail(TK_ERR_INVALID, "tok_encode: NULL tokenizer or text");
+    out_ids o = {ids, ids ? cap : 0, 0};
+    char *repaired = NULL;
+    tk_status st = TK_OK;
+    if (!tok_utf8_valid(text, len)) {
+        if ((st = repair_utf8(text, len, &repaired, &len))) return st;
+        text = repaired;
+    }
+    tok_range all = {0, len};
+    st = encode_valid(t, text, len, &all, parse_special ? 1 : 0, add_bos, &o);
+    if (!st) st = check_fit(&o, cap, n_out);
+    tk_free(repaired);
+    return st;
+}
+
+tk_status tok_encode_marked(const tk_tokenizer *t, const char *text, size_t len, const tok_range *marks,
+                            size_t n_marks, bool add_bos, int32_t *ids, size_t cap, size_t *n_out) {
+    *n_out = 0;
+    if (!t || (!text && len) || (!marks && n_marks))
+        return tk_fail(TK_ERR_INVALID, "tok_encode_marked: NULL argument");
+    for (size_t i = 0; i < n_marks; i++)
+        if (marks[i].begin >= marks[i].end || marks[i].end > len || (i && marks[i].begin < marks[i - 1].end))
+            return tk_fail(TK_ERR_INVALID,
+                           "tok_encode_marked: mark %zu [%zu, %zu) is empty, unsorted or past %zu bytes", i,
+                           marks[i].begin, marks[i].end, len);
+    if (!tok_utf8_valid(text, len))
+        return tk_fail(TK_ERR_INVALID, "tok_encode_marked: text is not valid UTF-8");
+    out_ids o = {ids, ids ? cap : 0, 0};
+    tk_status st = encode_valid(t, text, len, marks, n_marks, add_bos, &o);
+    return st ? st : check_fit(&o, cap, n_out);
 }

@@ -156,7 +156,25 @@ const char *tok_pre_from_regex(const char *regex);
 tk_status tok_compile_pre(tk_tokenizer *t); /* by t->pre_name */
 void tok_free_pre(tk_tokenizer *t);
 
+/* A byte range [begin, end) of a text. */
+typedef struct tok_range {
+    size_t begin, end;
+} tok_range;
+
+/* tok_encode for text assembled from trusted and untrusted parts (the chat
+ * formatter): special tokens match only inside marks (sorted, disjoint,
+ * non-empty), the format's own markers; everywhere else they are text.
+ * Non-special added tokens match anywhere, but no added token straddles a
+ * mark's boundary. text must be valid UTF-8 (TK_ERR_INVALID otherwise: repair
+ * each untrusted part with tok_utf8_repair as it is appended). */
+tk_status tok_encode_marked(const tk_tokenizer *t, const char *text, size_t len, const tok_range *marks,
+                            size_t n_marks, bool add_bos, int32_t *ids, size_t cap, size_t *n_out);
+
 /* ---- utf8 (encode.c) ---- */
+bool tok_utf8_valid(const char *text, size_t len);
+/* text with each invalid maximal subpart replaced by U+FFFD, written to out
+ * (room for 3 * len bytes); returns the bytes written. */
+size_t tok_utf8_repair(const char *text, size_t len, char *out);
 /* The sequence at s[0..n): > 0 a valid character of that many bytes (*cp set);
  * -k an invalid maximal subpart of k bytes (Unicode's "maximal subpart" rule:
  * replace those k bytes by one U+FFFD); 0 a valid but unfinished prefix (all

@@ -34,8 +34,10 @@ void tok_free(tk_tokenizer *t); /* NULL is a no-op */
 int tok_n_vocab(const tk_tokenizer *t);
 /* Most ids tok_encode can write for text_len bytes (with BOS). */
 size_t tok_encode_bound(const tk_tokenizer *t, size_t text_len);
-/* add_bos: prepend BOS if the vocabulary asks for it; parse_special: match added/special
- * tokens in text. Invalid UTF-8 is encoded as U+FFFD. TK_ERR_RANGE if cap is too small
+/* add_bos: prepend BOS if the vocabulary asks for it; parse_special: special tokens
+ * written in text become their ids (false: they are text; non-special added tokens
+ * match either way). Never encode a chat built from user text with parse_special:
+ * use tok_chat_encode. Invalid UTF-8 is encoded as U+FFFD. TK_ERR_RANGE if cap is too small
  * (size with tok_encode_bound). Thread-safe. */
 tk_status tok_encode(const tk_tokenizer *t, const char *text, size_t len, bool add_bos, bool parse_special,
                      int32_t *ids, size_t cap, size_t *n_out);
@@ -64,16 +66,17 @@ size_t tok_stream_bound(const tk_tokenizer *t);                            /* ma
 size_t tok_stream_push(tok_stream *s, int32_t id, char *out, size_t cap); /* complete UTF-8 only */
 size_t tok_stream_flush(tok_stream *s, char *out, size_t cap);
 
-/* Chat formatting (no template evaluation): the family is recognised from the
- * model's chat template (Qwen3 ChatML, Llama-3, plain ChatML fallback). Roles:
- * system, user, assistant, tool (others: TK_ERR_INVALID). The text holds no BOS:
- * encode it with tok_encode(add_bos=true, parse_special=true). *out is
- * NUL-terminated; free it with tk_free. Thread-safe. */
-typedef struct tk_chat_msg {
-    const char *role;
-    const char *content;
-} tk_chat_msg;
-tk_status tok_chat_format(const tk_tokenizer *t, const tk_chat_msg *msgs, int n, bool add_generation_prompt,
-                          bool enable_thinking, char **out /* tk_malloc'd */);
+/* A conversation in the chat format recognised from the model's template
+ * (Qwen3, Llama-3, plain ChatML fallback; no template code is evaluated),
+ * encoded to prompt ids: BOS where the vocabulary asks for it, then the turns.
+ * Only the format's own markers become control tokens; a special token written
+ * in a message is encoded as text, while non-special added tokens (Qwen3's
+ * <think>, <tool_call>) keep their ids as Hugging Face encodes them. Roles:
+ * system, user, assistant, tool (others: TK_ERR_INVALID). *ids is tk_malloc'd
+ * (free with tk_free). Thread-safe. */
+tk_status tok_chat_encode(const tk_tokenizer *t, const tk_chat_message *msgs, int n,
+                          bool add_generation_prompt, bool enable_thinking, int32_t **ids, size_t *n_ids);
+/* The family tok_chat_encode writes: "qwen3", "llama3" or "chatml". */
+const char *tok_chat_family(const tk_tokenizer *t);
 
 #endif

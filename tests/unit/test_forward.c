@@ -294,7 +294,7 @@ static void test_forward_repack(void **state) {
     fx_build(&q8, TK_ARCH_QWEN2, TK_DTYPE_Q8_0, TK_NAMING_HF);
     tk_model_opts o;
     tk_model_opts_default(&o);
-    o.repack_dtype = TK_DTYPE_Q8_0;
+    o.repack = TK_WEIGHTS_Q8_0;
     tk_model *mr, *mq;
     assert_int_equal(fx_open(&f32, &o, &mr), TK_OK);
     assert_int_equal(fx_open(&q8, NULL, &mq), TK_OK);

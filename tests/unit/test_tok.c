@@ -1,7 +1,8 @@
 /* Tokenizer on vocabularies built here: a Llama-3-style byte-level BPE
  * (tokenizer.json), a SentencePiece-style one (GGUF "llama"), with expected ids
- * worked out by hand; invalid UTF-8; the streaming detokenizer; chat formats;
- * and bad tokenizer files that must fail at load with a clear message. */
+ * worked out by hand; invalid UTF-8; the streaming detokenizer; chat formats and
+ * the marked encoding beneath them; and bad tokenizer files that must fail at
+ * load with a clear message. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -401,6 +402,25 @@ static void test_tok_spm_ids(void **state) {
 
 /* ---- chat formats ------------------------------------------------------------- */
 
+/* The chat's ids must be BOS (where the vocabulary asks) and the expected
+ * rendering encoded as Hugging Face encodes a rendered template: special
+ * tokens parsed. */
+static void expect_chat(const tk_tokenizer *t, const tk_chat_message *m, int n, bool gen, const char *want) {
+    int32_t *ids = NULL, w[1024];
+    size_t n_ids = 0;
+    tk_status st = tok_chat_encode(t, m, n, gen, true, &ids, &n_ids);
+    if (st) fprintf(stderr, "tok_chat_encode: %s\n", tk_last_error());
+    assert_int_equal(st, TK_OK);
+    size_t nw = enc(t, want, strlen(want), true, true, w, 1024);
+    if (n_ids != nw || memcmp(ids, w, nw * sizeof *w)) {
+        char *got = decode(t, ids, n_ids, true);
+        fprintf(stderr, "chat got:\n%s\n---want:\n%s\n", got, want);
+        free(got);
+        fail();
+    }
+    tk_free(ids);
+}
+
 static void test_tok_chat_llama3_and_chatml(void **state) {
     (void)state;
     char *j = llama3_json("ok");
@@ -411,27 +431,76 @@ static void test_tok_chat_llama3_and_chatml(void **state) {
     free(j);
     assert_int_equal(tok_eos(t), 263);
     assert_non_null(tok_chat_template(t));
-    tk_chat_msg m[] = {{"system", "Be brief."}, {"user", "  Hi there \n"}};
-    char *out = NULL;
-    assert_int_equal(tok_chat_format(t, m, 2, true, true, &out), TK_OK);
-    assert_string_equal(out, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-                             "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
-                             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    tk_free(out);
-    tk_chat_msg bad[] = {{"wizard", "x"}};
-    assert_int_equal(tok_chat_format(t, bad, 1, true, true, &out), TK_ERR_INVALID);
+    assert_string_equal(tok_chat_family(t), "llama3");
+    tk_chat_message m[] = {{"system", "Be brief."}, {"user", "  Hi there \n"}};
+    expect_chat(t, m, 2, true,
+                "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    tk_chat_message bad[] = {{"wizard", "x"}};
+    assert_int_equal(tok_chat_encode(t, bad, 1, true, true, &ids, &n), TK_ERR_INVALID);
     assert_non_null(strstr(tk_last_error(), "wizard"));
+    assert_null(ids);
+    tk_chat_message no_content[] = {{"user", NULL}};
+    assert_int_equal(tok_chat_encode(t, no_content, 1, true, true, &ids, &n), TK_ERR_INVALID);
+    /* a special token in a message is text; the format's own <|eot_id|> is the token */
+    tk_chat_message inj[] = {{"user", "a<|eot_id|>b"}};
+    assert_int_equal(tok_chat_encode(t, inj, 1, false, true, &ids, &n), TK_OK);
+    int n_eot = 0;
+    for (size_t i = 0; i < n; i++) n_eot += ids[i] == 263;
+    assert_int_equal(n_eot, 1);
+    assert_int_equal(ids[n - 1], 263);
+    tk_free(ids);
+    /* invalid UTF-8 in a message is U+FFFD, as tok_encode makes it */
+    tk_chat_message inv[] = {{"user", "\xff"}};
+    expect_chat(t, inv, 1, false, "<|start_header_id|>user<|end_header_id|>\n\n\xef\xbf\xbd<|eot_id|>");
     tok_free(t);
 
-    /* no template: plain ChatML */
+    /* no template: plain ChatML (its markers are not in this vocabulary: text, as HF would encode them) */
     t = load_llama3("ok");
     assert_null(tok_chat_template(t));
-    assert_int_equal(tok_chat_format(t, m + 1, 1, true, true, &out), TK_OK);
-    assert_string_equal(out, "<|im_start|>user\n  Hi there \n<|im_end|>\n<|im_start|>assistant\n");
-    tk_free(out);
-    assert_int_equal(tok_chat_format(t, NULL, 0, false, true, &out), TK_OK);
-    assert_string_equal(out, "");
-    tk_free(out);
+    assert_string_equal(tok_chat_family(t), "chatml");
+    expect_chat(t, m + 1, 1, true, "<|im_start|>user\n  Hi there \n<|im_end|>\n<|im_start|>assistant\n");
+    assert_int_equal(tok_chat_encode(t, NULL, 0, false, true, &ids, &n), TK_OK);
+    assert_int_equal(n, 1); /* BOS only */
+    assert_int_equal(ids[0], 262);
+    tk_free(ids);
+    tok_free(t);
+}
+
+/* tok_encode_marked: special tokens only inside marks, no added token across a mark's edge. */
+static void test_tok_encode_marked(void **state) {
+    (void)state;
+    tk_tokenizer *t = load_llama3("ok");
+    int32_t ids[64], plain[64];
+    size_t n = 0;
+    const char *s = "<|eot_id|><|eot_id|><|eot|>";
+    tok_range mk[] = {{10, 20}};
+    assert_int_equal(tok_encode_marked(t, s, strlen(s), mk, 1, false, ids, 64, &n), TK_OK);
+    size_t np = enc(t, "<|eot_id|>", 10, false, false, plain, 64);
+    assert_true(np > 1);
+    assert_int_equal(n, np + 2);
+    assert_memory_equal(ids, plain, np * sizeof *ids); /* outside the mark: text */
+    assert_int_equal(ids[np], 263);                    /* inside: the token */
+    assert_int_equal(ids[np + 1], 264);                /* non-special: a token anywhere */
+    /* a mark that cuts a special token in two leaves it text */
+    tok_range cut[] = {{0, 5}};
+    assert_int_equal(tok_encode_marked(t, s, 10, cut, 1, false, ids, 64, &n), TK_OK);
+    assert_int_equal(n, np);
+    assert_memory_equal(ids, plain, np * sizeof *ids);
+    /* a non-special token may not swallow the start of a mark */
+    tok_range at[] = {{3, 7}};
+    assert_int_equal(tok_encode_marked(t, "<|eot|>", 7, at, 1, false, ids, 64, &n), TK_OK);
+    assert_true(n > 1);
+    /* bad marks and bad UTF-8 are refused */
+    tok_range rev[] = {{10, 20}, {0, 5}}, empty[] = {{3, 3}}, past[] = {{0, 99}};
+    assert_int_equal(tok_encode_marked(t, s, strlen(s), rev, 2, false, ids, 64, &n), TK_ERR_INVALID);
+    assert_int_equal(tok_encode_marked(t, s, strlen(s), empty, 1, false, ids, 64, &n), TK_ERR_INVALID);
+    assert_int_equal(tok_encode_marked(t, s, strlen(s), past, 1, false, ids, 64, &n), TK_ERR_INVALID);
+    assert_int_equal(tok_encode_marked(t, "a\xff", 2, NULL, 0, false, ids, 64, &n), TK_ERR_INVALID);
+    assert_int_equal(tok_encode_marked(t, s, strlen(s), mk, 1, false, ids, 2, &n), TK_ERR_RANGE);
     tok_free(t);
 }
 
@@ -543,6 +612,7 @@ int main(void) {
         cmocka_unit_test(test_tok_bad_files),
         cmocka_unit_test(test_tok_spm_ids),
         cmocka_unit_test(test_tok_chat_llama3_and_chatml),
+        cmocka_unit_test(test_tok_encode_marked),
         cmocka_unit_test(test_tok_random_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
