@@ -76,7 +76,7 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
             }
             f->store[(size_t)blk * f->bs + pos % f->bs] = b->tokens[t];
         }
-        if (!b->want_logits[s]) continue;
+        if (!b->n_logits[s]) continue;
         /* Logits from the whole cached history, read through the block table. */
         uint64_t h = 1469598103934665603ULL;
         int last = b->pos0[s] + b->n[s];
@@ -115,7 +115,7 @@ static tk_engine *mk_engine(int bs, int n_blocks, const tk_engine_opts *o_in) {
     f->used = tk_calloc((size_t)n_blocks, 1);
     f->store = tk_calloc((size_t)n_blocks * (size_t)bs, sizeof *f->store);
     for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
-    engine_backend be = {.ctx = f, .n_vocab = FV, .n_blocks = n_blocks, .kv_bytes_per_token = 4,
+    backend be = {.ctx = f, .n_vocab = FV, .n_blocks = n_blocks, .kv_bytes_per_token = 4,
                          .weight_dtype = "fake", .n_threads = 1, .block_alloc = f_alloc, .block_free = f_free,
                          .blocks_free = f_n_free, .step = f_step, .destroy = NULL};
     tk_engine_opts o;
@@ -282,7 +282,7 @@ static void test_engine_rejects_bad_requests(void **state) {
 
     /* Options: a pool too small for one context names both numbers; a budget below max_batch. */
     fake *g = tk_calloc(1, sizeof *g);
-    engine_backend be = {.ctx = g, .n_vocab = FV, .n_blocks = 3, .block_alloc = f_alloc, .block_free = f_free,
+    backend be = {.ctx = g, .n_vocab = FV, .n_blocks = 3, .block_alloc = f_alloc, .block_free = f_free,
                          .blocks_free = f_n_free, .step = f_step, .destroy = f_destroy};
     tk_engine_opts_default(&o);
     o.ctx = 64;
