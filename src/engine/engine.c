@@ -515,6 +515,7 @@ static void *engine_loop(void *arg) {
             return NULL;
         }
         if (sched_busy(e->sc)) run_step(e);
+        else if (cancels) publish_stats(e, NULL, 0, 0, 0); /* no step will: say the blocks are back */
     }
 }
 

@@ -590,6 +590,41 @@ static void test_engine_stop_tokens_and_cancel(void **state) {
     f_destroy(f);
 }
 
+/* Cancelling the only running request leaves nothing to step, and the stats
+ * must still say so (a server's /metrics reads them): no stale running count
+ * or used blocks once the cancel has finished. */
+static void test_engine_stats_after_cancel_when_idle(void **state) {
+    (void)state;
+    tk_engine *e = mk_engine(16, 64, NULL);
+    fake *f = g_last_fake;
+    f->slow_us = 2000;
+    int32_t p[40];
+    mk_prompt(p, 40, 11);
+    rec r;
+    rec_init(&r);
+    uint64_t id = submit(e, &r, p, 40, 0, NULL);
+    tk_engine_stats s;
+    for (int i = 0; i < 5000; i++) {
+        tk_engine_stats_get(e, &s);
+        if (s.running == 1 && s.kv_blocks_used > 0) break;
+        sleep_ms(1);
+    }
+    assert_int_equal(s.running, 1);
+    assert_int_equal(tk_engine_cancel(e, id), TK_OK);
+    wait_finished(e, 1);
+    for (int i = 0; i < 2000; i++) {
+        tk_engine_stats_get(e, &s);
+        if (s.running == 0 && s.kv_blocks_used == 0) break;
+        sleep_ms(1);
+    }
+    assert_int_equal(s.running, 0);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.kv_blocks_used, 0);
+    tk_engine_free(e);
+    assert_false(f->fail);
+    f_destroy(f);
+}
+
 static void test_engine_context_limit(void **state) {
     (void)state;
     tk_engine_opts o;
@@ -695,6 +730,7 @@ int main(void) {
         cmocka_unit_test(test_engine_time_budget_invariance),
         cmocka_unit_test(test_engine_static_and_no_chunking),
         cmocka_unit_test(test_engine_stop_tokens_and_cancel),
+        cmocka_unit_test(test_engine_stats_after_cancel_when_idle),
         cmocka_unit_test(test_engine_context_limit),
         cmocka_unit_test(test_engine_property_submit_cancel),
     };
