@@ -9,7 +9,7 @@ MODEL_DIR ?= models
 BENCH_MODEL ?= $(MODEL_DIR)/qwen3-0.6b-q8_0.gguf
 FUZZ_SECONDS ?= 20
 
-.PHONY: all deps build build-asan build-fuzz test test-release test-asan fuzz bench clean format
+.PHONY: all deps build build-asan build-fuzz test test-release test-asan fuzz bench clean format format-check
 
 all: build
 
@@ -62,6 +62,12 @@ bench: build $(BENCH_MODEL)
 
 format:
 	@clang-format -i $$(git ls-files '*.c' '*.h')
+
+# Every tracked C file as .clang-format formats it (CI runs this).
+format-check: deps
+	@bad=$$(for f in $$(git ls-files '*.c' '*.h'); do clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || echo "  $$f"; done); \
+	if [ -n "$$bad" ]; then echo "format: not as .clang-format formats them (run 'make format'):"; echo "$$bad"; exit 1; fi; \
+	echo "format: all $$(git ls-files '*.c' '*.h' | wc -l) C files match .clang-format"
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

