@@ -9,7 +9,11 @@ cache=${TOKAMAK_CACHE:-$here/.cache}
 
 pkgs=(build-essential cmake pkg-config clang libclang-rt-dev
       libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcmocka-dev
-      gnuplot-nox python3 python3-numpy)
+      gnuplot-nox python3 python3-numpy
+      # the reference model (scripts/train_ref.py, tests/ref/test_ref_trained_slow.sh):
+      # torch with an optimised BLAS (without it Debian's torch uses the reference
+      # BLAS, ~30x slower), and the King James Bible it is trained on
+      python3-torch libopenblas0-pthread bible-kjv)
 
 missing=()
 for p in "${pkgs[@]}"; do

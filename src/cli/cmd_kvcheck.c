@@ -13,15 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
+#include "backend/runner.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
 #include "core/error.h"
-#include "core/pool.h"
 #include "engine/sampler.h"
-#include "kv/kv.h"
-#include "model/forward.h"
 #include "model/model.h"
 #include "tokamak.h"
 
@@ -41,10 +40,11 @@ static const kc_kind KINDS[] = {
 };
 enum { N_KINDS = sizeof KINDS / sizeof KINDS[0] };
 
+/* One KV type's run: a backend over the shared model (and the F32 run's
+ * threads) and the sequence on it. */
 typedef struct {
-    tk_kv *kv;
-    fwd_ctx *fwd;
-    int32_t *bt;
+    backend be;
+    runner *r;
 } kc_run;
 
 typedef struct kc_seed_list {
@@ -123,32 +123,25 @@ static const cli_cmd KC_CMD = {
     0,
 };
 
-static bool kc_run_init(kc_run *r, tk_model *m, tk_pool *pool, tk_kv_type t, tk_kv_scale s, int ctx, int bs,
-                        int max_tok) {
-    const tk_hparams *hp = model_hparams(m);
+/* pool_of: NULL for the first run (it starts the threads), else that run. */
+static bool kc_run_init(kc_run *r, tk_model *m, const kc_run *pool_of, int threads, bool pin, tk_kv_type t,
+                        tk_kv_scale s, int ctx, int bs, int max_tok) {
     int nb = (ctx + bs - 1) / bs;
-    tk_kv_opts o = {.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                    .block_size = bs, .n_blocks = nb, .type = t, .scale = s};
+    backend_cpu_opts o = {.n_threads = threads, .pin_threads = pin, .block_size = bs, .kv_type = t, .kv_scale = s, .n_blocks = nb,
+                          .max_tokens = max_tok, .max_seqs = 1, .max_ctx = nb * bs,
+                          .share_pool = pool_of ? &pool_of->be : NULL};
     memset(r, 0, sizeof *r);
-    if (kv_init(&o, &r->kv) != TK_OK) return false;
-    fwd_opts fo = {.max_tokens = max_tok, .max_seqs = 1, .max_ctx = nb * bs};
-    r->bt = tk_calloc((size_t)nb, sizeof *r->bt);
-    if (!r->bt || fwd_init(m, r->kv, pool, &fo, &r->fwd) != TK_OK) return false;
-    for (int i = 0; i < nb; i++) r->bt[i] = kv_block_alloc(r->kv);
-    return true;
+    return backend_cpu_create(m, &o, &r->be) == TK_OK && runner_init(&r->be, &r->r) == TK_OK;
 }
 
 static void kc_run_free(kc_run *r) {
-    if (r->fwd) fwd_free(r->fwd);
-    if (r->kv) kv_free(r->kv);
-    tk_free(r->bt);
+    runner_free(r->r);
+    backend_free(&r->be);
+    memset(r, 0, sizeof *r);
 }
 
 static bool kc_step(kc_run *r, const int32_t *toks, int n, int pos0, float *logits) {
-    uint8_t want = 1;
-    const int32_t *bts[1] = {r->bt};
-    tk_batch b = {.n_seq = 1, .n_tok = n, .tokens = toks, .n = &n, .pos0 = &pos0, .bt = bts, .want_logits = &want};
-    return fwd_step(r->fwd, &b, logits) == TK_OK;
+    return runner_len(r->r) == pos0 && runner_step(r->r, toks, n, 1, logits) == TK_OK;
 }
 
 static int kc_argmax(const float *l, int n) {
@@ -198,14 +191,13 @@ int cmd_kvcheck(int argc, char **argv) {
         cpu_detect(&c);
         threads = c.n_cores;
     }
-    tk_pool *pool = NULL;
     kc_run ref, runs[N_KINDS];
     memset(&ref, 0, sizeof ref);
     memset(runs, 0, sizeof runs);
     float *lr = tk_malloc((size_t)vocab * sizeof *lr), *lq = tk_malloc((size_t)vocab * sizeof *lq);
     int32_t *prompt = tk_malloc((size_t)np * sizeof *prompt);
     int rc = 1;
-    if (!lr || !lq || !prompt || pool_init(threads, o.engine.pin_threads, &pool) != TK_OK) {
+    if (!lr || !lq || !prompt) {
         fprintf(stderr, "tokamak kvcheck: out of memory\n");
         goto out;
     }
@@ -219,14 +211,12 @@ int cmd_kvcheck(int argc, char **argv) {
     long tot_agree[N_KINDS] = {0}, tot_ties = 0;
     double tot_kl[N_KINDS] = {0};
     for (int si = 0; si < n_seeds; si++) {
-        /* fresh caches per prompt */
-        kc_run_free(&ref);
+        /* fresh caches per prompt (the others run on the F32 run's threads, so it goes last) */
         for (int k = 0; k < N_KINDS; k++) kc_run_free(&runs[k]);
-        memset(&ref, 0, sizeof ref);
-        memset(runs, 0, sizeof runs);
-        bool ok = kc_run_init(&ref, m, pool, TK_KV_F32, TK_KV_SCALE_HEAD, ctx, bs, np);
+        kc_run_free(&ref);
+        bool ok = kc_run_init(&ref, m, NULL, threads, o.engine.pin_threads, TK_KV_F32, TK_KV_SCALE_HEAD, ctx, bs, np);
         for (int k = 0; ok && k < N_KINDS; k++)
-            ok = kc_run_init(&runs[k], m, pool, KINDS[k].type, KINDS[k].scale, ctx, bs, np);
+            ok = kc_run_init(&runs[k], m, &ref, threads, o.engine.pin_threads, KINDS[k].type, KINDS[k].scale, ctx, bs, np);
         if (!ok) goto fail;
         /* the CI test's prompts (ids below 151,000, clear of Qwen's special tokens) */
         const double id_range = vocab - 1 < 151000 ? vocab - 1 : 151000;
@@ -274,9 +264,8 @@ int cmd_kvcheck(int argc, char **argv) {
 fail:
     fprintf(stderr, "tokamak kvcheck: %s\n", tk_last_error());
 out:
-    kc_run_free(&ref);
     for (int k = 0; k < N_KINDS; k++) kc_run_free(&runs[k]);
-    if (pool) pool_free(pool);
+    kc_run_free(&ref);
     tk_free(lr);
     tk_free(lq);
     tk_free(prompt);

@@ -1,7 +1,8 @@
-/* tokamak run: one sequence, prefill then decode, straight on the forward pass
- * (no engine), streaming text (or ids without a tokenizer) to stdout and a
- * timing line to stderr. --prompts / --parallel go to run_many (the engine);
- * both parse the same options (run_opts.c).
+/* tokamak run: one sequence, prefill then decode, on the backend's runner
+ * (no engine: the runner hands back every logit of a step), streaming text
+ * (or ids without a tokenizer) to stdout and a timing line to stderr.
+ * --prompts / --parallel go to run_many (the engine); both parse the same
+ * options (run_opts.c).
  *
  * --dump-logits FILE writes float32 little-endian rows of n_vocab logits, raw
  * (before any sampling step): row 0 is the last prompt position, row i (1..n-1)
@@ -11,14 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
+#include "backend/runner.h"
 #include "bench/probe.h"
 #include "cli/cli.h"
 #include "cli/run.h"
 #include "core/alloc.h"
-#include "core/pool.h"
 #include "engine/sampler.h"
-#include "kv/kv.h"
-#include "model/forward.h"
 #include "model/model.h"
 #include "tokamak.h"
 #include "tokenizer/tokenizer.h"
@@ -29,13 +29,11 @@
 /* Everything one run holds, freed in one place. */
 typedef struct run_state {
     tk_model *m;
-    tk_kv *kv;
-    tk_pool *pool;
-    fwd_ctx *f;
+    backend be;
+    runner *r;
     tk_sampler *smp;
     tok_stream *ts;
     int32_t *ids;   /* (n_prompt + n) prompt, then generated tokens */
-    int32_t *bt;    /* (n_blocks) block table */
     float *logits;  /* (n_vocab) */
     char *text;     /* (tok_stream_bound) */
     FILE *dump;
@@ -45,13 +43,11 @@ static void run_free(run_state *s) {
     if (s->dump) fclose(s->dump);
     tk_free(s->text);
     tk_free(s->logits);
-    tk_free(s->bt);
     tk_free(s->ids);
     tok_stream_free(s->ts);
     sampler_free(s->smp);
-    fwd_free(s->f);
-    pool_free(s->pool);
-    kv_free(s->kv);
+    runner_free(s->r);
+    backend_free(&s->be);
     tk_model_free(s->m);
 }
 
@@ -133,22 +129,20 @@ int cmd_run(int argc, char **argv) {
     memcpy(s.ids, prompt, (size_t)n_prompt * sizeof *prompt);
     tk_free(prompt);
 
-    /* KV, pool, forward, sampler */
+    /* backend (pool, KV, forward), its runner, sampler */
     int block = cli_opts_given(&o, "--block-size") ? o.engine.block_size : RUN_BLOCK;
     int n_blocks = (int)((ctx + block - 1) / block);
-    tk_kv_opts ko = {.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                     .block_size = block, .n_blocks = n_blocks, .type = o.engine.kv_type, .scale = o.engine.kv_scale};
-    if (kv_init(&ko, &s.kv) != TK_OK) return fail(&s, "cannot create the KV cache");
-    if (pool_init(o.engine.n_threads, o.engine.pin_threads, &s.pool) != TK_OK) return fail(&s, "cannot start threads");
     int chunk = n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK;
-    fwd_opts fo = {.max_tokens = chunk, .max_seqs = 1, .max_ctx = (int)ctx, .unfused = o.engine.unfused};
-    if (fwd_init(s.m, s.kv, s.pool, &fo, &s.f) != TK_OK) return fail(&s, "cannot set up the forward pass");
+    backend_cpu_opts bo = {.n_threads = o.engine.n_threads, .pin_threads = o.engine.pin_threads,
+                           .block_size = block, .kv_type = o.engine.kv_type, .kv_scale = o.engine.kv_scale,
+                           .n_blocks = n_blocks, .max_tokens = chunk, .max_seqs = 1, .max_ctx = (int)ctx,
+                           .unfused = o.engine.unfused};
+    if (backend_cpu_create(s.m, &bo, &s.be) != TK_OK) return fail(&s, "cannot set up the backend");
+    if (runner_init(&s.be, &s.r) != TK_OK) return fail(&s, "cannot set up the runner");
     if (sampler_init(&o.sampling, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");
     sampler_set_n_prompt(s.smp, n_prompt);
-    s.bt = tk_calloc((size_t)n_blocks, sizeof *s.bt);
     s.logits = tk_calloc((size_t)hp->n_vocab, sizeof *s.logits);
-    if (!s.bt || !s.logits) return fail(&s, "out of memory");
-    for (int i = 0; i < n_blocks; i++) s.bt[i] = kv_block_alloc(s.kv);
+    if (!s.logits) return fail(&s, "out of memory");
     if (tok) {
         if (tok_stream_init(tok, false, &s.ts) != TK_OK) return fail(&s, "cannot start the detokenizer");
         if (!(s.text = tk_malloc(tok_stream_bound(tok) + 1))) return fail(&s, "out of memory");
@@ -160,18 +154,11 @@ int cmd_run(int argc, char **argv) {
     }
 
     /* prefill in chunks; logits of the last prompt position only */
-    const int32_t *bts[1] = {s.bt};
-    uint8_t want = 0;
-    int32_t n1, pos0;
-    tk_batch b = {.n_seq = 1, .n = &n1, .pos0 = &pos0, .bt = bts, .want_logits = &want};
     double t0 = tk_now_s();
     for (int p = 0; p < n_prompt; p += chunk) {
-        n1 = n_prompt - p < chunk ? n_prompt - p : chunk;
-        pos0 = p;
-        want = p + n1 == n_prompt;
-        b.n_tok = n1;
-        b.tokens = s.ids + p;
-        if (fwd_step(s.f, &b, want ? s.logits : NULL) != TK_OK) return fail(&s, "prefill failed");
+        int n1 = n_prompt - p < chunk ? n_prompt - p : chunk;
+        bool last = p + n1 == n_prompt;
+        if (runner_step(s.r, s.ids + p, n1, last, s.logits) != TK_OK) return fail(&s, "prefill failed");
     }
     double t_prefill = tk_now_s() - t0;
 
@@ -190,15 +177,10 @@ int cmd_run(int argc, char **argv) {
         bool stop = !a.ignore_eos && is_eog(&s, t);
         if (!stop) emit(&s, t);
         if (stop || n_gen >= n_max) break;
-        n1 = 1;
-        pos0 = n_prompt + n_gen - 1;
-        want = 1;
-        b.n_tok = 1;
-        b.tokens = &s.ids[pos0];
         double ts = tk_now_s();
-        if (fwd_step(s.f, &b, s.logits) != TK_OK) return fail(&s, "decode failed");
+        if (runner_step(s.r, &s.ids[n_prompt + n_gen - 1], 1, 1, s.logits) != TK_OK) return fail(&s, "decode failed");
         t_decode += tk_now_s() - ts;
-        decode_bytes += fwd_last_bytes(s.f);
+        decode_bytes += s.be.last_bytes(s.be.ctx);
         n_decode++;
     }
     if (s.ts) {
@@ -217,9 +199,8 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, " | %.2f GB/s", gbs);
         if (probe > 0) fprintf(stderr, " = %.1f%% of %.1f GB/s probe", 100.0 * gbs / probe, probe);
     }
-    fprintf(stderr, " | %d threads, kv %s, weights %s\n", pool_size(s.pool),
-            names_str(&NAMES_KV_TYPE, (int)o.engine.kv_type),
-            model_weight_dtype(s.m));
+    fprintf(stderr, " | %d threads, kv %s, weights %s\n", s.be.n_threads,
+            names_str(&NAMES_KV_TYPE, (int)o.engine.kv_type), s.be.weight_dtype);
     run_free(&s);
     return 0;
 }

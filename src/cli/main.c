@@ -17,6 +17,7 @@ static const subcommand CMDS[] = {
     {"bench", cmd_bench, "TTFT/TPOT/ITL/throughput and the bandwidth roofline"},
     {"kvcheck", cmd_kvcheck, "top-1 agreement and KL of int8/bf16/f16 KV against f32 KV"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (completions, chat, metrics)"},
+    {"quantize", cmd_quantize, "convert a HF directory or GGUF to GGUF (f32, bf16, q8_0)"},
 };
 
 static void usage(FILE *f) {

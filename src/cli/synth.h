@@ -82,6 +82,11 @@ void synth_vocab_free(synth_vocab *v);
 
 /* ---- writers ---------------------------------------------------------------- */
 
+struct gguf_writer;
+/* The metadata and vocabulary keys of a model of shapes p, as llama.cpp writes
+ * them (also used by `tokamak quantize`); file_type is llama.cpp's ftype. */
+tk_status synth_write_meta(struct gguf_writer *w, const tk_preset *p, const char *name, uint32_t file_type,
+                           const synth_vocab *v);
 tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char *path);
 /* shard_bytes: largest shard (0: 4 GB); force_index: write the index even for one shard. */
 tk_status synth_write_hf(const synth_cfg *c, const char *tok_dir, const char *dir, uint64_t shard_bytes,

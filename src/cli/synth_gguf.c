@@ -19,18 +19,14 @@ static const char *akey(char key[128], const tk_preset *p, const char *suffix) {
 }
 
 /* Every key in order; the first failure stops the writes and is returned. */
-static tk_status write_meta(gguf_writer *w, const synth_cfg *c, const synth_vocab *v) {
-    const tk_preset *p = &c->p;
-    char key[128], name[128];
+tk_status synth_write_meta(gguf_writer *w, const tk_preset *p, const char *name, uint32_t file_type,
+                           const synth_vocab *v) {
+    char key[128];
     tk_status st = TK_OK;
-    if (!strcmp(p->name, "tiny"))
-        snprintf(name, sizeof name, "synth-tiny-%s", p->arch);
-    else
-        snprintf(name, sizeof name, "synth-%s", p->name);
     if (st == TK_OK) st = gguf_w_str(w, "general.architecture", p->arch);
     if (st == TK_OK) st = gguf_w_str(w, "general.name", name);
     if (st == TK_OK) st = gguf_w_u32(w, "general.alignment", 32);
-    if (st == TK_OK) st = gguf_w_u32(w, "general.file_type", synth_file_type(c->quant));
+    if (st == TK_OK) st = gguf_w_u32(w, "general.file_type", file_type);
     if (st == TK_OK) st = gguf_w_u32(w, "general.quantization_version", 2);
     if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "block_count"), (uint32_t)p->n_layer);
     if (st == TK_OK) st = gguf_w_u32(w, akey(key, p, "context_length"), (uint32_t)p->n_ctx);
@@ -112,7 +108,10 @@ tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char 
     tk_status st = synth_plan(c, &ts, &nt);
     if (st != TK_OK) return st;
     if ((st = gguf_writer_init(32, &w)) != TK_OK) goto done;
-    if ((st = write_meta(w, c, v)) != TK_OK) goto done;
+    char name[128];
+    if (!strcmp(c->p.name, "tiny")) snprintf(name, sizeof name, "synth-tiny-%s", c->p.arch);
+    else snprintf(name, sizeof name, "synth-%s", c->p.name);
+    if ((st = synth_write_meta(w, &c->p, name, synth_file_type(c->quant), v)) != TK_OK) goto done;
     for (int i = 0; i < nt; i++) {
         if ((st = gguf_w_tensor_info(w, ts[i].gguf_name, ts[i].gguf_type, ts[i].n_dims, ts[i].ne)) != TK_OK)
             goto done;

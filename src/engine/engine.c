@@ -19,8 +19,6 @@
 #include "engine/sampler.h"
 #include "engine/sched.h"
 #include "engine/stop.h"
-#include "kv/kv.h"
-#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 #define STOP_MAX_LEN 4096 /* longest stop string (stop.c enforces it) */
@@ -53,7 +51,7 @@ typedef struct eng_req {
 } eng_req;
 
 struct tk_engine {
-    engine_backend be;
+    backend be;
     tk_engine_opts o;          /* resolved options */
     sched *sc;
     sched_opts so;
@@ -76,7 +74,7 @@ struct tk_engine {
     int32_t *b_tokens;         /* (max step tokens) */
     int32_t *b_n, *b_pos0;     /* (max_batch) */
     const int32_t **b_bt;      /* (max_batch) */
-    uint8_t *b_want;           /* (max_batch) */
+    int32_t *b_want;           /* (max_batch) logits wanted: 0 or 1 */
     float *logits;             /* (max_batch, n_vocab) */
     char *tbuf;                /* (tok bound) detokenized bytes of one token */
     char *obuf;                /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
@@ -420,7 +418,7 @@ static void run_step(tk_engine *e) {
         if (it->n > 1 || it->pos0 < q->n_prompt) prompt_tok += (uint64_t)it->n;
     }
     tk_batch b = {.n_seq = p->n_items, .n_tok = nt, .tokens = e->b_tokens, .n = e->b_n, .pos0 = e->b_pos0,
-                  .bt = e->b_bt, .want_logits = e->b_want};
+                  .bt = e->b_bt, .n_logits = e->b_want};
     double t0 = tk_now_s();
     tk_status st = e->be.step(e->be.ctx, &b, e->logits);
     double t1 = tk_now_s();
@@ -517,6 +515,7 @@ static void *engine_loop(void *arg) {
             return NULL;
         }
         if (sched_busy(e->sc)) run_step(e);
+        else if (cancels) publish_stats(e, NULL, 0, 0, 0); /* no step will: say the blocks are back */
     }
 }
 
@@ -562,7 +561,7 @@ static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
     return TK_OK;
 }
 
-tk_status engine_create_backend(const engine_backend *be, const tk_engine_opts *opts, tk_engine **out) {
+tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, tk_engine **out) {
     if (!out || !be) {
         if (be && be->destroy) be->destroy(be->ctx);
         return tk_fail(TK_ERR_INVALID, "engine: NULL argument");
@@ -674,27 +673,7 @@ tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
     return TK_OK;
 }
 
-/* ---- the model backend: kv.h blocks + forward.h steps on a pool ---------------------- */
-
-typedef struct model_be {
-    tk_pool *pool;
-    tk_kv *kv;
-    fwd_ctx *fwd;
-} model_be;
-
-static int mb_alloc(void *c) { return kv_block_alloc(((model_be *)c)->kv); }
-static void mb_free(void *c, int b) { kv_block_free(((model_be *)c)->kv, b); }
-static int mb_n_free(void *c) { return kv_blocks_free(((model_be *)c)->kv); }
-static tk_status mb_step(void *c, const tk_batch *b, float *logits) { return fwd_step(((model_be *)c)->fwd, b, logits); }
-static uint64_t mb_bytes(void *c) { return fwd_last_bytes(((model_be *)c)->fwd); }
-static void mb_destroy(void *c) {
-    model_be *m = c;
-    if (!m) return;
-    fwd_free(m->fwd);
-    kv_free(m->kv);
-    pool_free(m->pool);
-    tk_free(m);
-}
+/* ---- over the CPU backend ------------------------------------------------------------ */
 
 tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_engine **out) {
     if (!out) return tk_fail(TK_ERR_INVALID, "engine: out is NULL");
@@ -703,54 +682,34 @@ tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_eng
     tk_engine_opts o;
     tk_status st = resolve_opts(opts, &o);
     if (st != TK_OK) return st;
-    const tk_hparams *hp = model_hparams(m);
-    tk_kv_opts ko = {.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                     .block_size = o.block_size, .type = o.kv_type, .scale = o.kv_scale};
-    size_t bb = kv_block_bytes(&ko);
     int per_seq = (o.ctx + o.block_size - 1) / o.block_size;
-    uint64_t nb;
-    if (o.kv_mem > 0) {
-        nb = bb ? o.kv_mem / bb : 0;
-    } else if (!tk_mul_u64((uint64_t)o.max_seqs, (uint64_t)per_seq, &nb)) {
-        nb = UINT64_MAX;
+    uint64_t nb = 0; /* 0: what kv_mem holds */
+    if (o.kv_mem == 0) {
+        if (!tk_mul_u64((uint64_t)o.max_seqs, (uint64_t)per_seq, &nb)) nb = UINT64_MAX;
+        if (nb > (1u << 30))
+            return tk_fail(TK_ERR_RANGE, "engine: KV pool of %llu blocks is too large", (unsigned long long)nb);
     }
-    if (nb > (1u << 30))
-        return tk_fail(TK_ERR_RANGE, "engine: KV pool of %llu blocks is too large", (unsigned long long)nb);
-    if (nb < (uint64_t)per_seq)
-        return tk_fail(TK_ERR_NOMEM, "engine: kv_mem %zu bytes holds %llu blocks of %d tokens (%zu bytes each); "
-                                     "one sequence of context %d needs %d",
-                       o.kv_mem, (unsigned long long)nb, o.block_size, bb, o.ctx, per_seq);
-    ko.n_blocks = (int)nb;
-    model_be *mb = tk_calloc(1, sizeof *mb);
-    if (!mb) return tk_fail(TK_ERR_NOMEM, "engine: out of memory");
-    st = pool_init(o.n_threads, o.pin_threads, &mb->pool);
-    if (st == TK_OK) st = kv_init(&ko, &mb->kv);
-    if (st == TK_OK) {
-        fwd_opts fo = {.max_tokens = sched_max_step_tokens(&(sched_opts){.step_tokens = o.step_tokens, .ctx = o.ctx,
-                                                                           .no_chunking = o.no_chunking}),
-                       .max_seqs = o.max_batch,
-                       .max_ctx = o.ctx,
-                       .unfused = o.unfused};
-        st = fwd_init(m, mb->kv, mb->pool, &fo, &mb->fwd);
-    }
+    backend_cpu_opts bo = {
+        .n_threads = o.n_threads,
+        .pin_threads = o.pin_threads,
+        .block_size = o.block_size,
+        .kv_type = o.kv_type,
+        .kv_scale = o.kv_scale,
+        .n_blocks = (int)nb,
+        .kv_mem = o.kv_mem,
+        .min_blocks = per_seq,
+        .max_tokens = sched_max_step_tokens(
+            &(sched_opts){.step_tokens = o.step_tokens, .ctx = o.ctx, .no_chunking = o.no_chunking}),
+        .max_seqs = o.max_batch,
+        .max_ctx = o.ctx,
+        .unfused = o.unfused,
+    };
+    backend be;
+    st = backend_cpu_create(m, &bo, &be);
     if (st != TK_OK) {
         tk_error_prefix("engine");
-        mb_destroy(mb);
         return st;
     }
-    engine_backend be = {.ctx = mb,
-                         .n_vocab = hp->n_vocab,
-                         .tok = model_tokenizer(m),
-                         .n_blocks = ko.n_blocks,
-                         .kv_bytes_per_token = kv_bytes_per_token(&ko),
-                         .weight_dtype = model_weight_dtype(m),
-                         .n_threads = pool_size(mb->pool),
-                         .block_alloc = mb_alloc,
-                         .block_free = mb_free,
-                         .blocks_free = mb_n_free,
-                         .step = mb_step,
-                         .last_bytes = mb_bytes,
-                         .destroy = mb_destroy};
     /* The caller's options, not the resolved ones: whether step_tokens was
      * given decides between a fixed and a time-based budget. */
     return engine_create_backend(&be, opts, out);

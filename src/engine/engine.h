@@ -1,34 +1,15 @@
-/* Internal engine entry points: an engine over any step function, so tests
- * (and future backends) can drive the real loop, scheduler, sampler and
- * callbacks without a model. tk_engine_create builds this over kv.h + forward.h. */
+/* Internal engine entry points: an engine over any backend (backend.h), so
+ * tests can drive the real loop, scheduler, sampler and callbacks with a test
+ * double instead of a model. tk_engine_create builds it over the CPU backend. */
 #ifndef TK_ENGINE_ENGINE_H
 #define TK_ENGINE_ENGINE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "engine/sched.h"
-#include "model/forward.h"
 #include "tokamak.h"
-
-struct tk_tokenizer;
-
-typedef struct engine_backend {
-    void *ctx;
-    int n_vocab;
-    const struct tk_tokenizer *tok; /* NULL: no text, no EOS detection */
-    int n_blocks;                   /* KV blocks the backend stores */
-    size_t kv_bytes_per_token;
-    const char *weight_dtype;
-    int n_threads;
-    int (*block_alloc)(void *ctx);  /* -1 when empty */
-    void (*block_free)(void *ctx, int block);
-    int (*blocks_free)(void *ctx);
-    /* One step; logits: (count of want_logits) x n_vocab, in sequence order. */
-    tk_status (*step)(void *ctx, const tk_batch *b, float *logits);
-    uint64_t (*last_bytes)(void *ctx); /* may be NULL */
-    void (*destroy)(void *ctx);        /* at tk_engine_free, after the loop stops; may be NULL */
-} engine_backend;
 
 /* The default step cap for max_batch running sequences: the most tokens a
  * time-based step may hold, and what the forward's buffers are sized for
@@ -50,7 +31,8 @@ void engine_default_budget(sched_budget_opts *b);
 bool engine_step_adaptive(const tk_engine_opts *o);
 
 /* Create an engine over be (copied; be->ctx is destroyed by be->destroy at
- * tk_engine_free, also when this call fails) and start its loop thread. */
-tk_status engine_create_backend(const engine_backend *be, const tk_engine_opts *opts, tk_engine **out);
+ * tk_engine_free, also when this call fails) and start its loop thread. The
+ * engine uses be's blocks, steps and byte counts; the sharing calls may be NULL. */
+tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, tk_engine **out);
 
 #endif

@@ -20,7 +20,7 @@ struct tk_kv {
     size_t v_off, ks_off, vs_off; /* section offsets inside a region (see kv_geom) */
     int32_t *free_ids;            /* [n_blocks] stack of free block ids; top is free_ids[n_free-1] */
     int n_free;
-    uint8_t *used; /* [n_blocks] 1 while a block is allocated (catches double frees) */
+    int32_t *refs; /* [n_blocks] holders of each block; 0 while free (catches double frees) */
     tk_isa isa;    /* level of the attention kernel in use */
     kv_attn_fn attn;
     kv_to_f16_fn to_f16;
@@ -146,8 +146,8 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     kv->vs_off = 2 * L.sect + L.scales;
     kv->pool = tk_alloc_aligned(total, 64);
     kv->free_ids = tk_calloc((size_t)o->n_blocks, sizeof *kv->free_ids);
-    kv->used = tk_calloc((size_t)o->n_blocks, 1);
-    if (!kv->pool || !kv->free_ids || !kv->used) {
+    kv->refs = tk_calloc((size_t)o->n_blocks, sizeof *kv->refs);
+    if (!kv->pool || !kv->free_ids || !kv->refs) {
         kv_free(kv);
         return tk_fail(TK_ERR_NOMEM, "kv: cannot allocate the pool (%zu bytes, %d blocks)", total,
                        o->n_blocks);
@@ -173,7 +173,7 @@ void kv_free(tk_kv *kv) {
     if (!kv) return;
     tk_free_aligned(kv->pool);
     tk_free(kv->free_ids);
-    tk_free(kv->used);
+    tk_free(kv->refs);
     tk_free(kv);
 }
 
@@ -184,16 +184,37 @@ void kv_set_attn(tk_kv *kv, kv_attn_fn fn) { kv->attn = fn; }
 int kv_block_alloc(tk_kv *kv) {
     if (kv->n_free == 0) return -1;
     int b = kv->free_ids[--kv->n_free];
-    TK_ASSERT(!kv->used[b]);
-    kv->used[b] = 1;
+    TK_ASSERT(kv->refs[b] == 0);
+    kv->refs[b] = 1;
     return b;
+}
+
+void kv_block_ref(tk_kv *kv, int block) {
+    TK_ASSERT(block >= 0 && block < kv->o.n_blocks);
+    TK_ASSERT(kv->refs[block] > 0 && kv->refs[block] < INT32_MAX); /* a free block has no holder to share it */
+    kv->refs[block]++;
 }
 
 void kv_block_free(tk_kv *kv, int block) {
     TK_ASSERT(block >= 0 && block < kv->o.n_blocks);
-    TK_ASSERT(kv->used[block]); /* double free */
-    kv->used[block] = 0;
+    TK_ASSERT(kv->refs[block] > 0); /* double free */
+    if (--kv->refs[block] > 0) return;
     kv->free_ids[kv->n_free++] = block;
+}
+
+int kv_block_refs(const tk_kv *kv, int block) {
+    TK_ASSERT(block >= 0 && block < kv->o.n_blocks);
+    return kv->refs[block];
+}
+
+void kv_block_copy(tk_kv *kv, int dst, int src) {
+    TK_ASSERT(dst >= 0 && dst < kv->o.n_blocks && kv->refs[dst] > 0);
+    TK_ASSERT(src >= 0 && src < kv->o.n_blocks && kv->refs[src] > 0);
+    if (dst == src) return;
+    for (int l = 0; l < kv->o.n_layer; l++) {
+        uint8_t *layer = kv->pool + (size_t)l * (size_t)kv->o.n_blocks * kv->block_stride;
+        memcpy(layer + (size_t)dst * kv->block_stride, layer + (size_t)src * kv->block_stride, kv->block_stride);
+    }
 }
 
 int kv_blocks_free(const tk_kv *kv) { return kv->n_free; }
@@ -218,7 +239,7 @@ static kv_geom geom_of(const tk_kv *kv, int l) {
 /* The block holding position pos; ids come from the engine, so a bad one is a bug. */
 static int32_t block_at(const tk_kv *kv, const int32_t *bt, int pos) {
     int32_t b = bt[pos / kv->o.block_size];
-    TK_ASSERT(b >= 0 && b < kv->o.n_blocks && kv->used[b]);
+    TK_ASSERT(b >= 0 && b < kv->o.n_blocks && kv->refs[b] > 0);
     return b;
 }
 

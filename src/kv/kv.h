@@ -40,11 +40,22 @@ size_t kv_bytes_per_token(const tk_kv_opts *o);
 /* Bytes of one block over all layers. */
 size_t kv_block_bytes(const tk_kv_opts *o);
 
-/* Block allocation (engine loop thread only). alloc returns -1 when empty. */
+/* Block allocation (one thread at a time: the engine loop or a runner).
+ * Blocks are reference counted so sequences can share a prefix read-only:
+ * alloc returns a block with one holder (-1 when none is free); ref adds a
+ * holder to an allocated block; free drops one, and the block returns to the
+ * free list only when its last holder lets go. A block with more than one
+ * holder must not be written: copy it to a block of its own first
+ * (backend_block_cow). */
 int kv_block_alloc(tk_kv *kv);
+void kv_block_ref(tk_kv *kv, int block);
 void kv_block_free(tk_kv *kv, int block);
+int kv_block_refs(const tk_kv *kv, int block); /* 0: free */
 int kv_blocks_free(const tk_kv *kv);
 int kv_blocks_total(const tk_kv *kv);
+/* Copy every layer of block src (K, V and int8 scales) over block dst; both
+ * allocated. dst's old contents are gone, src is unchanged. */
+void kv_block_copy(tk_kv *kv, int dst, int src);
 
 /* Write the K and V vectors ([n_head_kv][head_dim] floats each) of one token at
  * position pos of a sequence with block table bt, in layer l.

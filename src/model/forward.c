@@ -72,7 +72,7 @@ struct fwd_ctx {
     float *gate;     /* (max_tokens, n_ff) gate projection, then silu(gate)*up in place */
     float *up;       /* (max_tokens, n_ff) */
     float *scratch;  /* (nth, attn_scratch) attention scratch per thread */
-    float *logits_pad; /* (max_seqs + 1, n_vocab) output rows when the gemv pads (see gemv_tokens) */
+    float *logits_pad; /* (max_tokens + 1, n_vocab) output rows when the gemv pads (see gemv_tokens) */
     size_t attn_scratch;
     act_slot slot[SLOT_COUNT];
 
@@ -82,7 +82,7 @@ struct fwd_ctx {
     int32_t *tok_pos;  /* (max_tokens) position of each token */
     int32_t *tok_seq;  /* (max_tokens) sequence of each token */
     int32_t *seq_tok0; /* (max_seqs) first token of each sequence */
-    int32_t *out_tok;  /* (max_seqs) tokens whose logits are wanted, in order */
+    int32_t *out_tok;  /* (max_tokens) tokens whose logits are wanted, in order */
     int n_out;
     uint64_t last_bytes;
 };
@@ -526,11 +526,11 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     f->gate = alloc_f32(T, hp->n_ff);
     f->up = alloc_f32(T, hp->n_ff);
     f->scratch = alloc_f32(f->nth, f->attn_scratch > 0 ? (int64_t)f->attn_scratch : 1);
-    if (gemv_tokens(m->output.type, 1) != 1) f->logits_pad = alloc_f32((int64_t)o->max_seqs + 1, hp->n_vocab);
+    if (gemv_tokens(m->output.type, 1) != 1) f->logits_pad = alloc_f32(T, hp->n_vocab);
     f->tok_pos = tk_calloc((size_t)T, sizeof(int32_t));
     f->tok_seq = tk_calloc((size_t)T, sizeof(int32_t));
     f->seq_tok0 = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
-    f->out_tok = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
+    f->out_tok = tk_calloc((size_t)T, sizeof(int32_t));
     if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->y || !f->gate || !f->up || !f->scratch ||
         (gemv_tokens(m->output.type, 1) != 1 && !f->logits_pad) || !f->tok_pos || !f->tok_seq || !f->seq_tok0 || !f->out_tok) {
         fwd_free(f);
@@ -551,7 +551,7 @@ static tk_status batch_check(const fwd_ctx *f, const tk_batch *b) {
         return tk_fail(TK_ERR_INVALID, "forward: %d sequences in a step, at most %d", b->n_seq, f->o.max_seqs);
     if (b->n_tok < 0 || b->n_tok > f->o.max_tokens)
         return tk_fail(TK_ERR_INVALID, "forward: %d tokens in a step, at most %d", b->n_tok, f->o.max_tokens);
-    if (b->n_seq > 0 && (!b->tokens || !b->n || !b->pos0 || !b->bt || !b->want_logits))
+    if (b->n_seq > 0 && (!b->tokens || !b->n || !b->pos0 || !b->bt || !b->n_logits))
         return tk_fail(TK_ERR_INVALID, "forward: batch has a NULL array");
     int64_t sum = 0;
     for (int s = 0; s < b->n_seq; s++) {
@@ -560,6 +560,9 @@ static tk_status batch_check(const fwd_ctx *f, const tk_batch *b) {
             return tk_fail(TK_ERR_INVALID, "forward: sequence %d spans positions [%d, %lld), past max_ctx %d", s,
                            (int)b->pos0[s], (long long)b->pos0[s] + b->n[s], f->o.max_ctx);
         if (!b->bt[s]) return tk_fail(TK_ERR_INVALID, "forward: sequence %d has no block table", s);
+        if (b->n_logits[s] < 0 || b->n_logits[s] > b->n[s])
+            return tk_fail(TK_ERR_INVALID, "forward: sequence %d wants logits of %d of its %d tokens", s,
+                           (int)b->n_logits[s], (int)b->n[s]);
         sum += b->n[s];
     }
     if (sum != b->n_tok)
@@ -584,7 +587,7 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
             f->tok_pos[t] = b->pos0[s] + i;
             f->tok_seq[t] = s;
         }
-        if (b->want_logits[s]) f->out_tok[n_out++] = t - 1;
+        for (int i = t - b->n_logits[s]; i < t; i++) f->out_tok[n_out++] = i;
         kv_tokens += (uint64_t)b->pos0[s] + (uint64_t)b->n[s];
     }
     if (n_out > 0 && !logits) return tk_fail(TK_ERR_INVALID, "forward: logits wanted but no output buffer");

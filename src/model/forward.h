@@ -1,6 +1,7 @@
 /* One batched forward step over a ragged batch: decode tokens and prefill chunks
  * of many sequences in one pass, reading and writing the paged KV cache, with
- * logits only where they are wanted. Reads like the paper: norm, QKV, RoPE,
+ * logits only where they are wanted (the last token of a sequence, or its last
+ * few for speculative verification). Reads like the paper: norm, QKV, RoPE,
  * attention, output, FFN; the stages are fused kernels named after what they
  * compute. Runs on the engine's pool; no allocation, locking or logging inside. */
 #ifndef TK_MODEL_FORWARD_H
@@ -9,19 +10,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/pool.h"
 #include "kv/kv.h"
 #include "tokamak.h"
-
-typedef struct tk_batch {
-    int n_seq;
-    int n_tok;                  /* sum of n[] */
-    const int32_t *tokens;      /* (n_tok) ids, sequence after sequence */
-    const int32_t *n;           /* (n_seq) tokens of each sequence in this step */
-    const int32_t *pos0;        /* (n_seq) position of each sequence's first token here */
-    const int32_t *const *bt;   /* (n_seq) block tables covering positions [0, pos0+n) */
-    const uint8_t *want_logits; /* (n_seq) 1: logits of this sequence's last token */
-} tk_batch;
 
 typedef struct fwd_opts {
     int max_tokens; /* most tokens in one step (the step budget) */
@@ -36,8 +28,8 @@ typedef struct fwd_ctx fwd_ctx;
  * must outlive the context. */
 tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *o, fwd_ctx **out);
 void fwd_free(fwd_ctx *f);
-/* One step. logits: (count of want_logits) x n_vocab floats, in sequence order.
- * Fails (TK_ERR_INVALID) without touching the KV cache if the batch exceeds the
+/* One step (tk_batch: backend/backend.h). logits: backend_batch_logits(b) x
+ * n_vocab floats, sequence after sequence, positions in order. Fails (TK_ERR_INVALID) without touching the KV cache if the batch exceeds the
  * sizes given at init or a token id is out of range. */
 tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits);
 /* Weight + KV bytes the last step had to read (for the roofline). */

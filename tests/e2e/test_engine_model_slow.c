@@ -21,12 +21,11 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "backend/backend.h"
+#include "backend/runner.h"
 #include "core/alloc.h"
 #include "core/error.h"
-#include "core/pool.h"
 #include "engine/sampler.h"
-#include "kv/kv.h"
-#include "model/forward.h"
 #include "model/model.h"
 #include "tokamak.h"
 
@@ -202,32 +201,27 @@ static void test_engine_model_batch_invariance(void **state) {
 
 /* ---- INT8 KV against F32 KV ------------------------------------------------------------- */
 
+/* One KV type's sequence: a CPU backend (on the first run's threads) and a runner. */
 typedef struct kvrun {
-    tk_kv *kv;
-    fwd_ctx *fwd;
-    int32_t bt[64];
+    backend be;
+    runner *r;
 } kvrun;
 
-static void kvrun_init(kvrun *k, tk_pool *pool, tk_kv_type t, tk_kv_scale s, int ctx) {
-    const tk_hparams *hp = model_hparams(g_model);
-    tk_kv_opts o = {.n_layer = hp->n_layer, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = 16,
-                    .n_blocks = ctx / 16, .type = t, .scale = s};
-    assert_int_equal(kv_init(&o, &k->kv), TK_OK);
-    fwd_opts fo = {.max_tokens = 64, .max_seqs = 1, .max_ctx = ctx};
-    if (fwd_init(g_model, k->kv, pool, &fo, &k->fwd) != TK_OK) fail_msg("%s", tk_last_error());
-    for (int i = 0; i < ctx / 16; i++) k->bt[i] = kv_block_alloc(k->kv);
+static void kvrun_init(kvrun *k, const kvrun *pool_of, tk_kv_type t, tk_kv_scale s, int ctx) {
+    backend_cpu_opts o = {.n_threads = 2, .block_size = 16, .kv_type = t, .kv_scale = s, .n_blocks = ctx / 16,
+                          .max_tokens = 64, .max_seqs = 1, .max_ctx = ctx, .share_pool = pool_of ? &pool_of->be : NULL};
+    if (backend_cpu_create(g_model, &o, &k->be) != TK_OK) fail_msg("%s", tk_last_error());
+    assert_int_equal(runner_init(&k->be, &k->r), TK_OK);
 }
 
 static void kvrun_step(kvrun *k, const int32_t *toks, int n, int pos0, float *logits) {
-    uint8_t want = 1;
-    const int32_t *bts[1] = {k->bt};
-    tk_batch b = {.n_seq = 1, .n_tok = n, .tokens = toks, .n = &n, .pos0 = &pos0, .bt = bts, .want_logits = &want};
-    if (fwd_step(k->fwd, &b, logits) != TK_OK) fail_msg("%s", tk_last_error());
+    assert_int_equal(runner_len(k->r), pos0);
+    if (runner_step(k->r, toks, n, 1, logits) != TK_OK) fail_msg("%s", tk_last_error());
 }
 
 static void kvrun_free(kvrun *k) {
-    fwd_free(k->fwd);
-    kv_free(k->kv);
+    runner_free(k->r);
+    backend_free(&k->be);
 }
 
 static int argmax(const float *l, int n) {
@@ -279,11 +273,9 @@ static void test_engine_model_int8_kv_agreement(void **state) {
         {TK_KV_INT8, TK_KV_SCALE_TOKEN, "int8 KV, scale per token", 1e-5},
         {TK_KV_BF16, TK_KV_SCALE_HEAD, "bf16 KV (control)", 0},
     };
-    tk_pool *pool;
-    assert_int_equal(pool_init(2, false, &pool), TK_OK);
     kvrun ref, q8[NRUN];
-    kvrun_init(&ref, pool, TK_KV_F32, TK_KV_SCALE_HEAD, CTX);
-    for (int k = 0; k < NRUN; k++) kvrun_init(&q8[k], pool, runs[k].type, runs[k].scale, CTX);
+    kvrun_init(&ref, NULL, TK_KV_F32, TK_KV_SCALE_HEAD, CTX);
+    for (int k = 0; k < NRUN; k++) kvrun_init(&q8[k], &ref, runs[k].type, runs[k].scale, CTX);
     float *lr = tk_malloc((size_t)g_vocab * sizeof *lr), *lq = tk_malloc((size_t)g_vocab * sizeof *lq);
     int32_t prompt[NP];
     for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(sampler_uniform(99, (uint64_t)i) * 151000);
@@ -335,9 +327,8 @@ static void test_engine_model_int8_kv_agreement(void **state) {
     }
     tk_free(lr);
     tk_free(lq);
-    kvrun_free(&ref);
     for (int k = 0; k < NRUN; k++) kvrun_free(&q8[k]);
-    pool_free(pool);
+    kvrun_free(&ref);
 }
 
 int main(void) {

@@ -6,7 +6,7 @@ set -euo pipefail
 : "${TK_SRC:?}" "${TK_BUILD:?}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-lib_dirs="core format model kernels kv engine tokenizer"
+lib_dirs="core format model kernels kv backend engine tokenizer"
 for d in $lib_dirs; do
   [ -d "$TK_SRC/src/$d" ] || fail "src/$d is missing"
 done

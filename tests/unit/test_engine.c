@@ -76,7 +76,7 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
             }
             f->store[(size_t)blk * f->bs + pos % f->bs] = b->tokens[t];
         }
-        if (!b->want_logits[s]) continue;
+        if (!b->n_logits[s]) continue;
         /* Logits from the whole cached history, read through the block table. */
         uint64_t h = 1469598103934665603ULL;
         int last = b->pos0[s] + b->n[s];
@@ -115,7 +115,7 @@ static tk_engine *mk_engine(int bs, int n_blocks, const tk_engine_opts *o_in) {
     f->used = tk_calloc((size_t)n_blocks, 1);
     f->store = tk_calloc((size_t)n_blocks * (size_t)bs, sizeof *f->store);
     for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
-    engine_backend be = {.ctx = f, .n_vocab = FV, .n_blocks = n_blocks, .kv_bytes_per_token = 4,
+    backend be = {.ctx = f, .n_vocab = FV, .n_blocks = n_blocks, .kv_bytes_per_token = 4,
                          .weight_dtype = "fake", .n_threads = 1, .block_alloc = f_alloc, .block_free = f_free,
                          .blocks_free = f_n_free, .step = f_step, .destroy = NULL};
     tk_engine_opts o;
@@ -282,7 +282,7 @@ static void test_engine_rejects_bad_requests(void **state) {
 
     /* Options: a pool too small for one context names both numbers; a budget below max_batch. */
     fake *g = tk_calloc(1, sizeof *g);
-    engine_backend be = {.ctx = g, .n_vocab = FV, .n_blocks = 3, .block_alloc = f_alloc, .block_free = f_free,
+    backend be = {.ctx = g, .n_vocab = FV, .n_blocks = 3, .block_alloc = f_alloc, .block_free = f_free,
                          .blocks_free = f_n_free, .step = f_step, .destroy = f_destroy};
     tk_engine_opts_default(&o);
     o.ctx = 64;
@@ -590,6 +590,41 @@ static void test_engine_stop_tokens_and_cancel(void **state) {
     f_destroy(f);
 }
 
+/* Cancelling the only running request leaves nothing to step, and the stats
+ * must still say so (a server's /metrics reads them): no stale running count
+ * or used blocks once the cancel has finished. */
+static void test_engine_stats_after_cancel_when_idle(void **state) {
+    (void)state;
+    tk_engine *e = mk_engine(16, 64, NULL);
+    fake *f = g_last_fake;
+    f->slow_us = 2000;
+    int32_t p[40];
+    mk_prompt(p, 40, 11);
+    rec r;
+    rec_init(&r);
+    uint64_t id = submit(e, &r, p, 40, 0, NULL);
+    tk_engine_stats s;
+    for (int i = 0; i < 5000; i++) {
+        tk_engine_stats_get(e, &s);
+        if (s.running == 1 && s.kv_blocks_used > 0) break;
+        sleep_ms(1);
+    }
+    assert_int_equal(s.running, 1);
+    assert_int_equal(tk_engine_cancel(e, id), TK_OK);
+    wait_finished(e, 1);
+    for (int i = 0; i < 2000; i++) {
+        tk_engine_stats_get(e, &s);
+        if (s.running == 0 && s.kv_blocks_used == 0) break;
+        sleep_ms(1);
+    }
+    assert_int_equal(s.running, 0);
+    assert_int_equal(s.waiting, 0);
+    assert_int_equal(s.kv_blocks_used, 0);
+    tk_engine_free(e);
+    assert_false(f->fail);
+    f_destroy(f);
+}
+
 static void test_engine_context_limit(void **state) {
     (void)state;
     tk_engine_opts o;
@@ -695,6 +730,7 @@ int main(void) {
         cmocka_unit_test(test_engine_time_budget_invariance),
         cmocka_unit_test(test_engine_static_and_no_chunking),
         cmocka_unit_test(test_engine_stop_tokens_and_cancel),
+        cmocka_unit_test(test_engine_stats_after_cancel_when_idle),
         cmocka_unit_test(test_engine_context_limit),
         cmocka_unit_test(test_engine_property_submit_cancel),
     };

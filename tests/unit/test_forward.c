@@ -49,7 +49,7 @@ static void h_free(harness *h) {
 static void h_step(harness *h, int n_seq, const int *seqs, const int32_t *n, const int32_t *toks, float *out) {
     int32_t pos0[8];
     const int32_t *bts[8];
-    uint8_t want[8];
+    int32_t want[8];
     int n_tok = 0;
     for (int i = 0; i < n_seq; i++) {
         pos0[i] = h->len[seqs[i]];
@@ -57,7 +57,7 @@ static void h_step(harness *h, int n_seq, const int *seqs, const int32_t *n, con
         want[i] = 1;
         n_tok += n[i];
     }
-    tk_batch b = {.n_seq = n_seq, .n_tok = n_tok, .tokens = toks, .n = n, .pos0 = pos0, .bt = bts, .want_logits = want};
+    tk_batch b = {.n_seq = n_seq, .n_tok = n_tok, .tokens = toks, .n = n, .pos0 = pos0, .bt = bts, .n_logits = want};
     assert_int_equal(fwd_step(h->f, &b, out), TK_OK);
     for (int i = 0; i < n_seq; i++) h->len[seqs[i]] += n[i];
 }
@@ -334,8 +334,8 @@ static void test_forward_batch_checks(void **state) {
     float *lg = malloc(300 * sizeof(float));
     int32_t tok = 300, n = 1, pos0 = 0;
     const int32_t *bt[1] = {h.bt[0]};
-    uint8_t want = 1;
-    tk_batch b = {.n_seq = 1, .n_tok = 1, .tokens = &tok, .n = &n, .pos0 = &pos0, .bt = bt, .want_logits = &want};
+    int32_t want = 1;
+    tk_batch b = {.n_seq = 1, .n_tok = 1, .tokens = &tok, .n = &n, .pos0 = &pos0, .bt = bt, .n_logits = &want};
     assert_int_equal(fwd_step(h.f, &b, lg), TK_ERR_RANGE);
     assert_non_null(strstr(tk_last_error(), "token id 300"));
     tok = 5;

@@ -225,6 +225,58 @@ static void test_kv_pool_accounting(void **state) {
     assert_int_equal(tk_alloc_live_bytes(), before);
 }
 
+/* Shared blocks: a block with several holders goes back to the pool only when
+ * the last lets go, and a copy carries every layer's K, V and scales. */
+static void test_kv_block_refs_and_copy(void **state) {
+    (void)state;
+    for (int k = 0; k < N_KINDS; k++) {
+        tk_kv_opts o = opts_make(3, 2, 32, 16, 3, KINDS[k].t, KINDS[k].sc);
+        tk_kv *kv;
+        assert_int_equal(kv_init(&o, &kv), TK_OK);
+        int32_t a[1] = {kv_block_alloc(kv)}, b[1] = {kv_block_alloc(kv)};
+        assert_int_equal(kv_block_refs(kv, a[0]), 1);
+        assert_int_equal(kv_block_refs(kv, 2), 0);
+        kv_block_ref(kv, a[0]);
+        kv_block_ref(kv, a[0]);
+        assert_int_equal(kv_block_refs(kv, a[0]), 3);
+        kv_block_free(kv, a[0]);
+        kv_block_free(kv, a[0]);
+        assert_int_equal(kv_blocks_free(kv), 1); /* still held once */
+        assert_int_equal(kv_block_refs(kv, a[0]), 1);
+        /* write 11 positions into a, copy to b: every layer reads back the same */
+        float kx[64], vx[64], ka[64], va[64], kb[64], vb[64];
+        uint64_t rng = 7 + (uint64_t)k;
+        for (int l = 0; l < 3; l++)
+            for (int p = 0; p < 11; p++) {
+                for (int i = 0; i < 64; i++) kx[i] = (float)(rng_next(&rng) % 2001) / 1000.0f - 1.0f;
+                for (int i = 0; i < 64; i++) vx[i] = (float)(rng_next(&rng) % 2001) / 100.0f - 10.0f;
+                kv_write(kv, l, a, p, kx, vx);
+            }
+        kv_block_copy(kv, b[0], a[0]);
+        for (int l = 0; l < 3; l++)
+            for (int p = 0; p < 11; p++) {
+                kv_read(kv, l, a, p, ka, va);
+                kv_read(kv, l, b, p, kb, vb);
+                assert_memory_equal(ka, kb, sizeof ka);
+                assert_memory_equal(va, vb, sizeof va);
+                assert_true(kv_read_scale(kv, l, a, p, 1, 5, true) == kv_read_scale(kv, l, b, p, 1, 5, true));
+            }
+        /* the copy is its own: writing b leaves a as it was */
+        for (int i = 0; i < 64; i++) kx[i] = vx[i] = 50.0f;
+        kv_write(kv, 0, b, 11, kx, vx);
+        kv_read(kv, 0, a, 3, ka, va);
+        kv_read(kv, 0, b, 3, kb, vb);
+        if (KINDS[k].t == TK_KV_INT8 && KINDS[k].sc == TK_KV_SCALE_HEAD)
+            assert_memory_not_equal(va, vb, sizeof va); /* b's scales grew */
+        else
+            assert_memory_equal(va, vb, sizeof va);
+        kv_block_free(kv, a[0]);
+        kv_block_free(kv, b[0]);
+        assert_int_equal(kv_blocks_free(kv), 3);
+        kv_free(kv);
+    }
+}
+
 static void expect_fail(const tk_kv_opts *o, tk_status want, const char *needle) {
     tk_kv *kv = (tk_kv *)&kv; /* must be reset to NULL on failure */
     tk_status st = kv_init(o, &kv);
@@ -779,6 +831,7 @@ static void test_kv_attention_isa_agree(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_pool_accounting),
+        cmocka_unit_test(test_kv_block_refs_and_copy),
         cmocka_unit_test(test_kv_opts_validation),
         cmocka_unit_test(test_kv_bytes_per_token),
         cmocka_unit_test(test_kv_roundtrip_float),

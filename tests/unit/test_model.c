@@ -229,8 +229,8 @@ static void logits_of(tk_model *m, float *out) {
     assert_int_equal(fwd_init(m, kv, pool, &fo, &f), TK_OK);
     int32_t toks[6] = {3, 1, 4, 1, 5, 9}, n = 6, pos0 = 0, bt[2] = {kv_block_alloc(kv), kv_block_alloc(kv)};
     const int32_t *bts[1] = {bt};
-    uint8_t want = 1;
-    tk_batch b = {.n_seq = 1, .n_tok = 6, .tokens = toks, .n = &n, .pos0 = &pos0, .bt = bts, .want_logits = &want};
+    int32_t want = 1;
+    tk_batch b = {.n_seq = 1, .n_tok = 6, .tokens = toks, .n = &n, .pos0 = &pos0, .bt = bts, .n_logits = &want};
     assert_int_equal(fwd_step(f, &b, out), TK_OK);
     fwd_free(f);
     pool_free(pool);

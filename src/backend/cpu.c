@@ -1,0 +1,123 @@
+/* The CPU backend: a thread pool, the paged KV pool (kv.h) and the batched
+ * forward pass (forward.h) over one model, behind the backend table. */
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/alloc.h"
+#include "core/checked.h"
+#include "core/error.h"
+#include "core/pool.h"
+#include "kv/kv.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+typedef struct cpu_be {
+    tk_pool *pool;
+    bool own_pool;
+    tk_kv *kv;
+    fwd_ctx *fwd;
+} cpu_be;
+
+static int cb_alloc(void *c) { return kv_block_alloc(((cpu_be *)c)->kv); }
+static void cb_free(void *c, int b) { kv_block_free(((cpu_be *)c)->kv, b); }
+static int cb_n_free(void *c) { return kv_blocks_free(((cpu_be *)c)->kv); }
+static void cb_ref(void *c, int b) { kv_block_ref(((cpu_be *)c)->kv, b); }
+static int cb_refs(void *c, int b) { return kv_block_refs(((cpu_be *)c)->kv, b); }
+static void cb_copy(void *c, int dst, int src) { kv_block_copy(((cpu_be *)c)->kv, dst, src); }
+static tk_status cb_step(void *c, const tk_batch *b, float *logits) {
+    return fwd_step(((cpu_be *)c)->fwd, b, logits);
+}
+static uint64_t cb_bytes(void *c) { return fwd_last_bytes(((cpu_be *)c)->fwd); }
+static void cb_kv_read(void *c, int l, const int32_t *bt, int pos, float *k, float *v) {
+    kv_read(((cpu_be *)c)->kv, l, bt, pos, k, v);
+}
+
+static void cb_destroy(void *c) {
+    cpu_be *cb = c;
+    if (!cb) return;
+    fwd_free(cb->fwd);
+    kv_free(cb->kv);
+    if (cb->own_pool) pool_free(cb->pool);
+    tk_free(cb);
+}
+
+/* Blocks the options ask for: n_blocks, or what kv_mem holds. */
+static tk_status blocks_of(const backend_cpu_opts *o, const tk_kv_opts *ko, int *out) {
+    if (o->n_blocks > 0) {
+        *out = o->n_blocks;
+        return TK_OK;
+    }
+    size_t bb = kv_block_bytes(ko);
+    uint64_t nb = bb ? o->kv_mem / bb : 0;
+    if (nb > (1u << 30))
+        return tk_fail(TK_ERR_RANGE, "KV pool of %llu blocks is too large", (unsigned long long)nb);
+    if (nb < (uint64_t)(o->min_blocks > 1 ? o->min_blocks : 1))
+        return tk_fail(
+            TK_ERR_NOMEM,
+            "kv_mem %zu bytes holds %llu blocks of %d tokens (%zu bytes each); one sequence of context "
+            "%d needs %d",
+            o->kv_mem, (unsigned long long)nb, o->block_size, bb, o->max_ctx, o->min_blocks);
+    *out = (int)nb;
+    return TK_OK;
+}
+
+tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backend *out) {
+    if (!out) return tk_fail(TK_ERR_INVALID, "backend: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!m || !o) return tk_fail(TK_ERR_INVALID, "backend: NULL model or options");
+    if (o->share_pool && o->share_pool->destroy != cb_destroy)
+        return tk_fail(TK_ERR_INVALID, "backend: share_pool is not a CPU backend");
+    const tk_hparams *hp = model_hparams(m);
+    tk_kv_opts ko = {.n_layer = hp->n_layer,
+                     .n_head_kv = hp->n_head_kv,
+                     .head_dim = hp->head_dim,
+                     .block_size = o->block_size,
+                     .type = o->kv_type,
+                     .scale = o->kv_scale};
+    tk_status st = blocks_of(o, &ko, &ko.n_blocks);
+    if (st != TK_OK) return st;
+    cpu_be *cb = tk_calloc(1, sizeof *cb);
+    if (!cb) return tk_fail(TK_ERR_NOMEM, "backend: out of memory");
+    if (o->share_pool) {
+        cb->pool = ((const cpu_be *)o->share_pool->ctx)->pool;
+    } else {
+        st = pool_init(o->n_threads, o->pin_threads, &cb->pool);
+        cb->own_pool = st == TK_OK;
+    }
+    if (st == TK_OK) st = kv_init(&ko, &cb->kv);
+    if (st == TK_OK) {
+        fwd_opts fo = {.max_tokens = o->max_tokens,
+                       .max_seqs = o->max_seqs,
+                       .max_ctx = o->max_ctx,
+                       .unfused = o->unfused};
+        st = fwd_init(m, cb->kv, cb->pool, &fo, &cb->fwd);
+    }
+    if (st != TK_OK) {
+        cb_destroy(cb);
+        return st;
+    }
+    *out = (backend){.ctx = cb,
+                     .n_vocab = hp->n_vocab,
+                     .tok = model_tokenizer(m),
+                     .weight_dtype = model_weight_dtype(m),
+                     .n_threads = pool_size(cb->pool),
+                     .n_blocks = ko.n_blocks,
+                     .block_size = ko.block_size,
+                     .kv_type = ko.type,
+                     .kv_scale = ko.scale,
+                     .kv_bytes_per_token = kv_bytes_per_token(&ko),
+                     .max_tokens = o->max_tokens,
+                     .max_seqs = o->max_seqs,
+                     .max_ctx = o->max_ctx,
+                     .block_alloc = cb_alloc,
+                     .block_free = cb_free,
+                     .blocks_free = cb_n_free,
+                     .block_ref = cb_ref,
+                     .block_refs = cb_refs,
+                     .block_copy = cb_copy,
+                     .step = cb_step,
+                     .last_bytes = cb_bytes,
+                     .kv_read = cb_kv_read,
+                     .destroy = cb_destroy};
+    return TK_OK;
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# tokamak quantize: from a GGUF file and from a Hugging Face directory, every
+# architecture, to the same tensors `tokamak synth` writes for that type
+# (identical logits: the converter rounds the same F32 values the same way,
+# and restores GGUF's llama Q/K row order from HF's); clear errors on bad input.
+set -euo pipefail
+: "${TK_CLI:?}"
+TK_TMP="${TK_TMP:-/tmp}"
+mkdir -p "$TK_TMP"
+W=$(mktemp -d "$TK_TMP/quantize.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+fail() {
+    echo "FAIL: $*"
+    exit 1
+}
+P="151644,872,198,9707,11,1879,0"
+logits() { "$TK_CLI" run -m "$1" --tokens "$P" -n 6 --temp 0 --kv-type f32 --no-probe --ignore-eos --dump-logits "$2" >/dev/null 2>"$W/run.err" || { cat "$W/run.err"; fail "run $1"; }; }
+
+# check ARCH TYPE SOURCE_DTYPE [synth options]: quantize synth's SOURCE_DTYPE model
+# (GGUF and HF directory) to TYPE; the logits equal those of synth's TYPE model.
+check() {
+    local arch=$1 t=$2 from=$3
+    shift 3
+    local S="--preset tiny --arch $arch --layers 1 --seed 3 $*"
+    # shellcheck disable=SC2086
+    "$TK_CLI" synth $S --dtype $t -o "$W/want.gguf" 2>/dev/null
+    # shellcheck disable=SC2086
+    "$TK_CLI" synth $S --dtype $from -o "$W/src.gguf" 2>/dev/null
+    # shellcheck disable=SC2086
+    "$TK_CLI" synth $S --dtype $from --format hf -o "$W/hf" 2>/dev/null
+    logits "$W/want.gguf" "$W/want.f32"
+    for src in "$W/src.gguf" "$W/hf"; do
+        "$TK_CLI" quantize -i "$src" -o "$W/got.gguf" --type $t 2>/dev/null || fail "$arch: quantize $src --type $t"
+        logits "$W/got.gguf" "$W/got.f32"
+        cmp -s "$W/want.f32" "$W/got.f32" || fail "$arch $t from $from $(basename "$src"): logits differ from synth's"
+    done
+    echo "quantize $arch $from -> $t ($*): GGUF and HF sources give synth --dtype $t's logits"
+    rm -rf "$W/hf" "$W"/*.gguf
+}
+# (synth rounds a bf16 model's norms through bf16 too, so bf16 starts from bf16)
+check qwen3 q8_0 f32
+check qwen3 bf16 bf16 --tied
+check qwen2 f32 f32 --tied
+check llama f32 f32 --tied
+
+# bad usage: exit 2 naming the problem; bad input: exit 1 and no output file
+"$TK_CLI" synth --preset tiny --layers 1 --dtype f32 -o "$W/m.gguf" 2>/dev/null
+for args in "--type q4_0" "--bogus" "-o" ""; do
+    set +e
+    # shellcheck disable=SC2086
+    "$TK_CLI" quantize -i "$W/m.gguf" -o "$W/x.gguf" $args >/dev/null 2>"$W/err.txt"
+    rc=$?
+    set -e
+    [ "$args" = "" ] && { [ "$rc" -eq 0 ] && fail "quantize without --type succeeded"; }
+    [ "$rc" -eq 2 ] || fail "quantize $args exited $rc, expected 2"
+    grep -q "tokamak quantize:" "$W/err.txt" || fail "quantize $args: no message"
+done
+head -c 4096 "$W/m.gguf" >"$W/cut.gguf"
+for in in "$W/missing.gguf" "$W/cut.gguf" "$W"; do
+    set +e
+    "$TK_CLI" quantize -i "$in" -o "$W/x.gguf" --type bf16 >/dev/null 2>"$W/err.txt"
+    rc=$?
+    set -e
+    [ "$rc" -eq 1 ] || fail "quantize -i $in exited $rc, expected 1"
+    grep -q "tokamak quantize:" "$W/err.txt" || fail "quantize -i $in: no message"
+    [ ! -e "$W/x.gguf" ] || fail "quantize -i $in left $W/x.gguf"
+done
+echo "quantize: ok"
