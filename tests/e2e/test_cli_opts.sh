@@ -28,17 +28,27 @@ expect() {
 }
 
 # --help: every shared row is the same line in every subcommand that takes it
-for c in run bench kvcheck info; do "$TK_CLI" $c --help >"$W/help.$c" || fail "$c --help exited $?"; done
+for c in run bench kvcheck info serve; do "$TK_CLI" $c --help >"$W/help.$c" || fail "$c --help exited $?"; done
 for opt in "--threads, -t N" "-m, --model MODEL" "--repack TYPE" "--mmap "; do
     ref=$(grep -F -- "  $opt" "$W/help.run") || fail "run --help lacks $opt"
-    for c in bench kvcheck info; do
+    for c in bench kvcheck info serve; do
         line=$(grep -F -- "  $opt" "$W/help.$c") || fail "$c --help lacks $opt"
         [ "$line" = "$ref" ] || fail "$c lists '$line', run lists '$ref'"
     done
 done
 for opt in "--kv-type T" "--kv-scale S" "--ctx N" "--step-tokens N" "--kv-mem SIZE"; do
-    [ "$(grep -F -- "  $opt" "$W/help.run")" = "$(grep -F -- "  $opt" "$W/help.bench")" ] || fail "$opt differs"
+    ref=$(grep -F -- "  $opt" "$W/help.run") || fail "run --help lacks $opt"
+    for c in bench serve; do
+        [ "$(grep -F -- "  $opt" "$W/help.$c")" = "$ref" ] || fail "$opt differs in $c"
+    done
 done
+for opt in "--max-batch N" "--block-size N" "--step-ms MS" "--static-batching, --static" "--pin "; do
+    [ "$(grep -F -- "  $opt" "$W/help.bench")" = "$(grep -F -- "  $opt" "$W/help.serve")" ] || fail "$opt differs in serve"
+done
+for opt in "--port N" "--api-key KEY" "--max-queue N" "--drain-timeout S" "--http-threads N"; do
+    grep -q -F -- "  $opt" "$W/help.serve" || fail "serve --help lacks $opt"
+done
+if grep -q -- "--temp" "$W/help.serve"; then fail "serve lists sampling options"; fi
 grep -q -- "--kv-type T .*f32, f16, bf16, int8" "$W/help.run" || fail "--kv-type names not from the table"
 grep -q -- "0: until the context is full" "$W/help.run" || fail "-n 0 not documented"
 if grep -q -- "--temp" "$W/help.kvcheck"; then fail "kvcheck lists sampling options"; fi
@@ -56,10 +66,15 @@ expect 2 "unknown option '--bogus'" "$TK_CLI" run -m "$M" --tokens 1 --bogus
 expect 2 "--temp needs a value" "$TK_CLI" run -m "$M" --tokens 1 --temp
 expect 2 "--threads wants an integer" "$TK_CLI" run -m "$M" --tokens 1 --threads=x
 expect 2 "--max-batch is for many prompts" "$TK_CLI" run -m "$M" --tokens 1 --max-batch 4
+expect 2 "--port wants an integer in \[0, 65535\], got '70000'" "$TK_CLI" serve -m "$M" --port 70000
+expect 2 "--drain-timeout wants a number in \[0, 86400\], got 'x'" "$TK_CLI" serve -m "$M" --static --drain-timeout=x
+expect 2 "--kv-type wants one of f32, f16, bf16, int8, got 'int4'" "$TK_CLI" serve -m "$M" -q --kv-type int4
+expect 2 "need -m MODEL" "$TK_CLI" serve --port 0
 expect 2 "--dump-logits is for one prompt" "$TK_CLI" run -m "$M" --tokens 1 --parallel 2 --dump-logits "$W/d"
 # --step-tokens below --max-batch names the options to change
 expect 2 "--step-tokens 1 is below --max-batch 32" "$TK_CLI" run -m "$M" --tokens 1,2 --parallel 2 --step-tokens 1
 expect 2 "--step-tokens 1 is below --max-batch 32" "$TK_CLI" bench -m "$M" --step-tokens 1
+expect 2 "--step-tokens 1 is below --max-batch 32" "$TK_CLI" serve -m "$M" --step-tokens 1
 "$TK_CLI" run -m "$M" --tokens 1,2 --parallel 2 -n 2 --step-tokens 1 --max-batch 1 --threads 1 >/dev/null 2>"$W/err.txt" ||
     fail "--step-tokens 1 --max-batch 1 exited $?"
 
@@ -86,6 +101,23 @@ expect 0 "warning: --ctx 16 is above the model's trained context of 10" \
 grep -q "decode 11 tok" "$W/err.txt" || fail "--ctx 16: $(cat "$W/err.txt")"
 expect 0 "the model's trained context is 10 tokens" \
     "$TK_CLI" run -m "$W/c10.gguf" --tokens 1,2 --parallel 1 -n 2 --threads 1
+
+# serve takes the same rule: it starts at the trained context, and SIGTERM stops it
+"$TK_CLI" serve -m "$W/c10.gguf" --port 0 --threads 1 -q 2>"$W/serve.txt" &
+spid=$!
+for _ in $(seq 600); do
+    grep -q "ready:\|cannot\|carries no" "$W/serve.txt" && break
+    kill -0 "$spid" 2>/dev/null || break
+    sleep 0.1
+done
+kill -TERM "$spid" 2>/dev/null || true
+set +e
+wait "$spid"
+src=$?
+set -e
+[ "$src" -eq 0 ] || { cat "$W/serve.txt"; fail "serve exited $src after SIGTERM"; }
+grep -q "the model's trained context is 10 tokens; using --ctx 10" "$W/serve.txt" || { cat "$W/serve.txt"; fail "serve: no trained-context message"; }
+grep -q "ready: .*, ctx 10, max batch 32" "$W/serve.txt" || { cat "$W/serve.txt"; fail "serve did not start at ctx 10"; }
 
 # --no-special: special-token text in a plain prompt is text
 expect 0 "prefill 1 tok" "$TK_CLI" run -m "$M" -p "<|im_start|>" -n 1 --threads 1 --no-probe
