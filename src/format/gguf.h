@@ -18,10 +18,24 @@
 #include "tokamak.h"
 
 typedef enum gguf_vtype {
-    GGUF_T_U8 = 0, GGUF_T_I8 = 1, GGUF_T_U16 = 2, GGUF_T_I16 = 3, GGUF_T_U32 = 4, GGUF_T_I32 = 5,
-    GGUF_T_F32 = 6, GGUF_T_BOOL = 7, GGUF_T_STRING = 8, GGUF_T_ARRAY = 9, GGUF_T_U64 = 10,
-    GGUF_T_I64 = 11, GGUF_T_F64 = 12, GGUF_T_COUNT
+    GGUF_T_U8 = 0,
+    GGUF_T_I8 = 1,
+    GGUF_T_U16 = 2,
+    GGUF_T_I16 = 3,
+    GGUF_T_U32 = 4,
+    GGUF_T_I32 = 5,
+    GGUF_T_F32 = 6,
+    GGUF_T_BOOL = 7,
+    GGUF_T_STRING = 8,
+    GGUF_T_ARRAY = 9,
+    GGUF_T_U64 = 10,
+    GGUF_T_I64 = 11,
+    GGUF_T_F64 = 12,
+    GGUF_T_COUNT
 } gguf_vtype;
+
+/* Bytes of one value of a fixed-size type; 0 for strings and arrays (variable). */
+int gguf_vtype_size(gguf_vtype t);
 
 typedef struct gguf_str {
     const char *ptr; /* not NUL-terminated */
@@ -32,7 +46,13 @@ typedef struct gguf_kv {
     gguf_str key;
     gguf_vtype type;
     /* scalars (by type): u for U8..U64, i for I8..I64, f for F32/F64, b, s */
-    union { uint64_t u; int64_t i; double f; bool b; gguf_str s; } v;
+    union {
+        uint64_t u;
+        int64_t i;
+        double f;
+        bool b;
+        gguf_str s;
+    } v;
     /* arrays: element type, count, raw element bytes (unaligned, little-endian).
      * For arrays of arrays (legal, validated) there are no element accessors. */
     gguf_vtype arr_type;
@@ -103,7 +123,8 @@ tk_status gguf_w_str(gguf_writer *w, const char *key, const char *v);
 /* Numeric array: n elements of type elem, copied. */
 tk_status gguf_w_arr(gguf_writer *w, const char *key, gguf_vtype elem, const void *data, uint64_t n);
 /* String array: n strings with explicit lengths (may hold NULs), copied. */
-tk_status gguf_w_arr_str(gguf_writer *w, const char *key, const char *const *strs, const uint64_t *lens, uint64_t n);
+tk_status gguf_w_arr_str(gguf_writer *w, const char *key, const char *const *strs, const uint64_t *lens,
+                         uint64_t n);
 tk_status gguf_w_tensor_info(gguf_writer *w, const char *name, tk_dtype type, int n_dims, const int64_t *ne);
 /* Write header, metadata and tensor infos to path; then call gguf_w_tensor_data
  * once per tensor in declaration order (nbytes must match), then gguf_w_finish. */

@@ -25,32 +25,36 @@ typedef struct wtensor {
 
 struct gguf_writer {
     uint32_t alignment;
-    uint8_t *meta;          /* (meta_len) serialized kvs, in declaration order */
+    uint8_t *meta; /* (meta_len) serialized kvs, in declaration order */
     size_t meta_len, meta_cap;
-    char **keys;            /* (n_kv) declared keys, for duplicate checks */
+    char **keys; /* (n_kv) declared keys, for duplicate checks */
     uint64_t n_kv, keys_cap;
-    wtensor *t;             /* (n_t) */
+    wtensor *t; /* (n_t) */
     uint64_t n_t, t_cap;
-    uint64_t data_bytes;    /* padded size of the data section so far */
-    FILE *fp;               /* open between begin and finish */
+    uint64_t data_bytes; /* padded size of the data section so far */
+    FILE *fp;            /* open between begin and finish */
     char *path;
-    uint64_t next;          /* next tensor to receive data */
-    uint64_t pos;           /* bytes written to fp */
-    bool failed;            /* a write failed: later calls refuse */
+    uint64_t next; /* next tensor to receive data */
+    uint64_t pos;  /* bytes written to fp */
+    bool failed;   /* a write failed: later calls refuse */
 };
 
 static tk_status wfail_state(const gguf_writer *w) {
-    if (w->fp) return tk_fail(TK_ERR_INVALID, "gguf writer: metadata and tensor infos must be declared before gguf_w_begin");
+    if (w->fp)
+        return tk_fail(TK_ERR_INVALID,
+                       "gguf writer: metadata and tensor infos must be declared before gguf_w_begin");
     return TK_OK;
 }
 
 static tk_status buf_put(gguf_writer *w, const void *p, size_t n) {
     size_t need;
-    if (!tk_add_size(w->meta_len, n, &need)) return tk_fail(TK_ERR_NOMEM, "gguf writer: metadata size overflows");
+    if (!tk_add_size(w->meta_len, n, &need))
+        return tk_fail(TK_ERR_NOMEM, "gguf writer: metadata size overflows");
     if (need > w->meta_cap) {
         size_t cap = w->meta_cap ? w->meta_cap : 4096;
         while (cap < need) {
-            if (!tk_mul_size(cap, 2, &cap)) return tk_fail(TK_ERR_NOMEM, "gguf writer: metadata size overflows");
+            if (!tk_mul_size(cap, 2, &cap))
+                return tk_fail(TK_ERR_NOMEM, "gguf writer: metadata size overflows");
         }
         uint8_t *q = tk_realloc(w->meta, cap);
         if (!q) return tk_fail(TK_ERR_NOMEM, "gguf writer: cannot grow metadata to %zu bytes", cap);
@@ -79,7 +83,8 @@ static tk_status begin_kv(gguf_writer *w, const char *key, gguf_vtype type) {
     if (st != TK_OK) return st;
     if (!key || !key[0]) return tk_fail(TK_ERR_INVALID, "gguf writer: key is empty");
     for (uint64_t i = 0; i < w->n_kv; i++)
-        if (!strcmp(w->keys[i], key)) return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s' is declared twice", key);
+        if (!strcmp(w->keys[i], key))
+            return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s' is declared twice", key);
     if (w->n_kv == w->keys_cap) {
         uint64_t cap = w->keys_cap ? w->keys_cap * 2 : 32;
         char **k = tk_realloc(w->keys, cap * sizeof *k);
@@ -132,17 +137,23 @@ static tk_status put_scalar(gguf_writer *w, const char *key, gguf_vtype t, uint6
     return st == TK_OK ? buf_uint(w, bits, n) : st;
 }
 
-tk_status gguf_w_u32(gguf_writer *w, const char *key, uint32_t v) { return put_scalar(w, key, GGUF_T_U32, v, 4); }
+tk_status gguf_w_u32(gguf_writer *w, const char *key, uint32_t v) {
+    return put_scalar(w, key, GGUF_T_U32, v, 4);
+}
 tk_status gguf_w_i32(gguf_writer *w, const char *key, int32_t v) {
     return put_scalar(w, key, GGUF_T_I32, (uint32_t)v, 4);
 }
-tk_status gguf_w_u64(gguf_writer *w, const char *key, uint64_t v) { return put_scalar(w, key, GGUF_T_U64, v, 8); }
+tk_status gguf_w_u64(gguf_writer *w, const char *key, uint64_t v) {
+    return put_scalar(w, key, GGUF_T_U64, v, 8);
+}
 tk_status gguf_w_f32(gguf_writer *w, const char *key, float v) {
     uint32_t u;
     memcpy(&u, &v, 4);
     return put_scalar(w, key, GGUF_T_F32, u, 4);
 }
-tk_status gguf_w_bool(gguf_writer *w, const char *key, bool v) { return put_scalar(w, key, GGUF_T_BOOL, v ? 1 : 0, 1); }
+tk_status gguf_w_bool(gguf_writer *w, const char *key, bool v) {
+    return put_scalar(w, key, GGUF_T_BOOL, v ? 1 : 0, 1);
+}
 
 tk_status gguf_w_str(gguf_writer *w, const char *key, const char *v) {
     if (!v) return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': NULL string", key ? key : "");
@@ -150,29 +161,21 @@ tk_status gguf_w_str(gguf_writer *w, const char *key, const char *v) {
     return st == TK_OK ? buf_str(w, v, strlen(v)) : st;
 }
 
-static int elem_size(gguf_vtype t) {
-    switch (t) {
-    case GGUF_T_U8: case GGUF_T_I8: case GGUF_T_BOOL: return 1;
-    case GGUF_T_U16: case GGUF_T_I16: return 2;
-    case GGUF_T_U32: case GGUF_T_I32: case GGUF_T_F32: return 4;
-    case GGUF_T_U64: case GGUF_T_I64: case GGUF_T_F64: return 8;
-    default: return 0;
-    }
-}
-
 tk_status gguf_w_arr(gguf_writer *w, const char *key, gguf_vtype elem, const void *data, uint64_t n) {
-    int es = elem_size(elem);
+    int es = gguf_vtype_size(elem);
     if (!es)
-        return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': gguf_w_arr takes numeric elements, not %s", key ? key : "",
-                       gguf_vtype_name(elem));
+        return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': gguf_w_arr takes numeric elements, not %s",
+                       key ? key : "", gguf_vtype_name(elem));
     uint64_t bytes;
     if (!tk_mul_u64(n, (uint64_t)es, &bytes) || bytes > SIZE_MAX)
-        return tk_fail(TK_ERR_RANGE, "gguf writer: key '%s': array of %" PRIu64 " elements is too large", key ? key : "", n);
+        return tk_fail(TK_ERR_RANGE, "gguf writer: key '%s': array of %" PRIu64 " elements is too large",
+                       key ? key : "", n);
     if (n && !data) return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': NULL array data", key ? key : "");
     if (elem == GGUF_T_BOOL)
         for (uint64_t i = 0; i < n; i++)
             if (((const uint8_t *)data)[i] > 1)
-                return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': bool element %" PRIu64 " is not 0 or 1", key, i);
+                return tk_fail(TK_ERR_INVALID,
+                               "gguf writer: key '%s': bool element %" PRIu64 " is not 0 or 1", key, i);
     tk_status st = begin_kv(w, key, GGUF_T_ARRAY);
     if (st == TK_OK) st = buf_uint(w, (uint64_t)elem, 4);
     if (st == TK_OK) st = buf_uint(w, n, 8);
@@ -181,11 +184,14 @@ tk_status gguf_w_arr(gguf_writer *w, const char *key, gguf_vtype elem, const voi
     return st;
 }
 
-tk_status gguf_w_arr_str(gguf_writer *w, const char *key, const char *const *strs, const uint64_t *lens, uint64_t n) {
-    if (n && (!strs || !lens)) return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': NULL string array", key ? key : "");
+tk_status gguf_w_arr_str(gguf_writer *w, const char *key, const char *const *strs, const uint64_t *lens,
+                         uint64_t n) {
+    if (n && (!strs || !lens))
+        return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': NULL string array", key ? key : "");
     for (uint64_t i = 0; i < n; i++)
         if (!strs[i] && lens[i])
-            return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': string %" PRIu64 " is NULL", key ? key : "", i);
+            return tk_fail(TK_ERR_INVALID, "gguf writer: key '%s': string %" PRIu64 " is NULL",
+                           key ? key : "", i);
     tk_status st = begin_kv(w, key, GGUF_T_ARRAY);
     if (st == TK_OK) st = buf_uint(w, GGUF_T_STRING, 4);
     if (st == TK_OK) st = buf_uint(w, n, 8);
@@ -197,25 +203,34 @@ tk_status gguf_w_tensor_info(gguf_writer *w, const char *name, tk_dtype type, in
     tk_status st = wfail_state(w);
     if (st != TK_OK) return st;
     if (!name || !name[0]) return tk_fail(TK_ERR_INVALID, "gguf writer: tensor name is empty");
-    if (strlen(name) > 256) return tk_fail(TK_ERR_INVALID, "gguf writer: tensor name '%.64s...' is longer than 256", name);
+    if (strlen(name) > 256)
+        return tk_fail(TK_ERR_INVALID, "gguf writer: tensor name '%.64s...' is longer than 256", name);
     if (n_dims < 1 || n_dims > 4 || !ne)
         return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': n_dims %d is not in 1..4", name, n_dims);
-    if (!dtype_known(type)) return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': type id %d is unknown", name, (int)type);
+    if (!dtype_known(type))
+        return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': type id %d is unknown", name, (int)type);
     for (uint64_t i = 0; i < w->n_t; i++)
-        if (!strcmp(w->t[i].name, name)) return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s' is declared twice", name);
+        if (!strcmp(w->t[i].name, name))
+            return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s' is declared twice", name);
     wtensor t = {.type = type, .n_dims = (uint32_t)n_dims, .ne = {1, 1, 1, 1}};
     int64_t n_el = 1;
     for (int d = 0; d < n_dims; d++) {
-        if (ne[d] <= 0) return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': ne[%d] = %" PRId64 " is not positive", name, d, ne[d]);
-        if (!tk_mul_i64(n_el, ne[d], &n_el)) return tk_fail(TK_ERR_RANGE, "gguf writer: tensor '%s': element count overflows", name);
+        if (ne[d] <= 0)
+            return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': ne[%d] = %" PRId64 " is not positive",
+                           name, d, ne[d]);
+        if (!tk_mul_i64(n_el, ne[d], &n_el))
+            return tk_fail(TK_ERR_RANGE, "gguf writer: tensor '%s': element count overflows", name);
         t.ne[d] = ne[d];
     }
     uint64_t row = 0;
     if (!dtype_row_bytes(type, (uint64_t)ne[0], &row))
-        return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': ne[0] = %" PRId64 " is not a multiple of the %s block size %d", name,
-                       ne[0], dtype_name(type), dtype_block_elems(type));
+        return tk_fail(TK_ERR_INVALID,
+                       "gguf writer: tensor '%s': ne[0] = %" PRId64
+                       " is not a multiple of the %s block size %d",
+                       name, ne[0], dtype_name(type), dtype_block_elems(type));
     uint64_t pad, end;
-    if (!tk_mul_u64(row, (uint64_t)(n_el / ne[0]), &t.nbytes) || !tk_add_u64(t.nbytes, w->alignment - 1, &pad) ||
+    if (!tk_mul_u64(row, (uint64_t)(n_el / ne[0]), &t.nbytes) ||
+        !tk_add_u64(t.nbytes, w->alignment - 1, &pad) ||
         !tk_add_u64(w->data_bytes, pad - pad % w->alignment, &end))
         return tk_fail(TK_ERR_RANGE, "gguf writer: tensor '%s': byte size overflows", name);
     t.offset = w->data_bytes;
@@ -237,7 +252,8 @@ tk_status gguf_w_tensor_info(gguf_writer *w, const char *name, tk_dtype type, in
 static tk_status file_put(gguf_writer *w, const void *p, size_t n) {
     if (n && fwrite(p, 1, n, w->fp) != n) {
         w->failed = true;
-        return tk_fail(TK_ERR_IO, "%s: write failed at byte %" PRIu64 ": %s", w->path, w->pos, strerror(errno));
+        return tk_fail(TK_ERR_IO, "%s: write failed at byte %" PRIu64 ": %s", w->path, w->pos,
+                       strerror(errno));
     }
     w->pos += n;
     return TK_OK;
@@ -262,7 +278,8 @@ static tk_status file_pad(gguf_writer *w) {
 }
 
 tk_status gguf_w_begin(gguf_writer *w, const char *path) {
-    if (w->fp || w->failed || w->path) return tk_fail(TK_ERR_INVALID, "gguf writer: gguf_w_begin called twice");
+    if (w->fp || w->failed || w->path)
+        return tk_fail(TK_ERR_INVALID, "gguf writer: gguf_w_begin called twice");
     if (!path) return tk_fail(TK_ERR_INVALID, "gguf writer: NULL path");
     if (!(w->path = tk_strdup(path))) return tk_fail(TK_ERR_NOMEM, "gguf writer: cannot copy path");
     w->fp = fopen(path, "wb");
@@ -289,13 +306,17 @@ tk_status gguf_w_begin(gguf_writer *w, const char *path) {
 }
 
 tk_status gguf_w_tensor_data(gguf_writer *w, const void *data, uint64_t nbytes) {
-    if (!w->fp || w->failed) return tk_fail(TK_ERR_INVALID, "gguf writer: tensor data before gguf_w_begin or after a failure");
+    if (!w->fp || w->failed)
+        return tk_fail(TK_ERR_INVALID, "gguf writer: tensor data before gguf_w_begin or after a failure");
     if (w->next >= w->n_t)
-        return tk_fail(TK_ERR_INVALID, "gguf writer: more tensor data than the %" PRIu64 " declared tensors", w->n_t);
+        return tk_fail(TK_ERR_INVALID, "gguf writer: more tensor data than the %" PRIu64 " declared tensors",
+                       w->n_t);
     const wtensor *t = &w->t[w->next];
     if (nbytes != t->nbytes)
-        return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': got %" PRIu64 " bytes, expected %" PRIu64, t->name, nbytes, t->nbytes);
-    if (nbytes > SIZE_MAX || (nbytes && !data)) return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': bad data", t->name);
+        return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': got %" PRIu64 " bytes, expected %" PRIu64,
+                       t->name, nbytes, t->nbytes);
+    if (nbytes > SIZE_MAX || (nbytes && !data))
+        return tk_fail(TK_ERR_INVALID, "gguf writer: tensor '%s': bad data", t->name);
     tk_status st = file_put(w, data, (size_t)nbytes);
     if (st == TK_OK) st = file_pad(w);
     if (st == TK_OK) w->next++;
@@ -303,9 +324,12 @@ tk_status gguf_w_tensor_data(gguf_writer *w, const void *data, uint64_t nbytes) 
 }
 
 tk_status gguf_w_finish(gguf_writer *w) {
-    if (!w->fp || w->failed) return tk_fail(TK_ERR_INVALID, "gguf writer: finish before gguf_w_begin or after a failure");
+    if (!w->fp || w->failed)
+        return tk_fail(TK_ERR_INVALID, "gguf writer: finish before gguf_w_begin or after a failure");
     if (w->next != w->n_t)
-        return tk_fail(TK_ERR_INVALID, "gguf writer: %" PRIu64 " of %" PRIu64 " tensors written before finish", w->next, w->n_t);
+        return tk_fail(TK_ERR_INVALID,
+                       "gguf writer: %" PRIu64 " of %" PRIu64 " tensors written before finish", w->next,
+                       w->n_t);
     FILE *fp = w->fp;
     w->fp = NULL;
     if (fclose(fp) != 0) {
