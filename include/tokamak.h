@@ -89,14 +89,14 @@ tk_status tk_model_open(const char *path, const tk_model_opts *opts, tk_model **
 void tk_model_free(tk_model *m);
 
 typedef struct tk_model_info {
-    const char *arch;      /* "qwen3", "qwen2", "llama" */
-    const char *name;      /* general.name or the directory name */
+    const char *arch; /* "qwen3", "qwen2", "llama" */
+    const char *name; /* general.name or the directory name */
     int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
-    int64_t n_params;          /* all weights, embeddings included */
-    uint64_t weight_bytes;     /* bytes of all weights as stored */
-    uint64_t decode_bytes;     /* bytes one decode token must read from weights */
+    int64_t n_params;            /* all weights, embeddings included */
+    uint64_t weight_bytes;       /* bytes of all weights as stored */
+    uint64_t decode_bytes;       /* bytes one decode token must read from weights */
     uint64_t kv_bytes_per_token; /* KV bytes per token of context at f16 */
-    const char *weight_dtype;  /* the dominant weight type, e.g. "q8_0" */
+    const char *weight_dtype;    /* the dominant weight type, e.g. "q8_0" */
     bool tied_embeddings;
 } tk_model_info;
 
@@ -147,8 +147,8 @@ void tk_chat_opts_default(tk_chat_opts *o);
  * and encoded by Hugging Face. Roles other than system, user, assistant and
  * tool are TK_ERR_INVALID; invalid UTF-8 in content becomes U+FFFD. opts may
  * be NULL (tk_chat_opts_default). Free *ids with tk_free_buf. */
-tk_status tk_chat_tokenize(const tk_model *m, const tk_chat_message *msgs, int n_msgs, const tk_chat_opts *opts,
-                           int32_t **ids, size_t *n_ids);
+tk_status tk_chat_tokenize(const tk_model *m, const tk_chat_message *msgs, int n_msgs,
+                           const tk_chat_opts *opts, int32_t **ids, size_t *n_ids);
 
 /* The chat format the model's template was recognised as: "qwen3", "llama3" or
  * "chatml" (the fallback); NULL without a vocabulary. */
@@ -197,7 +197,7 @@ typedef enum tk_finish {
     TK_FINISH_ERROR,     /* see the finish event's message */
 } tk_finish;
 
-#define TK_MAX_STOP 8
+#define TK_MAX_STOP     8
 #define TK_MAX_LOGPROBS 20
 
 typedef struct tk_logit_bias {
@@ -206,10 +206,10 @@ typedef struct tk_logit_bias {
 } tk_logit_bias;
 
 typedef struct tk_sampling {
-    float temperature; /* 0: greedy */
-    int top_k;         /* 0: off */
-    float top_p;       /* 1: off */
-    float min_p;       /* 0: off */
+    float temperature;        /* 0: greedy */
+    int top_k;                /* 0: off */
+    float top_p;              /* 1: off */
+    float min_p;              /* 0: off */
     float repetition_penalty; /* 1: off (HF semantics) */
     float presence_penalty;   /* 0: off (OpenAI semantics) */
     float frequency_penalty;  /* 0: off */
@@ -222,15 +222,15 @@ typedef struct tk_sampling {
 void tk_sampling_default(tk_sampling *s);
 
 typedef struct tk_token_event {
-    uint64_t id;        /* request id */
+    uint64_t id; /* request id */
     int32_t token;
-    const char *text;   /* the new complete UTF-8 text (stop strings withheld) */
+    const char *text; /* the new complete UTF-8 text (stop strings withheld) */
     size_t text_len;
     float logprob;
     int n_top;
     int32_t top_tokens[TK_MAX_LOGPROBS];
     float top_logprobs[TK_MAX_LOGPROBS];
-    double t;           /* tk_now_s() when the token was sampled */
+    double t; /* tk_now_s() when the token was sampled */
 } tk_token_event;
 
 typedef struct tk_request_times {
@@ -241,8 +241,8 @@ typedef struct tk_request_times {
 typedef struct tk_finish_event {
     uint64_t id;
     tk_finish reason;
-    const char *message;  /* for TK_FINISH_ERROR, else NULL */
-    const char *text;     /* text held back until the end (flushed), may be "" */
+    const char *message; /* for TK_FINISH_ERROR, else NULL */
+    const char *text;    /* text held back until the end (flushed), may be "" */
     size_t text_len;
     tk_request_times times;
 } tk_finish_event;
@@ -255,13 +255,13 @@ typedef void (*tk_on_finish)(void *user, const tk_finish_event *ev);
 typedef struct tk_request {
     const int32_t *prompt; /* copied at submit */
     int n_prompt;
-    int max_tokens;        /* 0: until the context limit */
+    int max_tokens; /* 0: until the context limit */
     tk_sampling sampling;
     const char *stop[TK_MAX_STOP]; /* stop strings (copied); NULL-terminated or full */
     const int32_t *stop_tokens;    /* extra stop ids (copied) */
     int n_stop_tokens;
     bool ignore_eos;
-    bool want_text;        /* detokenize and fill event text (needs a tokenizer) */
+    bool want_text; /* detokenize and fill event text (needs a tokenizer) */
     tk_on_token on_token;
     tk_on_finish on_finish;
     void *user;
@@ -285,9 +285,9 @@ typedef struct tk_engine_stats {
     int waiting_no_blocks, waiting_behind_prefill, waiting_preempted;
     int kv_blocks_total, kv_blocks_used, kv_blocks_peak;
     int block_size;
-    size_t kv_bytes_per_token;   /* per token of context, all layers */
-    uint64_t decode_bytes_last;  /* bytes the last step had to read (weights+KV) */
-    double step_time_last;       /* seconds */
+    size_t kv_bytes_per_token;  /* per token of context, all layers */
+    uint64_t decode_bytes_last; /* bytes the last step had to read (weights+KV) */
+    double step_time_last;      /* seconds */
     /* The configuration as the engine runs it (benchmarks check these). */
     tk_kv_type kv_type;
     tk_kv_scale kv_scale;

@@ -21,16 +21,16 @@
 #include "core/names.h"
 
 /* No new token, step or finish for this long means the engine is stuck. */
-#define BENCH_STALL_S 120.0
+#define BENCH_STALL_S    120.0
 #define BENCH_WARMUP_OUT 16
 
 typedef struct bench_ctx bench_ctx;
 
 typedef struct bench_slot {
     bench_ctx *ctx;
-    double *tok_t;     /* (cap) tk_now_s() of each token event */
-    int cap, n_tok;    /* n_tok counts every event, even past cap */
-    double t_submit;   /* absolute */
+    double *tok_t;   /* (cap) tk_now_s() of each token event */
+    int cap, n_tok;  /* n_tok counts every event, even past cap */
+    double t_submit; /* absolute */
     tk_finish finish;
     tk_request_times times;
     bool done;
@@ -39,12 +39,12 @@ typedef struct bench_slot {
 struct bench_ctx {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int n_done;           /* finishes seen since the last reset (under mu) */
-    int n_first;          /* requests that produced a token since the last reset (under mu) */
-    bench_slot *slot;     /* (n_slot) */
+    int n_done;       /* finishes seen since the last reset (under mu) */
+    int n_first;      /* requests that produced a token since the last reset (under mu) */
+    bench_slot *slot; /* (n_slot) */
     int n_slot;
-    double *tok_store;    /* (n_slot * cap) */
-    int32_t *prompt;      /* (n_in) scratch for one prompt */
+    double *tok_store; /* (n_slot * cap) */
+    int32_t *prompt;   /* (n_in) scratch for one prompt */
     int n_vocab;
 };
 
@@ -163,9 +163,9 @@ typedef struct level_plan {
     int n_requests, concurrency; /* concurrency 0: rate mode */
     double rate;
     int n_in, n_out;
-    uint64_t seed;               /* prompts and arrivals of this run */
+    uint64_t seed; /* prompts and arrivals of this run */
     double read_bw_gbs;
-    bool measure;                /* false for the warm-up */
+    bool measure; /* false for the warm-up */
 } level_plan;
 
 static tk_status submit_one(tk_engine *e, bench_ctx *c, const level_plan *p, int idx, uint64_t *id) {
@@ -202,7 +202,8 @@ static void drain(bench_ctx *c, int submitted) {
 static tk_status steps_push(bench_level *l, size_t *cap, const bench_step *s) {
     if (l->n_steps == *cap) {
         size_t ncap = *cap ? *cap * 2 : 256, bytes;
-        if (!tk_mul_size(ncap, sizeof *l->steps, &bytes)) return tk_fail(TK_ERR_RANGE, "bench: too many steps");
+        if (!tk_mul_size(ncap, sizeof *l->steps, &bytes))
+            return tk_fail(TK_ERR_RANGE, "bench: too many steps");
         bench_step *ns = tk_realloc(l->steps, bytes);
         if (!ns) return tk_fail(TK_ERR_NOMEM, "bench: no memory for %zu step samples", ncap);
         l->steps = ns;
@@ -305,7 +306,9 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
          * pure decode step, whose bytes/time are the roofline's samples. */
         if (p->measure && cur.steps == prev.steps + 1 && cur.prompt_tokens == prev.prompt_tokens &&
             cur.output_tokens > prev.output_tokens && cur.step_time_last > 0) {
-            bench_step s = {.t = tk_now_s() - t0, .bytes = cur.decode_bytes_last, .time = cur.step_time_last,
+            bench_step s = {.t = tk_now_s() - t0,
+                            .bytes = cur.decode_bytes_last,
+                            .time = cur.step_time_last,
                             .running = cur.running};
             st = steps_push(l, &steps_cap, &s);
             if (st != TK_OK) {
@@ -316,7 +319,8 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
         prev = cur;
         if (tk_now_s() - last_progress > BENCH_STALL_S) {
             drain(c, submitted);
-            return tk_fail(TK_ERR_INTERNAL, "bench: engine made no progress for %.0f s (%d of %d requests done)",
+            return tk_fail(TK_ERR_INTERNAL,
+                           "bench: engine made no progress for %.0f s (%d of %d requests done)",
                            BENCH_STALL_S, seen_done, p->n_requests);
         }
     }
@@ -364,7 +368,8 @@ static tk_status bg_start(tk_engine *e, bench_ctx *bgc, const level_plan *bp, ui
     for (int k = 0; k < n; k++) tk_engine_cancel(e, ids[k]);
     drain(bgc, n);
     if (done > 0)
-        return tk_fail(TK_ERR_INTERNAL, "bench: a background stream finished before all %d decoded (--bg-out %d)", n,
+        return tk_fail(TK_ERR_INTERNAL,
+                       "bench: a background stream finished before all %d decoded (--bg-out %d)", n,
                        bp->n_out);
     return tk_fail(TK_ERR_INTERNAL, "bench: only %d of %d background streams decoded after %.0f s", first, n,
                    BENCH_STALL_S);
@@ -372,7 +377,8 @@ static tk_status bg_start(tk_engine *e, bench_ctx *bgc, const level_plan *bp, ui
 
 /* Cancel the streams, wait for their finishes, and keep what they did inside
  * the foreground window of l (its first submit to its last finish). */
-static tk_status bg_stop(tk_engine *e, bench_ctx *bgc, const level_plan *bp, const uint64_t *ids, bench_level *l) {
+static tk_status bg_stop(tk_engine *e, bench_ctx *bgc, const level_plan *bp, const uint64_t *ids,
+                         bench_level *l) {
     int n = bp->n_requests;
     for (int i = 0; i < n; i++) tk_engine_cancel(e, ids[i]); /* NOT_FOUND: it already stopped */
     drain(bgc, n);
@@ -380,7 +386,8 @@ static tk_status bg_stop(tk_engine *e, bench_ctx *bgc, const level_plan *bp, con
     int done = bgc->n_done;
     pthread_mutex_unlock(&bgc->mu);
     if (done < n)
-        return tk_fail(TK_ERR_INTERNAL, "bench: %d of %d background streams did not finish after cancel", n - done, n);
+        return tk_fail(TK_ERR_INTERNAL, "bench: %d of %d background streams did not finish after cancel",
+                       n - done, n);
     bench_bg *b = &l->bg;
     size_t n_gap = 0;
     for (int i = 0; i < n; i++) {
@@ -389,7 +396,8 @@ static tk_status bg_stop(tk_engine *e, bench_ctx *bgc, const level_plan *bp, con
     }
     b->stream = tk_calloc((size_t)n, sizeof *b->stream);
     b->itl = n_gap ? tk_calloc(n_gap, sizeof(double)) : NULL;
-    if (!b->stream || (n_gap && !b->itl)) return tk_fail(TK_ERR_NOMEM, "bench: no memory for background samples");
+    if (!b->stream || (n_gap && !b->itl))
+        return tk_fail(TK_ERR_NOMEM, "bench: no memory for background samples");
     b->n_streams = n;
     b->n_prompt = bp->n_in;
     b->w0 = 0;
@@ -400,7 +408,8 @@ static tk_status bg_stop(tk_engine *e, bench_ctx *bgc, const level_plan *bp, con
         bench_bg_stream *q = &b->stream[i];
         int k = s->n_tok < s->cap ? s->n_tok : s->cap;
         q->itl_off = b->n_itl;
-        q->n_window = (int)bench_window_gaps(s->tok_t, k, w0, w1, b->itl ? b->itl + b->n_itl : NULL, &q->tpot);
+        q->n_window =
+            (int)bench_window_gaps(s->tok_t, k, w0, w1, b->itl ? b->itl + b->n_itl : NULL, &q->tpot);
         b->n_itl += (size_t)q->n_window;
         q->n_output = s->n_tok;
         q->n_preempted = s->times.n_preempted;
@@ -437,21 +446,22 @@ typedef struct series_spec {
     tk_weight_type repack;
     tk_kv_type kv_type;
     bool unfused, static_batching, no_chunking;
-    bool check;           /* the engine must report exactly these settings */
+    bool check;                    /* the engine must report exactly these settings */
     const char *want_weight_dtype; /* NULL: any */
 } series_spec;
-
 
 /* The engine must run what the series asked for, or the rung's label lies. */
 static tk_status check_config(const series_spec *sp, const tk_engine_stats *s) {
     if (s->kv_type != sp->kv_type)
         return tk_fail(TK_ERR_INTERNAL, "bench: '%s' asked for KV %s, the engine runs %s", sp->label,
-                       names_str(&NAMES_KV_TYPE, (int)sp->kv_type), names_str(&NAMES_KV_TYPE, (int)s->kv_type));
-    if (s->unfused != sp->unfused || s->static_batching != sp->static_batching || s->no_chunking != sp->no_chunking)
+                       names_str(&NAMES_KV_TYPE, (int)sp->kv_type),
+                       names_str(&NAMES_KV_TYPE, (int)s->kv_type));
+    if (s->unfused != sp->unfused || s->static_batching != sp->static_batching ||
+        s->no_chunking != sp->no_chunking)
         return tk_fail(TK_ERR_INTERNAL,
                        "bench: '%s' asked for unfused=%d static=%d no_chunking=%d, the engine runs %d %d %d",
-                       sp->label, sp->unfused, sp->static_batching, sp->no_chunking, s->unfused, s->static_batching,
-                       s->no_chunking);
+                       sp->label, sp->unfused, sp->static_batching, sp->no_chunking, s->unfused,
+                       s->static_batching, s->no_chunking);
     if (sp->want_weight_dtype && (!s->weight_dtype || strcmp(s->weight_dtype, sp->want_weight_dtype) != 0))
         return tk_fail(TK_ERR_INTERNAL, "bench: '%s' asked for %s weights, the engine runs %s", sp->label,
                        sp->want_weight_dtype, s->weight_dtype ? s->weight_dtype : "(none)");
@@ -513,9 +523,12 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
         if (st == TK_OK && !bg_ids) st = tk_fail(TK_ERR_NOMEM, "bench: no memory for %d stream ids", o->n_bg);
     }
     if (st == TK_OK && o->warmup > 0) {
-        level_plan wp = {.n_requests = o->warmup, .concurrency = o->warmup < max_level(o) ? o->warmup : max_level(o),
-                         .n_in = o->n_in, .n_out = o->n_out < BENCH_WARMUP_OUT ? o->n_out : BENCH_WARMUP_OUT,
-                         .seed = o->seed ^ 0x77, .measure = false};
+        level_plan wp = {.n_requests = o->warmup,
+                         .concurrency = o->warmup < max_level(o) ? o->warmup : max_level(o),
+                         .n_in = o->n_in,
+                         .n_out = o->n_out < BENCH_WARMUP_OUT ? o->n_out : BENCH_WARMUP_OUT,
+                         .seed = o->seed ^ 0x77,
+                         .measure = false};
         bench_level scratch;
         st = level_run(e, c, &wp, &scratch);
         bench_level_free(&scratch);
@@ -535,24 +548,34 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
             break;
         }
         for (int r = 0; st == TK_OK && r < o->repeat; r++) {
-            level_plan lp = {.n_requests = level_requests(o, pt->concurrency), .concurrency = pt->concurrency,
-                             .rate = pt->rate, .n_in = o->n_in, .n_out = o->n_out,
+            level_plan lp = {.n_requests = level_requests(o, pt->concurrency),
+                             .concurrency = pt->concurrency,
+                             .rate = pt->rate,
+                             .n_in = o->n_in,
+                             .n_out = o->n_out,
                              .seed = o->seed + 1000003ull * (uint64_t)(i + 1) + 7919ull * (uint64_t)r,
-                             .read_bw_gbs = info->read_bw_gbs, .measure = true};
-            level_plan bp = {.n_requests = o->n_bg, .concurrency = o->n_bg, .n_in = o->bg_in, .n_out = o->bg_out,
-                             .seed = lp.seed ^ 0xb6b6b6b6ull, .measure = true};
+                             .read_bw_gbs = info->read_bw_gbs,
+                             .measure = true};
+            level_plan bp = {.n_requests = o->n_bg,
+                             .concurrency = o->n_bg,
+                             .n_in = o->bg_in,
+                             .n_out = o->bg_out,
+                             .seed = lp.seed ^ 0xb6b6b6b6ull,
+                             .measure = true};
             st = measured_run(e, c, bgc, &lp, &bp, bg_ids, &pt->rep[r]);
             pt->n_rep = r + 1;
             if (st == TK_OK && !o->quiet) {
                 const bench_level *l = &pt->rep[r];
                 fprintf(stderr,
-                        "bench: %s %s %g rep %d/%d: TPOT p50 %.2f ms, %.1f out tok/s, TTFT p50 %.1f ms, roofline %.1f%%\n",
+                        "bench: %s %s %g rep %d/%d: TPOT p50 %.2f ms, %.1f out tok/s, TTFT p50 %.1f ms, "
+                        "roofline %.1f%%\n",
                         sp->label, pt->rate > 0 ? "rate" : "concurrency",
-                        pt->rate > 0 ? pt->rate : (double)pt->concurrency, r + 1, o->repeat, l->m[BM_TPOT_P50],
-                        l->m[BM_OUT_TOK_S], l->m[BM_TTFT_P50], l->m[BM_ROOF_PCT]);
+                        pt->rate > 0 ? pt->rate : (double)pt->concurrency, r + 1, o->repeat,
+                        l->m[BM_TPOT_P50], l->m[BM_OUT_TOK_S], l->m[BM_TTFT_P50], l->m[BM_ROOF_PCT]);
                 if (l->bg.n_streams > 0)
                     fprintf(stderr,
-                            "bench:   background %d streams: ITL p50 %.2f p99 %.2f max %.2f ms, TPOT p50 %.2f p99 "
+                            "bench:   background %d streams: ITL p50 %.2f p99 %.2f max %.2f ms, TPOT p50 "
+                            "%.2f p99 "
                             "%.2f ms%s\n",
                             l->bg.n_streams, l->m[BM_BG_ITL_P50], l->m[BM_BG_ITL_P99], l->m[BM_BG_ITL_MAX],
                             l->m[BM_BG_TPOT_P50], l->m[BM_BG_TPOT_P99],
@@ -609,13 +632,16 @@ static tk_status check_opts(const bench_opts *o) {
     for (int i = 0; i < o->n_rates; i++)
         if (!(o->rates[i] > 0) || o->rates[i] > 1e6)
             return tk_fail(TK_ERR_RANGE, "bench: --rate %g is not in (0, 1e6]", o->rates[i]);
-    if (o->repeat < 1 || o->repeat > 64) return tk_fail(TK_ERR_RANGE, "bench: --repeat %d not in 1..64", o->repeat);
+    if (o->repeat < 1 || o->repeat > 64)
+        return tk_fail(TK_ERR_RANGE, "bench: --repeat %d not in 1..64", o->repeat);
     if (o->requests < 0 || o->requests > 1000000)
         return tk_fail(TK_ERR_RANGE, "bench: --requests %d not in 0..1000000", o->requests);
     if (o->requests_x < 0 || o->requests_x > 1000)
         return tk_fail(TK_ERR_RANGE, "bench: --requests %dx not in 1x..1000x", o->requests_x);
-    if (o->warmup < 0 || o->warmup > 10000) return tk_fail(TK_ERR_RANGE, "bench: --warmup %d not in 0..10000", o->warmup);
-    if (o->n_bg < 0 || o->n_bg > 4096) return tk_fail(TK_ERR_RANGE, "bench: --background %d not in 0..4096", o->n_bg);
+    if (o->warmup < 0 || o->warmup > 10000)
+        return tk_fail(TK_ERR_RANGE, "bench: --warmup %d not in 0..10000", o->warmup);
+    if (o->n_bg < 0 || o->n_bg > 4096)
+        return tk_fail(TK_ERR_RANGE, "bench: --background %d not in 0..4096", o->n_bg);
     if (o->n_bg > 0) {
         if (o->bg_in < 1 || o->bg_in > (1 << 24))
             return tk_fail(TK_ERR_RANGE, "bench: --bg-in %d not in 1..%d", o->bg_in, 1 << 24);
@@ -640,7 +666,8 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
     if (!ro->engine_ctx_set) {
         ro->engine.ctx = ro->n_in + ro->n_out + 1;
         /* A background stream needs its whole prompt + output window too. */
-        if (ro->n_bg > 0 && ro->bg_in + ro->bg_out + 1 > ro->engine.ctx) ro->engine.ctx = ro->bg_in + ro->bg_out + 1;
+        if (ro->n_bg > 0 && ro->bg_in + ro->bg_out + 1 > ro->engine.ctx)
+            ro->engine.ctx = ro->bg_in + ro->bg_out + 1;
     }
     if (!ro->engine_max_batch_set && ro->n_rates == 0 && max_level(ro) > ro->engine.max_batch)
         ro->engine.max_batch = max_level(ro);
@@ -664,22 +691,37 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
     series_spec specs[BENCH_MAX_SERIES];
     int n_specs = 0;
     if (!o->ablation) {
-        specs[n_specs++] = (series_spec){.label = "run", .repack = o->model.repack,
-                                         .kv_type = o->engine.kv_type, .unfused = o->engine.unfused,
+        specs[n_specs++] = (series_spec){.label = "run",
+                                         .repack = o->model.repack,
+                                         .kv_type = o->engine.kv_type,
+                                         .unfused = o->engine.unfused,
                                          .static_batching = o->engine.static_batching,
-                                         .no_chunking = o->engine.no_chunking, .check = true};
+                                         .no_chunking = o->engine.no_chunking,
+                                         .check = true};
     } else {
         /* The ladder: each rung adds one optimisation to the one before. */
-        specs[n_specs++] = (series_spec){"1 bf16 weights, bf16 KV, unfused, static", TK_WEIGHTS_KEEP,
-                                         TK_KV_BF16, true, true, true, true, "bf16"};
-        specs[n_specs++] = (series_spec){"2 int8 weights (W8A8)", TK_WEIGHTS_Q8_0, TK_KV_BF16, true, true,
-                                         true, true, "q8_0"};
-        specs[n_specs++] = (series_spec){"3 + int8 KV", TK_WEIGHTS_Q8_0, TK_KV_INT8, true, true, true, true,
+        specs[n_specs++] = (series_spec){"1 bf16 weights, bf16 KV, unfused, static",
+                                         TK_WEIGHTS_KEEP,
+                                         TK_KV_BF16,
+                                         true,
+                                         true,
+                                         true,
+                                         true,
+                                         "bf16"};
+        specs[n_specs++] = (series_spec){
+            "2 int8 weights (W8A8)", TK_WEIGHTS_Q8_0, TK_KV_BF16, true, true, true, true, "q8_0"};
+        specs[n_specs++] =
+            (series_spec){"3 + int8 KV", TK_WEIGHTS_Q8_0, TK_KV_INT8, true, true, true, true, "q8_0"};
+        specs[n_specs++] =
+            (series_spec){"4 + fused kernels", TK_WEIGHTS_Q8_0, TK_KV_INT8, false, true, true, true, "q8_0"};
+        specs[n_specs++] = (series_spec){"5 + continuous batching, chunked prefill",
+                                         TK_WEIGHTS_Q8_0,
+                                         TK_KV_INT8,
+                                         false,
+                                         false,
+                                         false,
+                                         true,
                                          "q8_0"};
-        specs[n_specs++] = (series_spec){"4 + fused kernels", TK_WEIGHTS_Q8_0, TK_KV_INT8, false, true, true,
-                                         true, "q8_0"};
-        specs[n_specs++] = (series_spec){"5 + continuous batching, chunked prefill", TK_WEIGHTS_Q8_0,
-                                         TK_KV_INT8, false, false, false, true, "q8_0"};
     }
     tk_model *m = NULL;
     int m_repack = -2;

@@ -19,18 +19,18 @@
 
 typedef struct bench_opts {
     const char *model_path;
-    int n_in, n_out;               /* prompt and output tokens per request */
-    int levels[BENCH_MAX_LEVELS];  /* closed-loop concurrency levels */
+    int n_in, n_out;              /* prompt and output tokens per request */
+    int levels[BENCH_MAX_LEVELS]; /* closed-loop concurrency levels */
     int n_levels;
     double rates[BENCH_MAX_LEVELS]; /* Poisson arrival rates (req/s); used when n_rates > 0 */
     int n_rates;
-    int requests;     /* per level; 0: requests_x x the level (rate mode: 16) */
-    int requests_x;   /* requests per level as a multiple of the level when requests is 0 (default 2) */
-    int warmup;       /* unmeasured requests before the first level */
-    int repeat;       /* measured runs of each level (>= 1) */
-    uint64_t seed;    /* prompts and arrival times */
-    bool ablation;    /* the optimisation ladder instead of one configuration */
-    bool quiet;       /* no progress lines on stderr */
+    int requests;   /* per level; 0: requests_x x the level (rate mode: 16) */
+    int requests_x; /* requests per level as a multiple of the level when requests is 0 (default 2) */
+    int warmup;     /* unmeasured requests before the first level */
+    int repeat;     /* measured runs of each level (>= 1) */
+    uint64_t seed;  /* prompts and arrival times */
+    bool ablation;  /* the optimisation ladder instead of one configuration */
+    bool quiet;     /* no progress lines on stderr */
     tk_model_opts model;
     tk_engine_opts engine;
     bool engine_ctx_set, engine_max_batch_set; /* else sized from the levels */
@@ -54,76 +54,95 @@ typedef struct bench_request {
     int n_prompt, n_output;
     int n_preempted;
     tk_finish finish;
-    size_t itl_off;                   /* this request's gaps: level itl[itl_off .. itl_off + n_output - 1) */
+    size_t itl_off; /* this request's gaps: level itl[itl_off .. itl_off + n_output - 1) */
 } bench_request;
 
 /* One decode step seen by the stats poller (only pure decode steps: one step
  * passed between two polls and no prompt token was processed in it). */
 typedef struct bench_step {
-    double t;        /* when it was seen, relative to the level's start */
-    uint64_t bytes;  /* decode_bytes_last: weights + KV the step read */
-    double time;     /* step_time_last, seconds */
-    int running;     /* sequences running when seen */
+    double t;       /* when it was seen, relative to the level's start */
+    uint64_t bytes; /* decode_bytes_last: weights + KV the step read */
+    double time;    /* step_time_last, seconds */
+    int running;    /* sequences running when seen */
 } bench_step;
 
 typedef enum bench_metric {
-    BM_TTFT_MEAN, BM_TTFT_P50, BM_TTFT_P95, BM_TTFT_P99,
-    BM_TPOT_MEAN, BM_TPOT_P50, BM_TPOT_P95, BM_TPOT_P99,
-    BM_ITL_P50, BM_ITL_P95, BM_ITL_P99,
-    BM_E2E_MEAN, BM_E2E_P99,
-    BM_OUT_TOK_S, BM_TOTAL_TOK_S, BM_REQ_S,
+    BM_TTFT_MEAN,
+    BM_TTFT_P50,
+    BM_TTFT_P95,
+    BM_TTFT_P99,
+    BM_TPOT_MEAN,
+    BM_TPOT_P50,
+    BM_TPOT_P95,
+    BM_TPOT_P99,
+    BM_ITL_P50,
+    BM_ITL_P95,
+    BM_ITL_P99,
+    BM_E2E_MEAN,
+    BM_E2E_P99,
+    BM_OUT_TOK_S,
+    BM_TOTAL_TOK_S,
+    BM_REQ_S,
     BM_MEAN_OUT_LEN,
-    BM_KV_PEAK_BLOCKS, BM_KV_PEAK_MB,
-    BM_STEP_GBS, BM_ROOF_PCT,
+    BM_KV_PEAK_BLOCKS,
+    BM_KV_PEAK_MB,
+    BM_STEP_GBS,
+    BM_ROOF_PCT,
     BM_DURATION,
     /* The background streams inside the foreground window (NaN without --background). */
-    BM_BG_ITL_P50, BM_BG_ITL_P95, BM_BG_ITL_P99, BM_BG_ITL_MAX, BM_BG_ITL_RATIO,
-    BM_BG_TPOT_P50, BM_BG_TPOT_P99, BM_BG_TPOT_RATIO,
+    BM_BG_ITL_P50,
+    BM_BG_ITL_P95,
+    BM_BG_ITL_P99,
+    BM_BG_ITL_MAX,
+    BM_BG_ITL_RATIO,
+    BM_BG_TPOT_P50,
+    BM_BG_TPOT_P99,
+    BM_BG_TPOT_RATIO,
     BM_COUNT
 } bench_metric;
 
 /* One background stream of a mixed run, seen through the foreground window. */
 typedef struct bench_bg_stream {
-    int n_output;        /* tokens it produced in all */
-    int n_window;        /* gaps that ended inside the window */
-    double tpot;         /* mean of those gaps, seconds; NaN if none */
-    size_t itl_off;      /* its gaps: bg.itl[itl_off .. itl_off + n_window) */
+    int n_output;   /* tokens it produced in all */
+    int n_window;   /* gaps that ended inside the window */
+    double tpot;    /* mean of those gaps, seconds; NaN if none */
+    size_t itl_off; /* its gaps: bg.itl[itl_off .. itl_off + n_window) */
     int n_preempted;
-    tk_finish finish;    /* TK_FINISH_CANCELLED unless it ran out (or failed) */
+    tk_finish finish; /* TK_FINISH_CANCELLED unless it ran out (or failed) */
 } bench_bg_stream;
 
 typedef struct bench_bg {
-    int n_streams;           /* 0: no background */
+    int n_streams; /* 0: no background */
     int n_prompt;
     bench_bg_stream *stream; /* (n_streams) */
     double *itl;             /* (n_itl) seconds, every stream's in-window gaps */
     size_t n_itl;
-    double w0, w1;           /* the window, relative to the level's start: first submit, last finish */
-    bool exhausted;          /* a stream stopped before the window closed: raise --bg-out */
+    double w0, w1;               /* the window, relative to the level's start: first submit, last finish */
+    bool exhausted;              /* a stream stopped before the window closed: raise --bg-out */
     stats_summary s_itl, s_tpot; /* seconds; s_tpot over the streams' tpot */
 } bench_bg;
 
 /* One measured run of a level (one repeat). */
 typedef struct bench_level {
-    int concurrency;        /* closed-loop level; 0 in rate mode */
-    double rate;            /* req/s in rate mode; 0 in closed loop */
+    int concurrency; /* closed-loop level; 0 in rate mode */
+    double rate;     /* req/s in rate mode; 0 in closed loop */
     int n_requests;
-    bench_request *req;     /* (n_requests) */
-    double *itl;            /* (sum over requests of max(n_output - 1, 0)) seconds */
+    bench_request *req; /* (n_requests) */
+    double *itl;        /* (sum over requests of max(n_output - 1, 0)) seconds */
     size_t n_itl;
-    bench_step *steps;      /* (n_steps) */
+    bench_step *steps; /* (n_steps) */
     size_t n_steps;
-    double t_start, t_end;  /* first submit, last finish (relative) */
-    int kv_blocks_peak;     /* max kv_blocks_used seen during the level */
+    double t_start, t_end; /* first submit, last finish (relative) */
+    int kv_blocks_peak;    /* max kv_blocks_used seen during the level */
     int kv_blocks_total, block_size;
     size_t kv_bytes_per_token;
-    double read_bw_gbs;     /* the probe's bandwidth this run compares with */
-    int n_asked_out;        /* output tokens asked of each request */
+    double read_bw_gbs;                         /* the probe's bandwidth this run compares with */
+    int n_asked_out;                            /* output tokens asked of each request */
     stats_summary s_ttft, s_tpot, s_itl, s_e2e; /* seconds */
-    double m[BM_COUNT];     /* every metric, filled by bench_level_finalize */
-    bool out_len_short;     /* a request produced fewer or more tokens than asked */
-    double t_origin;        /* tk_now_s() of the level's start (absolute) */
-    bench_bg bg;            /* the background streams (mixed load) */
+    double m[BM_COUNT];                         /* every metric, filled by bench_level_finalize */
+    bool out_len_short;                         /* a request produced fewer or more tokens than asked */
+    double t_origin;                            /* tk_now_s() of the level's start (absolute) */
+    bench_bg bg;                                /* the background streams (mixed load) */
 } bench_level;
 
 /* A level over its repeats: the median and the min-max of every metric. */
@@ -131,7 +150,7 @@ typedef struct bench_point {
     int concurrency;
     double rate;
     int n_rep;
-    bench_level *rep;       /* (n_rep) */
+    bench_level *rep; /* (n_rep) */
     double med[BM_COUNT], lo[BM_COUNT], hi[BM_COUNT];
     bool out_len_short;
 } bench_point;
@@ -144,7 +163,7 @@ typedef struct bench_series {
     tk_engine_stats engine; /* the configuration as the engine reported it */
     char weight_dtype[16];  /* engine.weight_dtype copied (the model owns the string) */
     int n_points;
-    bench_point *points;    /* (n_points) */
+    bench_point *points; /* (n_points) */
 } bench_series;
 
 typedef struct bench_info {
@@ -153,18 +172,18 @@ typedef struct bench_info {
     char isa[16];
     int n_cores;
     char git_commit[64];
-    char date[40];           /* UTC, ISO 8601 */
+    char date[40]; /* UTC, ISO 8601 */
     char model_path[512];
     char model_name[128], model_arch[32], model_dtype[16];
     int64_t n_params;
     uint64_t weight_bytes, decode_bytes, kv_bytes_per_token;
-    double read_bw_gbs;      /* probe_read_bw(engine threads), measured by this run */
+    double read_bw_gbs; /* probe_read_bw(engine threads), measured by this run */
     double peak_gflops_f32, peak_gops_int8;
     int probe_threads;
 } bench_info;
 
 typedef struct bench_result {
-    bench_opts opts;         /* as run (ctx, max_batch, requests resolved) */
+    bench_opts opts; /* as run (ctx, max_batch, requests resolved) */
     bench_info info;
     int n_series;
     bench_series series[BENCH_MAX_SERIES];
@@ -183,7 +202,8 @@ const char *bench_metric_name(bench_metric m); /* "tpot_p50_ms" */
 /* Derive r's times and latencies from its token times tok_t[0..n_tok)
  * (absolute, ascending), submit time and the level start t0 (all tk_now_s());
  * writes the n_tok - 1 inter-token gaps to itl (which must hold them). */
-void bench_request_fill(bench_request *r, double t0, double t_submit, const double *tok_t, int n_tok, double *itl);
+void bench_request_fill(bench_request *r, double t0, double t_submit, const double *tok_t, int n_tok,
+                        double *itl);
 /* Derive l->ttft/tpot/itl/e2e summaries and l->m[] from the raw samples. */
 tk_status bench_level_finalize(bench_level *l);
 /* The gaps of one stream's ascending token times tok_t[0..n_tok) that end

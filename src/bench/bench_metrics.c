@@ -10,28 +10,42 @@
 #include "core/error.h"
 
 static const char *const METRIC_NAMES[BM_COUNT] = {
-    [BM_TTFT_MEAN] = "ttft_mean_ms",     [BM_TTFT_P50] = "ttft_p50_ms",
-    [BM_TTFT_P95] = "ttft_p95_ms",       [BM_TTFT_P99] = "ttft_p99_ms",
-    [BM_TPOT_MEAN] = "tpot_mean_ms",     [BM_TPOT_P50] = "tpot_p50_ms",
-    [BM_TPOT_P95] = "tpot_p95_ms",       [BM_TPOT_P99] = "tpot_p99_ms",
-    [BM_ITL_P50] = "itl_p50_ms",         [BM_ITL_P95] = "itl_p95_ms",
-    [BM_ITL_P99] = "itl_p99_ms",         [BM_E2E_MEAN] = "e2e_mean_ms",
-    [BM_E2E_P99] = "e2e_p99_ms",         [BM_OUT_TOK_S] = "output_tok_s",
-    [BM_TOTAL_TOK_S] = "total_tok_s",    [BM_REQ_S] = "requests_s",
-    [BM_MEAN_OUT_LEN] = "mean_output_len", [BM_KV_PEAK_BLOCKS] = "kv_peak_blocks",
-    [BM_KV_PEAK_MB] = "kv_peak_mb",      [BM_STEP_GBS] = "decode_read_gb_s",
-    [BM_ROOF_PCT] = "roofline_pct",      [BM_DURATION] = "duration_s",
-    [BM_BG_ITL_P50] = "bg_itl_p50_ms",   [BM_BG_ITL_P95] = "bg_itl_p95_ms",
-    [BM_BG_ITL_P99] = "bg_itl_p99_ms",   [BM_BG_ITL_MAX] = "bg_itl_max_ms",
-    [BM_BG_ITL_RATIO] = "bg_itl_p99_over_p50", [BM_BG_TPOT_P50] = "bg_tpot_p50_ms",
-    [BM_BG_TPOT_P99] = "bg_tpot_p99_ms", [BM_BG_TPOT_RATIO] = "bg_tpot_p99_over_p50",
+    [BM_TTFT_MEAN] = "ttft_mean_ms",
+    [BM_TTFT_P50] = "ttft_p50_ms",
+    [BM_TTFT_P95] = "ttft_p95_ms",
+    [BM_TTFT_P99] = "ttft_p99_ms",
+    [BM_TPOT_MEAN] = "tpot_mean_ms",
+    [BM_TPOT_P50] = "tpot_p50_ms",
+    [BM_TPOT_P95] = "tpot_p95_ms",
+    [BM_TPOT_P99] = "tpot_p99_ms",
+    [BM_ITL_P50] = "itl_p50_ms",
+    [BM_ITL_P95] = "itl_p95_ms",
+    [BM_ITL_P99] = "itl_p99_ms",
+    [BM_E2E_MEAN] = "e2e_mean_ms",
+    [BM_E2E_P99] = "e2e_p99_ms",
+    [BM_OUT_TOK_S] = "output_tok_s",
+    [BM_TOTAL_TOK_S] = "total_tok_s",
+    [BM_REQ_S] = "requests_s",
+    [BM_MEAN_OUT_LEN] = "mean_output_len",
+    [BM_KV_PEAK_BLOCKS] = "kv_peak_blocks",
+    [BM_KV_PEAK_MB] = "kv_peak_mb",
+    [BM_STEP_GBS] = "decode_read_gb_s",
+    [BM_ROOF_PCT] = "roofline_pct",
+    [BM_DURATION] = "duration_s",
+    [BM_BG_ITL_P50] = "bg_itl_p50_ms",
+    [BM_BG_ITL_P95] = "bg_itl_p95_ms",
+    [BM_BG_ITL_P99] = "bg_itl_p99_ms",
+    [BM_BG_ITL_MAX] = "bg_itl_max_ms",
+    [BM_BG_ITL_RATIO] = "bg_itl_p99_over_p50",
+    [BM_BG_TPOT_P50] = "bg_tpot_p50_ms",
+    [BM_BG_TPOT_P99] = "bg_tpot_p99_ms",
+    [BM_BG_TPOT_RATIO] = "bg_tpot_p99_over_p50",
 };
 
-const char *bench_metric_name(bench_metric m) {
-    return (unsigned)m < BM_COUNT ? METRIC_NAMES[m] : "unknown";
-}
+const char *bench_metric_name(bench_metric m) { return (unsigned)m < BM_COUNT ? METRIC_NAMES[m] : "unknown"; }
 
-void bench_request_fill(bench_request *r, double t0, double t_submit, const double *tok_t, int n_tok, double *itl) {
+void bench_request_fill(bench_request *r, double t0, double t_submit, const double *tok_t, int n_tok,
+                        double *itl) {
     int k = n_tok > 0 ? n_tok : 0;
     r->n_output = k;
     r->t_submit = t_submit - t0;
@@ -75,7 +89,8 @@ tk_status bench_level_finalize(bench_level *l) {
     m[BM_TTFT_P95] = l->s_ttft.p95 * 1e3, m[BM_TTFT_P99] = l->s_ttft.p99 * 1e3;
     m[BM_TPOT_MEAN] = l->s_tpot.mean * 1e3, m[BM_TPOT_P50] = l->s_tpot.p50 * 1e3;
     m[BM_TPOT_P95] = l->s_tpot.p95 * 1e3, m[BM_TPOT_P99] = l->s_tpot.p99 * 1e3;
-    m[BM_ITL_P50] = l->s_itl.p50 * 1e3, m[BM_ITL_P95] = l->s_itl.p95 * 1e3, m[BM_ITL_P99] = l->s_itl.p99 * 1e3;
+    m[BM_ITL_P50] = l->s_itl.p50 * 1e3, m[BM_ITL_P95] = l->s_itl.p95 * 1e3,
+    m[BM_ITL_P99] = l->s_itl.p99 * 1e3;
     m[BM_E2E_MEAN] = l->s_e2e.mean * 1e3, m[BM_E2E_P99] = l->s_e2e.p99 * 1e3;
     double dur = l->t_end - l->t_start;
     m[BM_DURATION] = dur;

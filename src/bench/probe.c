@@ -26,10 +26,10 @@
 /* Rep 0 is the warm-up (page walks, frequency ramp); the best of the rest wins
  * because interference (other processes, the hypervisor) only ever slows a
  * pass down. */
-#define PROBE_REPS 6
-#define PROBE_MAX_THREADS 256
+#define PROBE_REPS             6
+#define PROBE_MAX_THREADS      256
 #define PROBE_BYTES_PER_THREAD ((size_t)256 << 20)
-#define PROBE_BYTES_TOTAL ((size_t)1 << 30)
+#define PROBE_BYTES_TOTAL      ((size_t)1 << 30)
 
 typedef enum { PROBE_READ, PROBE_FMA, PROBE_INT8 } probe_kind;
 
@@ -37,10 +37,10 @@ typedef struct probe_shared {
     probe_kind kind;
     tk_isa isa;
     int nth;
-    size_t bytes;  /* per thread, for PROBE_READ */
-    long iters;    /* per thread, for the compute probes */
+    size_t bytes; /* per thread, for PROBE_READ */
+    long iters;   /* per thread, for the compute probes */
     pthread_barrier_t bar;
-    atomic_int state;  /* 0: wait, 1: go, 2: abort (a thread could not start) */
+    atomic_int state; /* 0: wait, 1: go, 2: abort (a thread could not start) */
     atomic_int failed;
 } probe_shared;
 
@@ -110,10 +110,10 @@ static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n) {
 /* ---- compute loops --------------------------------------------------------- */
 
 /* The int8 loops' operands: every u8 is PROBE_U8 and every s8 PROBE_S8. */
-#define PROBE_U8 3
-#define PROBE_S8 (-2)
-#define PROBE_AVX2_ACC 8    /* accumulators of int8_avx2, 8 lanes each */
-#define PROBE_AVX512_ACC 12 /* accumulators of int8_avx512, 16 lanes each */
+#define PROBE_U8          3
+#define PROBE_S8          (-2)
+#define PROBE_AVX2_ACC    8  /* accumulators of int8_avx2, 8 lanes each */
+#define PROBE_AVX512_ACC  12 /* accumulators of int8_avx512, 16 lanes each */
 #define PROBE_PLAIN_LANES 16
 
 uint32_t probe_lanes_sum(const int32_t *lanes, int n) {
@@ -143,7 +143,8 @@ static uint64_t fma_plain(long iters) {
 __attribute__((target("avx2,fma"))) static uint64_t fma_avx2(long iters) {
     __m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3), a3 = _mm256_set1_ps(4);
     __m256 a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6), a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8);
-    __m256 a8 = _mm256_set1_ps(9), a9 = _mm256_set1_ps(10), a10 = _mm256_set1_ps(11), a11 = _mm256_set1_ps(12);
+    __m256 a8 = _mm256_set1_ps(9), a9 = _mm256_set1_ps(10), a10 = _mm256_set1_ps(11),
+           a11 = _mm256_set1_ps(12);
     const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
     for (long i = 0; i < iters; i++) {
         a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c), a2 = _mm256_fmadd_ps(a2, m, c);
@@ -160,7 +161,8 @@ __attribute__((target("avx2,fma"))) static uint64_t fma_avx2(long iters) {
 __attribute__((target("avx512f"))) static uint64_t fma_avx512(long iters) {
     __m512 a0 = _mm512_set1_ps(1), a1 = _mm512_set1_ps(2), a2 = _mm512_set1_ps(3), a3 = _mm512_set1_ps(4);
     __m512 a4 = _mm512_set1_ps(5), a5 = _mm512_set1_ps(6), a6 = _mm512_set1_ps(7), a7 = _mm512_set1_ps(8);
-    __m512 a8 = _mm512_set1_ps(9), a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11), a11 = _mm512_set1_ps(12);
+    __m512 a8 = _mm512_set1_ps(9), a9 = _mm512_set1_ps(10), a10 = _mm512_set1_ps(11),
+           a11 = _mm512_set1_ps(12);
     const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(0.001f);
     for (long i = 0; i < iters; i++) {
         a0 = _mm512_fmadd_ps(a0, m, c), a1 = _mm512_fmadd_ps(a1, m, c), a2 = _mm512_fmadd_ps(a2, m, c);
@@ -208,9 +210,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint32_t int8_avx5
     __m512i a8 = a0, a9 = a0, a10 = a0, a11 = a0;
     const __m512i a = _mm512_set1_epi8(PROBE_U8), b = _mm512_set1_epi8(PROBE_S8);
     for (long i = 0; i < iters; i++) {
-        a0 = _mm512_dpbusd_epi32(a0, a, b), a1 = _mm512_dpbusd_epi32(a1, a, b), a2 = _mm512_dpbusd_epi32(a2, a, b);
-        a3 = _mm512_dpbusd_epi32(a3, a, b), a4 = _mm512_dpbusd_epi32(a4, a, b), a5 = _mm512_dpbusd_epi32(a5, a, b);
-        a6 = _mm512_dpbusd_epi32(a6, a, b), a7 = _mm512_dpbusd_epi32(a7, a, b), a8 = _mm512_dpbusd_epi32(a8, a, b);
+        a0 = _mm512_dpbusd_epi32(a0, a, b), a1 = _mm512_dpbusd_epi32(a1, a, b),
+        a2 = _mm512_dpbusd_epi32(a2, a, b);
+        a3 = _mm512_dpbusd_epi32(a3, a, b), a4 = _mm512_dpbusd_epi32(a4, a, b),
+        a5 = _mm512_dpbusd_epi32(a5, a, b);
+        a6 = _mm512_dpbusd_epi32(a6, a, b), a7 = _mm512_dpbusd_epi32(a7, a, b),
+        a8 = _mm512_dpbusd_epi32(a8, a, b);
         a9 = _mm512_dpbusd_epi32(a9, a, b), a10 = _mm512_dpbusd_epi32(a10, a, b);
         a11 = _mm512_dpbusd_epi32(a11, a, b);
     }
@@ -248,8 +253,10 @@ uint32_t probe_int8_pass(tk_isa isa, long iters) {
 
 uint32_t probe_int8_expect(tk_isa isa, long iters) {
     int64_t per_iter = 0; /* summed over every lane of every accumulator */
-    if (PROBE_X86 && isa == TK_ISA_AVX512) per_iter = (int64_t)PROBE_AVX512_ACC * 16 * 4 * PROBE_U8 * PROBE_S8;
-    else if (PROBE_X86 && isa == TK_ISA_AVX2) per_iter = (int64_t)PROBE_AVX2_ACC * 8 * 4 * PROBE_U8 * PROBE_S8;
+    if (PROBE_X86 && isa == TK_ISA_AVX512)
+        per_iter = (int64_t)PROBE_AVX512_ACC * 16 * 4 * PROBE_U8 * PROBE_S8;
+    else if (PROBE_X86 && isa == TK_ISA_AVX2)
+        per_iter = (int64_t)PROBE_AVX2_ACC * 8 * 4 * PROBE_U8 * PROBE_S8;
     else
         for (int k = 0; k < PROBE_PLAIN_LANES; k++) per_iter += (int64_t)(k + 1) * (3 - k);
     return (uint32_t)((uint64_t)per_iter * (uint64_t)iters);
@@ -257,7 +264,8 @@ uint32_t probe_int8_expect(tk_isa isa, long iters) {
 
 /* Ops (multiply-add = 2) one iteration of each loop performs. */
 static double compute_ops_per_iter(probe_kind kind, tk_isa isa) {
-    if (kind == PROBE_FMA) return isa == TK_ISA_AVX512 ? 12 * 16 * 2 : isa == TK_ISA_AVX2 ? 12 * 8 * 2 : 8 * 4 * 2;
+    if (kind == PROBE_FMA)
+        return isa == TK_ISA_AVX512 ? 12 * 16 * 2 : isa == TK_ISA_AVX2 ? 12 * 8 * 2 : 8 * 4 * 2;
     return isa == TK_ISA_AVX512 ? 12 * 64 * 2 : isa == TK_ISA_AVX2 ? 4 * 32 * 2 : 16 * 2;
 }
 
@@ -316,7 +324,8 @@ static double probe_run(probe_kind kind, int n_threads, size_t bytes, long iters
     cpu_detect(&cpu);
     int nth = n_threads > 0 ? n_threads : cpu.n_cores;
     if (nth > PROBE_MAX_THREADS) nth = PROBE_MAX_THREADS;
-    probe_shared sh = {.kind = kind, .isa = cpu_isa_from_env(&cpu), .nth = nth, .bytes = bytes, .iters = iters};
+    probe_shared sh = {
+        .kind = kind, .isa = cpu_isa_from_env(&cpu), .nth = nth, .bytes = bytes, .iters = iters};
     atomic_init(&sh.failed, 0);
     atomic_init(&sh.state, 0);
     if (pthread_barrier_init(&sh.bar, NULL, (unsigned)nth) != 0) return 0;

@@ -37,7 +37,8 @@ static void budget_str(const tk_engine_stats *e, char *buf, size_t n) {
 void report_probe(const bench_info *in, FILE *f) {
     fprintf(f, "- machine: %s, %d cores, ISA %s (%s)\n", in->cpu_brand, in->n_cores, in->isa,
             in->cpu_features[0] ? in->cpu_features : "no SIMD features");
-    fprintf(f, "- probe (%d threads): read bandwidth %.1f GB/s, peak fp32 %.1f GFLOP/s, peak int8 %.1f GOP/s\n",
+    fprintf(f,
+            "- probe (%d threads): read bandwidth %.1f GB/s, peak fp32 %.1f GFLOP/s, peak int8 %.1f GOP/s\n",
             in->probe_threads, in->read_bw_gbs, in->peak_gflops_f32, in->peak_gops_int8);
 }
 
@@ -51,12 +52,14 @@ static void md_cell(FILE *f, double v, int prec) {
 /* The background streams of a mixed run, inside each run's foreground window. */
 static void md_background(const bench_result *r, const bench_series *s, FILE *f) {
     bool rate = r->opts.n_rates > 0;
-    fprintf(f, "\nBackground decode: %d streams (prompt %d tokens) decoding before the first foreground submit, "
-               "measured from it to the last foreground finish:\n\n",
+    fprintf(f,
+            "\nBackground decode: %d streams (prompt %d tokens) decoding before the first foreground submit, "
+            "measured from it to the last foreground finish:\n\n",
             r->opts.n_bg, r->opts.bg_in);
-    fprintf(f, "| %s | window s | gaps | ITL P50 | ITL P95 | ITL P99 | ITL max (longest stall) | ITL P99/P50 | "
-               "TPOT P50 | TPOT P99 | TPOT P99/P50 | preempted |\n"
-               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    fprintf(f,
+            "| %s | window s | gaps | ITL P50 | ITL P95 | ITL P99 | ITL max (longest stall) | ITL P99/P50 | "
+            "TPOT P50 | TPOT P99 | TPOT P99/P50 | preempted |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             rate ? "rate (req/s)" : "concurrency");
     bool any_exhausted = false;
     for (int i = 0; i < s->n_points; i++) {
@@ -87,32 +90,42 @@ static void md_background(const bench_result *r, const bench_series *s, FILE *f)
         md_cell(f, p->med[BM_BG_TPOT_RATIO], 2);
         fprintf(f, " %d |\n", preempted);
     }
-    fprintf(f, "\nLatencies in ms (median over repeats; window and gaps: mean window, all gaps of all repeats). ITL: "
-               "every gap between two tokens of a stream that ended inside the window; TPOT: one value per stream, "
-               "the mean of its gaps in the window.\n");
+    fprintf(
+        f,
+        "\nLatencies in ms (median over repeats; window and gaps: mean window, all gaps of all repeats). "
+        "ITL: "
+        "every gap between two tokens of a stream that ended inside the window; TPOT: one value per stream, "
+        "the mean of its gaps in the window.\n");
     if (any_exhausted)
-        fprintf(f, "\n**!** a background stream stopped inside the window (--bg-out %d too small): fewer streams "
-                   "decoded than asked for part of it.\n",
-                r->opts.bg_out);
+        fprintf(
+            f,
+            "\n**!** a background stream stopped inside the window (--bg-out %d too small): fewer streams "
+            "decoded than asked for part of it.\n",
+            r->opts.bg_out);
 }
 
 static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
     const tk_engine_stats *e = &s->engine;
     char budget[192];
     budget_str(e, budget, sizeof budget);
-    fprintf(f, "\n## %s\n\nweights %s, KV %s%s, %s kernels, %s batching, %s prefill, block %d, step budget %s, "
-               "max batch %d, %d threads\n\n",
+    fprintf(f,
+            "\n## %s\n\nweights %s, KV %s%s, %s kernels, %s batching, %s prefill, block %d, step budget %s, "
+            "max batch %d, %d threads\n\n",
             s->label, s->weight_dtype[0] ? s->weight_dtype : "?", kv_str(e->kv_type),
-            e->kv_type == TK_KV_INT8 ? (e->kv_scale == TK_KV_SCALE_TOKEN ? " (per-token scales)" : " (per-head scales)")
-                                     : "",
+            e->kv_type == TK_KV_INT8
+                ? (e->kv_scale == TK_KV_SCALE_TOKEN ? " (per-token scales)" : " (per-head scales)")
+                : "",
             e->unfused ? "unfused" : "fused", e->static_batching ? "static" : "continuous",
             e->no_chunking ? "whole" : "chunked", e->block_size, budget, e->max_batch, e->n_threads);
     bool rate = r->opts.n_rates > 0;
-    fprintf(f, "| %s | TTFT mean | TTFT P50 | TTFT P95 | TTFT P99 | TPOT mean | TPOT P50 | TPOT P95 | TPOT P99 | "
-               "ITL P50 | ITL P95 | ITL P99 | E2E mean | E2E P99 | out tok/s | total tok/s | req/s | out len | "
-               "KV peak MB | decode GB/s | roofline %% |\n",
-            rate ? "rate (req/s)" : "concurrency");
-    fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fprintf(
+        f,
+        "| %s | TTFT mean | TTFT P50 | TTFT P95 | TTFT P99 | TPOT mean | TPOT P50 | TPOT P95 | TPOT P99 | "
+        "ITL P50 | ITL P95 | ITL P99 | E2E mean | E2E P99 | out tok/s | total tok/s | req/s | out len | "
+        "KV peak MB | decode GB/s | roofline %% |\n",
+        rate ? "rate (req/s)" : "concurrency");
+    fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|--"
+               "-:|---:|---:|\n");
     bool any_short = false;
     for (int i = 0; i < s->n_points; i++) {
         const bench_point *p = &s->points[i];
@@ -135,17 +148,22 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         md_cell(f, m[BM_ROOF_PCT], 1);
         fprintf(f, "\n");
     }
-    fprintf(f, "\nLatencies in ms. Roofline: bytes the decode steps read (weights + KV) / their time, as a share of "
-               "the %.1f GB/s read bandwidth probed by this run.\n",
-            r->info.read_bw_gbs);
+    fprintf(
+        f,
+        "\nLatencies in ms. Roofline: bytes the decode steps read (weights + KV) / their time, as a share of "
+        "the %.1f GB/s read bandwidth probed by this run.\n",
+        r->info.read_bw_gbs);
     if (any_short)
-        fprintf(f, "\n**!** some request produced a different number of tokens than --out %d: its level's "
-                   "throughput and TPOT are not comparable.\n",
+        fprintf(f,
+                "\n**!** some request produced a different number of tokens than --out %d: its level's "
+                "throughput and TPOT are not comparable.\n",
                 r->opts.n_out);
     if (r->opts.n_bg > 0) md_background(r, s, f);
     if (r->opts.repeat > 1) {
-        fprintf(f, "\nSpread over %d repeats (median, min-max):\n\n| %s | TTFT P50 | TPOT P50 | TPOT P99 | out tok/s "
-                   "| roofline %% |\n|---:|---:|---:|---:|---:|---:|\n",
+        fprintf(f,
+                "\nSpread over %d repeats (median, min-max):\n\n| %s | TTFT P50 | TPOT P50 | TPOT P99 | out "
+                "tok/s "
+                "| roofline %% |\n|---:|---:|---:|---:|---:|---:|\n",
                 r->opts.repeat, rate ? "rate" : "concurrency");
         static const bench_metric sp[] = {BM_TTFT_P50, BM_TPOT_P50, BM_TPOT_P99, BM_OUT_TOK_S, BM_ROOF_PCT};
         for (int i = 0; i < s->n_points; i++) {
@@ -166,7 +184,8 @@ static const bench_point *point_at_level(const bench_series *s, bool want_max, i
     for (int i = 0; i < s->n_points; i++) {
         const bench_point *p = &s->points[i];
         if (p->n_rep == 0 || p->concurrency <= 0) continue;
-        if (!best || (want_max ? p->concurrency > best->concurrency : p->concurrency < best->concurrency)) best = p;
+        if (!best || (want_max ? p->concurrency > best->concurrency : p->concurrency < best->concurrency))
+            best = p;
     }
     if (best) *level = best->concurrency;
     return best;
@@ -196,17 +215,20 @@ void report_markdown(const bench_result *r, FILE *f) {
     const tk_engine_opts *e = &o->engine;
     fprintf(f, "# tokamak bench%s\n\n", o->ablation ? " --ablation" : "");
     report_probe(in, f);
-    fprintf(f, "- model: %s (%s, %s, %s weights, %.3f B params, %.1f MB; a decode token reads %.1f MB of weights + "
-               "%.1f KB of f16 KV per context token)\n",
-            in->model_path, in->model_name, in->model_arch, in->model_dtype, (double)in->n_params / 1e9,
-            (double)in->weight_bytes / 1e6, (double)in->decode_bytes / 1e6, (double)in->kv_bytes_per_token / 1e3);
+    fprintf(
+        f,
+        "- model: %s (%s, %s, %s weights, %.3f B params, %.1f MB; a decode token reads %.1f MB of weights + "
+        "%.1f KB of f16 KV per context token)\n",
+        in->model_path, in->model_name, in->model_arch, in->model_dtype, (double)in->n_params / 1e9,
+        (double)in->weight_bytes / 1e6, (double)in->decode_bytes / 1e6, (double)in->kv_bytes_per_token / 1e3);
     char threads[16] = "auto";
     if (e->n_threads > 0) snprintf(threads, sizeof threads, "%d", e->n_threads);
     fprintf(f, "- options: --in %d --out %d, ", o->n_in, o->n_out);
     if (o->requests > 0)
         fprintf(f, "%d requests per level", o->requests);
     else
-        fprintf(f, "requests per level: %d x concurrency (16 per rate)", o->requests_x > 0 ? o->requests_x : 2);
+        fprintf(f, "requests per level: %d x concurrency (16 per rate)",
+                o->requests_x > 0 ? o->requests_x : 2);
     char repack[48] = "";
     if (o->model.repack != TK_WEIGHTS_KEEP && !o->ablation)
         snprintf(repack, sizeof repack, ", weights repacked to %s", tk_weight_type_name(o->model.repack));
@@ -219,20 +241,24 @@ void report_markdown(const bench_result *r, FILE *f) {
         snprintf(step, sizeof step, "--step-tokens %d (fixed)", e->step_tokens);
     else
         snprintf(step, sizeof step, "time-based, automatic target (engine default)");
-    fprintf(f, ", warmup %d, repeat %d, seed %llu; engine: threads %s%s, ctx %d, block %d, max batch %d, "
-               "step budget %s, KV %s%s%s%s%s\n",
-            o->warmup, o->repeat, (unsigned long long)o->seed, threads, e->pin_threads ? " pinned" : "", e->ctx,
-            e->block_size, e->max_batch, step,
-            kv_str(e->kv_type), e->unfused ? ", unfused" : "", e->static_batching ? ", static batching" : "",
-            e->no_chunking ? ", no chunking" : "", repack);
+    fprintf(f,
+            ", warmup %d, repeat %d, seed %llu; engine: threads %s%s, ctx %d, block %d, max batch %d, "
+            "step budget %s, KV %s%s%s%s%s\n",
+            o->warmup, o->repeat, (unsigned long long)o->seed, threads, e->pin_threads ? " pinned" : "",
+            e->ctx, e->block_size, e->max_batch, step, kv_str(e->kv_type), e->unfused ? ", unfused" : "",
+            e->static_batching ? ", static batching" : "", e->no_chunking ? ", no chunking" : "", repack);
     if (o->n_bg > 0)
-        fprintf(f, "- mixed load: --background %d streams, --bg-in %d, --bg-out %d (cancelled when each run ends)\n",
-                o->n_bg, o->bg_in, o->bg_out);
+        fprintf(
+            f,
+            "- mixed load: --background %d streams, --bg-in %d, --bg-out %d (cancelled when each run ends)\n",
+            o->n_bg, o->bg_in, o->bg_out);
     fprintf(f, "- commit %s, %s\n", in->git_commit, in->date);
     for (int i = 0; i < r->n_series; i++) md_series(r, &r->series[i], f);
     if (o->ablation && r->n_series > 0) {
-        fprintf(f, "\n## Ablation (speed-up against rung 1; > 1 is better)\n\n| rung | TPOT P50 @%s (ms) | x | out tok/s "
-                   "@%s | x | TPOT P99 @%s (ms) | x |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        fprintf(f,
+                "\n## Ablation (speed-up against rung 1; > 1 is better)\n\n| rung | TPOT P50 @%s (ms) | x | "
+                "out tok/s "
+                "@%s | x | TPOT P99 @%s (ms) | x |\n|---|---:|---:|---:|---:|---:|---:|\n",
                 "lo", "hi", "hi");
         for (int s = 0; s < r->n_series; s++) {
             report_rung g;
@@ -404,7 +430,8 @@ static cJSON *js_result(const bench_result *r) {
     cJSON_AddNumberToObject(op, "in", o->n_in);
     cJSON_AddNumberToObject(op, "out", o->n_out);
     cJSON *lv = cJSON_AddArrayToObject(op, "batch");
-    for (int i = 0; i < o->n_levels && o->n_rates == 0; i++) cJSON_AddItemToArray(lv, cJSON_CreateNumber(o->levels[i]));
+    for (int i = 0; i < o->n_levels && o->n_rates == 0; i++)
+        cJSON_AddItemToArray(lv, cJSON_CreateNumber(o->levels[i]));
     cJSON *rt = cJSON_AddArrayToObject(op, "rate");
     for (int i = 0; i < o->n_rates; i++) cJSON_AddItemToArray(rt, cJSON_CreateNumber(o->rates[i]));
     cJSON_AddNumberToObject(op, "requests", o->requests);
@@ -529,7 +556,9 @@ static void plot_safe(char *dst, size_t n, const char *src) {
     size_t k = 0;
     for (; src && *src && k + 1 < n; src++) {
         unsigned char ch = (unsigned char)*src;
-        dst[k++] = (ch < 32 || ch == '"' || ch == '\\' || ch == '`' || ch == '$' || ch == '\'' || ch >= 127) ? '_' : (char)ch;
+        dst[k++] = (ch < 32 || ch == '"' || ch == '\\' || ch == '`' || ch == '$' || ch == '\'' || ch >= 127)
+                       ? '_'
+                       : (char)ch;
     }
     dst[k] = 0;
 }
@@ -572,9 +601,11 @@ tk_status report_plot_write(const bench_result *r, const char *path) {
     char label[96];
     for (int s = 0; s < r->n_series; s++) {
         plot_safe(label, sizeof label, r->series[s].label);
-        fprintf(f, "%s$s%d using 1:2 with linespoints lw 2 title \"%s P50\", $s%d using 1:3 with linespoints dt 2 "
-                   "title \"%s P99\"",
-                s ? ", " : "", s, label, s, label);
+        fprintf(
+            f,
+            "%s$s%d using 1:2 with linespoints lw 2 title \"%s P50\", $s%d using 1:3 with linespoints dt 2 "
+            "title \"%s P99\"",
+            s ? ", " : "", s, label, s, label);
     }
     fprintf(f, "\nset ylabel 'output tokens/s'\nset title 'Throughput'\nplot ");
     for (int s = 0; s < r->n_series; s++) {

@@ -31,7 +31,8 @@ static tk_status sorted_copy(const double *x, size_t n, double **out, size_t *m)
     if (n == 0) return TK_OK;
     if (!x) return tk_fail(TK_ERR_INVALID, "stats: NULL samples with n = %zu", n);
     size_t bytes;
-    if (!tk_mul_size(n, sizeof(double), &bytes)) return tk_fail(TK_ERR_RANGE, "stats: %zu samples overflow", n);
+    if (!tk_mul_size(n, sizeof(double), &bytes))
+        return tk_fail(TK_ERR_RANGE, "stats: %zu samples overflow", n);
     double *s = tk_malloc(bytes);
     if (!s) return tk_fail(TK_ERR_NOMEM, "stats: cannot copy %zu samples", n);
     size_t k = 0;

@@ -12,9 +12,9 @@
 #include "tokamak.h"
 
 typedef struct stats_summary {
-    size_t n;                           /* samples that were not NaN */
-    double mean, min, max;              /* NaN when n == 0 */
-    double p50, p90, p95, p99;          /* NaN when n == 0 */
+    size_t n;                  /* samples that were not NaN */
+    double mean, min, max;     /* NaN when n == 0 */
+    double p50, p90, p95, p99; /* NaN when n == 0 */
 } stats_summary;
 
 /* P(p) of n ascending samples (no NaN); NaN when n == 0. p is clamped to [0, 100]. */

@@ -40,9 +40,12 @@ static bool parse_list(const char *s, bool real, int *ints, double *reals, int *
             ints[k] = (int)v;
         }
         k++;
-        if (*end == ',' && end[1]) p = end + 1;
-        else if (*end == 0) p = end;
-        else return false;
+        if (*end == ',' && end[1])
+            p = end + 1;
+        else if (*end == 0)
+            p = end;
+        else
+            return false;
     }
     *n = k;
     return k > 0;
@@ -252,9 +255,9 @@ int cmd_bench(int argc, char **argv) {
         const char *what[3] = {json, csv, plot};
         for (int i = 0; i < 3; i++) {
             if (!what[i]) continue;
-            tk_status ws = i == 0 ? report_json_write(&r, what[i])
-                         : i == 1 ? report_csv_write(&r, what[i])
-                                  : report_plot_write(&r, what[i]);
+            tk_status ws = i == 0   ? report_json_write(&r, what[i])
+                           : i == 1 ? report_csv_write(&r, what[i])
+                                    : report_plot_write(&r, what[i]);
             if (ws != TK_OK) {
                 fprintf(stderr, "tokamak bench: %s\n", tk_last_error());
                 rc = 1;

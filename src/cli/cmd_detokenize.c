@@ -8,14 +8,15 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
-#include "core/error.h"
 #include "core/alloc.h"
+#include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
 #define DETOKENIZE_MAX_INPUT ((size_t)1 << 30)
 
 /* Decode the ids in text[0..len) and print them; 1 on a bad id. */
-static int decode_span(const tk_tokenizer *t, const char *text, size_t len, bool special, char *out, size_t cap) {
+static int decode_span(const tk_tokenizer *t, const char *text, size_t len, bool special, char *out,
+                       size_t cap) {
     tok_stream *s;
     if (tok_stream_init(t, special, &s)) {
         fprintf(stderr, "tokamak detokenize: %s\n", tk_last_error());
@@ -31,15 +32,16 @@ static int decode_span(const tk_tokenizer *t, const char *text, size_t len, bool
         }
         char num[24];
         size_t k = 0;
-        while (i < len && k < sizeof num - 1 && ((text[i] >= '0' && text[i] <= '9') || (k == 0 && text[i] == '-')))
+        while (i < len && k < sizeof num - 1 &&
+               ((text[i] >= '0' && text[i] <= '9') || (k == 0 && text[i] == '-')))
             num[k++] = text[i++];
         num[k] = 0;
         char *end;
         errno = 0;
         long v = k ? strtol(num, &end, 10) : 0;
         if (!k || *end || errno || v < 0 || v >= tok_n_vocab(t)) {
-            fprintf(stderr, "tokamak detokenize: '%.*s' is not a token id (0..%d)\n", (int)(k ? k : 1), k ? num : text + i,
-                    tok_n_vocab(t) - 1);
+            fprintf(stderr, "tokamak detokenize: '%.*s' is not a token id (0..%d)\n", (int)(k ? k : 1),
+                    k ? num : text + i, tok_n_vocab(t) - 1);
             rc = 1;
             break;
         }

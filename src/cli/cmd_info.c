@@ -45,8 +45,13 @@ static void print_bytes(const char *label, uint64_t b) {
 }
 
 static size_t kv_token_bytes(const tk_model_info *in, tk_kv_type t) {
-    tk_kv_opts o = {.n_layer = in->n_layer, .n_head_kv = in->n_head_kv, .head_dim = in->head_dim,
-                    .block_size = 128, .n_blocks = 1, .type = t, .scale = TK_KV_SCALE_HEAD};
+    tk_kv_opts o = {.n_layer = in->n_layer,
+                    .n_head_kv = in->n_head_kv,
+                    .head_dim = in->head_dim,
+                    .block_size = 128,
+                    .n_blocks = 1,
+                    .type = t,
+                    .scale = TK_KV_SCALE_HEAD};
     return kv_bytes_per_token(&o);
 }
 
@@ -75,8 +80,8 @@ int cmd_info(int argc, char **argv) {
     const tk_hparams *hp = model_hparams(m);
     printf("%-22s %s\n", "model", in.name);
     printf("%-22s %s\n", "architecture", in.arch);
-    printf("%-22s layers %d, embd %d, heads %d, kv heads %d, head_dim %d, ff %d, vocab %d\n", "shape", in.n_layer,
-           in.n_embd, in.n_head, in.n_head_kv, in.head_dim, in.n_ff, in.n_vocab);
+    printf("%-22s layers %d, embd %d, heads %d, kv heads %d, head_dim %d, ff %d, vocab %d\n", "shape",
+           in.n_layer, in.n_embd, in.n_head, in.n_head_kv, in.head_dim, in.n_ff, in.n_vocab);
     printf("%-22s %d\n", "context (trained)", in.n_ctx_train);
     printf("%-22s theta %g, scaling %s\n", "rope", (double)hp->rope_theta,
            hp->rope_scaling == TK_ROPE_SCALING_LLAMA3   ? "llama3"
@@ -106,8 +111,8 @@ int cmd_info(int argc, char **argv) {
     }
     if (bw > 0) {
         double floor_ms = (double)in.decode_bytes / (bw * 1e9) * 1e3;
-        printf("%-22s %.3f ms at %.1f GB/s (%s), %.1f tok/s at most (weights only)\n", "TPOT floor", floor_ms, bw, src,
-               1e3 / floor_ms);
+        printf("%-22s %.3f ms at %.1f GB/s (%s), %.1f tok/s at most (weights only)\n", "TPOT floor", floor_ms,
+               bw, src, 1e3 / floor_ms);
     } else {
         printf("%-22s unknown (bandwidth probe failed)\n", "TPOT floor");
     }

@@ -127,8 +127,15 @@ static const cli_cmd KC_CMD = {
 static bool kc_run_init(kc_run *r, tk_model *m, const kc_run *pool_of, int threads, bool pin, tk_kv_type t,
                         tk_kv_scale s, int ctx, int bs, int max_tok) {
     int nb = (ctx + bs - 1) / bs;
-    backend_cpu_opts o = {.n_threads = threads, .pin_threads = pin, .block_size = bs, .kv_type = t, .kv_scale = s, .n_blocks = nb,
-                          .max_tokens = max_tok, .max_seqs = 1, .max_ctx = nb * bs,
+    backend_cpu_opts o = {.n_threads = threads,
+                          .pin_threads = pin,
+                          .block_size = bs,
+                          .kv_type = t,
+                          .kv_scale = s,
+                          .n_blocks = nb,
+                          .max_tokens = max_tok,
+                          .max_seqs = 1,
+                          .max_ctx = nb * bs,
                           .share_pool = pool_of ? &pool_of->be : NULL};
     memset(r, 0, sizeof *r);
     return backend_cpu_create(m, &o, &r->be) == TK_OK && runner_init(&r->be, &r->r) == TK_OK;
@@ -179,7 +186,8 @@ int cmd_kvcheck(int argc, char **argv) {
     }
     const char *path = o.model_path;
     const int *seeds = ka.seeds.v;
-    int n_seeds = ka.seeds.n, np = ka.np, ngen = ka.ngen, bs = o.engine.block_size, threads = o.engine.n_threads;
+    int n_seeds = ka.seeds.n, np = ka.np, ngen = ka.ngen, bs = o.engine.block_size,
+        threads = o.engine.n_threads;
     tk_model *m = NULL;
     if (tk_model_open(path, &o.model, &m) != TK_OK) {
         fprintf(stderr, "tokamak kvcheck: %s\n", tk_last_error());
@@ -201,8 +209,8 @@ int cmd_kvcheck(int argc, char **argv) {
         fprintf(stderr, "tokamak kvcheck: out of memory\n");
         goto out;
     }
-    printf("kvcheck: %s, %d-token prompts, %d teacher-forced greedy positions, block %d, %d threads\n\n", path, np,
-           ngen, bs, threads);
+    printf("kvcheck: %s, %d-token prompts, %d teacher-forced greedy positions, block %d, %d threads\n\n",
+           path, np, ngen, bs, threads);
     printf("| seed | F32 top-2 gap mean | near-ties < 1e-3 |");
     for (int k = 0; k < N_KINDS; k++) printf(" %s agree | %s KL |", KINDS[k].name, KINDS[k].name);
     printf("\n|---:|---:|---:|");
@@ -214,9 +222,11 @@ int cmd_kvcheck(int argc, char **argv) {
         /* fresh caches per prompt (the others run on the F32 run's threads, so it goes last) */
         for (int k = 0; k < N_KINDS; k++) kc_run_free(&runs[k]);
         kc_run_free(&ref);
-        bool ok = kc_run_init(&ref, m, NULL, threads, o.engine.pin_threads, TK_KV_F32, TK_KV_SCALE_HEAD, ctx, bs, np);
+        bool ok = kc_run_init(&ref, m, NULL, threads, o.engine.pin_threads, TK_KV_F32, TK_KV_SCALE_HEAD, ctx,
+                              bs, np);
         for (int k = 0; ok && k < N_KINDS; k++)
-            ok = kc_run_init(&runs[k], m, &ref, threads, o.engine.pin_threads, KINDS[k].type, KINDS[k].scale, ctx, bs, np);
+            ok = kc_run_init(&runs[k], m, &ref, threads, o.engine.pin_threads, KINDS[k].type, KINDS[k].scale,
+                             ctx, bs, np);
         if (!ok) goto fail;
         /* the CI test's prompts (ids below 151,000, clear of Qwen's special tokens) */
         const double id_range = vocab - 1 < 151000 ? vocab - 1 : 151000;
@@ -257,7 +267,8 @@ int cmd_kvcheck(int argc, char **argv) {
     }
     printf("| all | | %ld |", tot_ties);
     for (int k = 0; k < N_KINDS; k++)
-        printf(" %.2f%% | %.3g |", 100.0 * (double)tot_agree[k] / ((double)ngen * n_seeds), tot_kl[k] / ((double)ngen * n_seeds));
+        printf(" %.2f%% | %.3g |", 100.0 * (double)tot_agree[k] / ((double)ngen * n_seeds),
+               tot_kl[k] / ((double)ngen * n_seeds));
     printf("\n");
     rc = 0;
     goto out;

@@ -33,9 +33,9 @@ typedef struct run_state {
     runner *r;
     tk_sampler *smp;
     tok_stream *ts;
-    int32_t *ids;   /* (n_prompt + n) prompt, then generated tokens */
-    float *logits;  /* (n_vocab) */
-    char *text;     /* (tok_stream_bound) */
+    int32_t *ids;  /* (n_prompt + n) prompt, then generated tokens */
+    float *logits; /* (n_vocab) */
+    char *text;    /* (tok_stream_bound) */
     FILE *dump;
 } run_state;
 
@@ -92,7 +92,8 @@ int cmd_run(int argc, char **argv) {
     int n_prompt = 0;
     int32_t *prompt = NULL;
     if (a.prompt) {
-        if (run_encode(s.m, &a, a.prompt, &prompt, &n_prompt) != TK_OK) return fail(&s, "cannot encode the prompt");
+        if (run_encode(s.m, &a, a.prompt, &prompt, &n_prompt) != TK_OK)
+            return fail(&s, "cannot encode the prompt");
     } else if (!cli_parse_ids(a.tokens, &prompt, &n_prompt)) {
         fprintf(stderr, "tokamak run: --tokens '%s' is not a list of token ids\n", a.tokens);
         run_free(&s);
@@ -100,14 +101,16 @@ int cmd_run(int argc, char **argv) {
     }
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] >= hp->n_vocab) {
-            fprintf(stderr, "tokamak run: token id %d outside the vocabulary of %d\n", (int)prompt[i], hp->n_vocab);
+            fprintf(stderr, "tokamak run: token id %d outside the vocabulary of %d\n", (int)prompt[i],
+                    hp->n_vocab);
             tk_free(prompt);
             run_free(&s);
             return 2;
         }
     if (n_prompt == 0 || n_prompt > o.engine.ctx) {
         if (n_prompt)
-            fprintf(stderr, "tokamak run: a %d-token prompt does not fit in --ctx %d\n", n_prompt, o.engine.ctx);
+            fprintf(stderr, "tokamak run: a %d-token prompt does not fit in --ctx %d\n", n_prompt,
+                    o.engine.ctx);
         else
             fprintf(stderr, "tokamak run: the prompt is empty\n");
         tk_free(prompt);
@@ -118,8 +121,10 @@ int cmd_run(int argc, char **argv) {
      * as the engine does: the last token is sampled but never stored */
     long room = (long)o.engine.ctx - n_prompt + 1, n_max = a.n == 0 || a.n > room ? room : a.n;
     if (a.n > room)
-        fprintf(stderr, "tokamak run: generating at most %ld tokens: the %d-token prompt fills --ctx %d but for %ld\n",
-                n_max, n_prompt, o.engine.ctx, room - 1);
+        fprintf(
+            stderr,
+            "tokamak run: generating at most %ld tokens: the %d-token prompt fills --ctx %d but for %ld\n",
+            n_max, n_prompt, o.engine.ctx, room - 1);
     long ctx = (long)n_prompt + n_max;
     s.ids = tk_calloc((size_t)ctx, sizeof *s.ids);
     if (!s.ids) {
@@ -133,9 +138,15 @@ int cmd_run(int argc, char **argv) {
     int block = cli_opts_given(&o, "--block-size") ? o.engine.block_size : RUN_BLOCK;
     int n_blocks = (int)((ctx + block - 1) / block);
     int chunk = n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK;
-    backend_cpu_opts bo = {.n_threads = o.engine.n_threads, .pin_threads = o.engine.pin_threads,
-                           .block_size = block, .kv_type = o.engine.kv_type, .kv_scale = o.engine.kv_scale,
-                           .n_blocks = n_blocks, .max_tokens = chunk, .max_seqs = 1, .max_ctx = (int)ctx,
+    backend_cpu_opts bo = {.n_threads = o.engine.n_threads,
+                           .pin_threads = o.engine.pin_threads,
+                           .block_size = block,
+                           .kv_type = o.engine.kv_type,
+                           .kv_scale = o.engine.kv_scale,
+                           .n_blocks = n_blocks,
+                           .max_tokens = chunk,
+                           .max_seqs = 1,
+                           .max_ctx = (int)ctx,
                            .unfused = o.engine.unfused};
     if (backend_cpu_create(s.m, &bo, &s.be) != TK_OK) return fail(&s, "cannot set up the backend");
     if (runner_init(&s.be, &s.r) != TK_OK) return fail(&s, "cannot set up the runner");
@@ -178,7 +189,8 @@ int cmd_run(int argc, char **argv) {
         if (!stop) emit(&s, t);
         if (stop || n_gen >= n_max) break;
         double ts = tk_now_s();
-        if (runner_step(s.r, &s.ids[n_prompt + n_gen - 1], 1, 1, s.logits) != TK_OK) return fail(&s, "decode failed");
+        if (runner_step(s.r, &s.ids[n_prompt + n_gen - 1], 1, 1, s.logits) != TK_OK)
+            return fail(&s, "decode failed");
         t_decode += tk_now_s() - ts;
         decode_bytes += s.be.last_bytes(s.be.ctx);
         n_decode++;
@@ -191,7 +203,8 @@ int cmd_run(int argc, char **argv) {
     fflush(stdout);
 
     double tpot = n_decode ? t_decode / n_decode : 0;
-    fprintf(stderr, "prefill %d tok in %.3f s (%.1f tok/s) | decode %d tok in %.3f s (%.2f tok/s), TPOT %.3f ms",
+    fprintf(stderr,
+            "prefill %d tok in %.3f s (%.1f tok/s) | decode %d tok in %.3f s (%.2f tok/s), TPOT %.3f ms",
             n_prompt, t_prefill, t_prefill > 0 ? n_prompt / t_prefill : 0.0, n_decode, t_decode,
             t_decode > 0 ? n_decode / t_decode : 0.0, tpot * 1e3);
     if (n_decode && tpot > 0) {

@@ -124,17 +124,18 @@ static int print_plan(const synth_cfg *c) {
         fprintf(stderr, "tokamak synth: %s\n", tk_last_error());
         return 2;
     }
-    printf("model %s arch %s layers %d embd %d heads %d kv_heads %d head_dim %d ff %d vocab %d ctx %d tied %d "
-           "params %lld\n",
-           p->name, p->arch, p->n_layer, p->n_embd, p->n_head, p->n_head_kv, p->head_dim, p->n_ff, p->n_vocab, p->n_ctx,
-           p->tied, (long long)preset_n_params(p));
+    printf(
+        "model %s arch %s layers %d embd %d heads %d kv_heads %d head_dim %d ff %d vocab %d ctx %d tied %d "
+        "params %lld\n",
+        p->name, p->arch, p->n_layer, p->n_embd, p->n_head, p->n_head_kv, p->head_dim, p->n_ff, p->n_vocab,
+        p->n_ctx, p->tied, (long long)preset_n_params(p));
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {
         uint64_t rb = 0;
         dtype_row_bytes(ts[i].gguf_type, (uint64_t)ts[i].ne[0], &rb);
         total += rb * (uint64_t)ts[i].ne[1];
-        printf("tensor %s %s %lld %lld\n", ts[i].gguf_name, dtype_name(ts[i].gguf_type), (long long)ts[i].ne[0],
-               ts[i].n_dims > 1 ? (long long)ts[i].ne[1] : 0LL);
+        printf("tensor %s %s %lld %lld\n", ts[i].gguf_name, dtype_name(ts[i].gguf_type),
+               (long long)ts[i].ne[0], ts[i].n_dims > 1 ? (long long)ts[i].ne[1] : 0LL);
     }
     printf("tensor_bytes %llu\n", (unsigned long long)total);
     tk_free(ts);
@@ -158,7 +159,8 @@ int cmd_synth(int argc, char **argv) {
     int tied = sa.tied ? 1 : sa.untied ? 0 : -1;
     bool dry = sa.dry;
     if (!preset || (!outp && !dry)) {
-        cli_error(&SYNTH_CMD, "%s is required; 'tokamak synth --help' lists the options", !preset ? "--preset" : "-o");
+        cli_error(&SYNTH_CMD, "%s is required; 'tokamak synth --help' lists the options",
+                  !preset ? "--preset" : "-o");
         return 2;
     }
     bool hf = !strcmp(format, "hf");

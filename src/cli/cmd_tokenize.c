@@ -11,8 +11,8 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
-#include "core/error.h"
 #include "core/alloc.h"
+#include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
 #define TOKENIZE_MAX_INPUT ((size_t)1 << 30)
@@ -20,12 +20,18 @@
 static void print_escaped(const char *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
-        if (c == '\n') fputs("\\n", stdout);
-        else if (c == '\t') fputs("\\t", stdout);
-        else if (c == '\r') fputs("\\r", stdout);
-        else if (c == '\\') fputs("\\\\", stdout);
-        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
-        else putchar(c);
+        if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c == '\t')
+            fputs("\\t", stdout);
+        else if (c == '\r')
+            fputs("\\r", stdout);
+        else if (c == '\\')
+            fputs("\\\\", stdout);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
     }
 }
 
@@ -38,7 +44,8 @@ static uint64_t cpu_ns(void) {
 
 typedef enum { OUT_IDS, OUT_PIECES, OUT_COUNT } out_mode;
 
-static int emit_ids(const tk_tokenizer *t, const int32_t *ids, size_t n, out_mode mode, char *dec, size_t dec_cap) {
+static int emit_ids(const tk_tokenizer *t, const int32_t *ids, size_t n, out_mode mode, char *dec,
+                    size_t dec_cap) {
     if (mode == OUT_COUNT) {
         printf("%zu\n", n);
         return 0;

@@ -6,7 +6,11 @@
 
 #include "tk_git_commit.h" /* generated at build time: TK_GIT_COMMIT */
 
-typedef struct { const char *name; int (*fn)(int, char **); const char *help; } subcommand;
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} subcommand;
 
 static const subcommand CMDS[] = {
     {"synth", cmd_synth, "write a synthetic model (real Qwen3 shapes, seeded weights)"},
@@ -21,9 +25,11 @@ static const subcommand CMDS[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "tokamak %s (%s): a decode-first LLM inference engine\n\nusage: tokamak <command> [options]\n\n",
+    fprintf(f,
+            "tokamak %s (%s): a decode-first LLM inference engine\n\nusage: tokamak <command> [options]\n\n",
             TK_VERSION, TK_GIT_COMMIT);
-    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) fprintf(f, "  %-11s %s\n", CMDS[i].name, CMDS[i].help);
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
+        fprintf(f, "  %-11s %s\n", CMDS[i].name, CMDS[i].help);
     fprintf(f, "\n'tokamak <command> --help' for a command's options.\n");
 }
 

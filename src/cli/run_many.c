@@ -16,20 +16,20 @@
 #include "core/error.h"
 #include "core/names.h"
 #include "model/model.h"
-#include "tokenizer/tokenizer.h"
 #include "tokamak.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct rm_req {
     int idx;
-    int32_t *ids;        /* (n_ids) prompt */
+    int32_t *ids; /* (n_ids) prompt */
     int n_ids;
-    char *line;          /* (line_cap) text not yet printed (no newline yet) */
+    char *line; /* (line_cap) text not yet printed (no newline yet) */
     size_t line_len, line_cap;
     tk_finish reason;
     tk_request_times times;
-    double t_last;       /* time of the last token */
+    double t_last; /* time of the last token */
     bool done;
-    bool text;           /* print text (else ids) */
+    bool text; /* print text (else ids) */
     FILE *out;
 } rm_req;
 
@@ -85,7 +85,8 @@ static void rm_on_finish(void *user, const tk_finish_event *ev) {
     rm_req *r = c->r;
     if (ev->text_len) rm_emit(r, ev->text, ev->text_len, false);
     rm_emit(r, "", 0, true);
-    if (ev->reason == TK_FINISH_ERROR) fprintf(stderr, "[%d] error: %s\n", r->idx, ev->message ? ev->message : "?");
+    if (ev->reason == TK_FINISH_ERROR)
+        fprintf(stderr, "[%d] error: %s\n", r->idx, ev->message ? ev->message : "?");
     r->reason = ev->reason;
     r->times = ev->times;
     pthread_mutex_lock(&c->sync->mu);
@@ -94,7 +95,6 @@ static void rm_on_finish(void *user, const tk_finish_event *ev) {
     pthread_cond_signal(&c->sync->cv);
     pthread_mutex_unlock(&c->sync->mu);
 }
-
 
 /* FILE's lines (empty ones skipped; "\n" or "\r\n" ends one), at most
  * RUN_PROMPTS_MAX bytes; a NUL byte is an error naming its line. */
@@ -212,10 +212,14 @@ int run_many(const cli_opts *o, const run_args *a) {
         r->out = stdout;
         r->text = tok != NULL;
         tk_status st;
-        if (lines) st = run_encode(m, a, lines[i], &r->ids, &r->n_ids);
-        else if (prompt_text) st = run_encode(m, a, prompt_text, &r->ids, &r->n_ids);
-        else if (cli_parse_ids(token_list, &r->ids, &r->n_ids)) st = TK_OK;
-        else st = tk_fail(TK_ERR_INVALID, "--tokens '%s' is not a list of token ids", token_list);
+        if (lines)
+            st = run_encode(m, a, lines[i], &r->ids, &r->n_ids);
+        else if (prompt_text)
+            st = run_encode(m, a, prompt_text, &r->ids, &r->n_ids);
+        else if (cli_parse_ids(token_list, &r->ids, &r->n_ids))
+            st = TK_OK;
+        else
+            st = tk_fail(TK_ERR_INVALID, "--tokens '%s' is not a list of token ids", token_list);
         if (st != TK_OK) {
             fprintf(stderr, "tokamak run: prompt %d: %s\n", i, tk_last_error());
             goto done;
@@ -254,11 +258,12 @@ int run_many(const cli_opts *o, const run_args *a) {
     pthread_mutex_unlock(&sync.mu);
     double wall = tk_now_s() - t0;
 
-    /* Summary. TTFT: queued -> first token. TPOT: (finished-ish last token - first token) / (n_output - 1). */
+    /* Summary. TTFT: queued -> first token. TPOT: (finished-ish last token - first token) / (n_output - 1).
+     */
     tk_engine_stats es;
     tk_engine_stats_get(e, &es);
-    fprintf(stderr, "\n%-5s %7s %7s %10s %10s %-9s %s\n", "req", "prompt", "output", "TTFT ms", "TPOT ms", "finish",
-            "preempted");
+    fprintf(stderr, "\n%-5s %7s %7s %10s %10s %-9s %s\n", "req", "prompt", "output", "TTFT ms", "TPOT ms",
+            "finish", "preempted");
     double *tpots = tk_calloc((size_t)n_req + 1, sizeof *tpots);
     int n_tpot = 0;
     uint64_t out_tok = 0, in_tok = 0;
@@ -284,20 +289,23 @@ int run_many(const cli_opts *o, const run_args *a) {
     if (es.step_adaptive) {
         char target[32] = "auto";
         if (es.step_ms > 0) snprintf(target, sizeof target, "%g ms", es.step_ms);
-        snprintf(budget, sizeof budget, "time-based: target %s, cap %d (measured: decode %.2f, prefill %.2f ms/token)",
-                 target, es.step_tokens, es.decode_ms_per_token, es.prefill_ms_per_token);
+        snprintf(budget, sizeof budget,
+                 "time-based: target %s, cap %d (measured: decode %.2f, prefill %.2f ms/token)", target,
+                 es.step_tokens, es.decode_ms_per_token, es.prefill_ms_per_token);
     } else {
         snprintf(budget, sizeof budget, "fixed %d tokens", es.step_tokens);
     }
-    fprintf(stderr,
-            "requests %d  wall %.3f s  output %llu tok (%.2f tok/s)  total %llu tok (%.2f tok/s)  median TPOT %.2f ms\n"
-            "engine: steps %llu  preemptions %llu  kv blocks peak %d/%d (block %d, %zu B/token)  max batch %d  "
-            "threads %d\n"
-            "step budget %s\n",
-            n_req, wall, (unsigned long long)out_tok, wall > 0 ? (double)out_tok / wall : 0,
-            (unsigned long long)(out_tok + in_tok), wall > 0 ? (double)(out_tok + in_tok) / wall : 0, med,
-            (unsigned long long)es.steps, (unsigned long long)es.preemptions, es.kv_blocks_peak, es.kv_blocks_total,
-            es.block_size, es.kv_bytes_per_token, es.max_batch, es.n_threads, budget);
+    fprintf(
+        stderr,
+        "requests %d  wall %.3f s  output %llu tok (%.2f tok/s)  total %llu tok (%.2f tok/s)  median TPOT "
+        "%.2f ms\n"
+        "engine: steps %llu  preemptions %llu  kv blocks peak %d/%d (block %d, %zu B/token)  max batch %d  "
+        "threads %d\n"
+        "step budget %s\n",
+        n_req, wall, (unsigned long long)out_tok, wall > 0 ? (double)out_tok / wall : 0,
+        (unsigned long long)(out_tok + in_tok), wall > 0 ? (double)(out_tok + in_tok) / wall : 0, med,
+        (unsigned long long)es.steps, (unsigned long long)es.preemptions, es.kv_blocks_peak,
+        es.kv_blocks_total, es.block_size, es.kv_bytes_per_token, es.max_batch, es.n_threads, budget);
     rc = any_error ? 1 : 0;
 done:
     tk_engine_free(e);

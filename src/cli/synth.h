@@ -14,7 +14,12 @@
 #include "tokamak.h"
 
 typedef enum synth_quant { /* the --dtype choice (a mix for q4_k_m) */
-    SYNTH_F32, SYNTH_F16, SYNTH_BF16, SYNTH_Q8_0, SYNTH_Q4_0, SYNTH_Q4_K_M
+                           SYNTH_F32,
+                           SYNTH_F16,
+                           SYNTH_BF16,
+                           SYNTH_Q8_0,
+                           SYNTH_Q4_0,
+                           SYNTH_Q4_K_M
 } synth_quant;
 
 typedef enum synth_kind {
@@ -26,7 +31,7 @@ typedef enum synth_kind {
 
 typedef struct synth_tensor {
     char gguf_name[64];
-    char hf_name[80];   /* "" for GGUF-only tensors */
+    char hf_name[80]; /* "" for GGUF-only tensors */
     synth_kind kind;
     int n_dims;         /* 1 or 2 */
     int64_t ne[2];      /* GGML order: ne[0] = row length (input features), ne[1] = rows */
@@ -36,7 +41,7 @@ typedef struct synth_tensor {
 } synth_tensor;
 
 typedef struct synth_cfg {
-    tk_preset p;        /* shapes (after --layers/--vocab/--tied overrides) */
+    tk_preset p; /* shapes (after --layers/--vocab/--tied overrides) */
     synth_quant quant;
     uint64_t seed;
 } synth_cfg;
@@ -49,7 +54,8 @@ tk_status synth_plan(const synth_cfg *c, synth_tensor **out, int *n_out);
  * true (llama q/k permuted) else HF order; out holds n * ne[0] floats. Values
  * are rounded through f16/bf16 when the model's float type is one of those, so
  * GGUF (F32 norms) and HF (all in the float type) hold identical numbers. */
-void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int64_t n, bool gguf, float *out);
+void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int64_t n, bool gguf,
+                    float *out);
 
 /* llama.cpp's general.file_type for a quant choice. */
 uint32_t synth_file_type(synth_quant q);
@@ -58,17 +64,17 @@ const char *synth_quant_name(synth_quant q);
 /* ---- vocabulary ---------------------------------------------------------- */
 
 typedef struct synth_vocab {
-    int64_t n_tokens;        /* = the model's n_vocab (unused ids padded as "[PADn]") */
-    const char **pieces;     /* (n_tokens) byte-level pieces, not NUL-terminated */
-    uint64_t *piece_lens;    /* (n_tokens) */
-    int32_t *types;          /* (n_tokens) GGUF token types: 1 normal, 3 control, 4 user, 5 unused */
+    int64_t n_tokens;     /* = the model's n_vocab (unused ids padded as "[PADn]") */
+    const char **pieces;  /* (n_tokens) byte-level pieces, not NUL-terminated */
+    uint64_t *piece_lens; /* (n_tokens) */
+    int32_t *types;       /* (n_tokens) GGUF token types: 1 normal, 3 control, 4 user, 5 unused */
     int64_t n_merges;
-    const char **merges;     /* (n_merges) "a b" */
-    uint64_t *merge_lens;    /* (n_merges) */
-    char *chat_template;     /* NUL-terminated, or NULL */
+    const char **merges;  /* (n_merges) "a b" */
+    uint64_t *merge_lens; /* (n_merges) */
+    char *chat_template;  /* NUL-terminated, or NULL */
     int32_t eos_id, bos_id, pad_id;
-    char *arena;             /* backing bytes of pieces and merges */
-    char dir[4096];          /* where tokenizer.json was found */
+    char *arena;    /* backing bytes of pieces and merges */
+    char dir[4096]; /* where tokenizer.json was found */
 } synth_vocab;
 
 /* Find the tokenizer directory: $TOKAMAK_TOKENIZER_DIR, else

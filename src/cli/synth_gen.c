@@ -43,12 +43,18 @@ const char *synth_quant_name(synth_quant q) {
 
 uint32_t synth_file_type(synth_quant q) {
     switch (q) { /* llama_ftype values */
-    case SYNTH_F32: return 0;
-    case SYNTH_F16: return 1;
-    case SYNTH_Q4_0: return 2;
-    case SYNTH_Q8_0: return 7;
-    case SYNTH_Q4_K_M: return 15;
-    case SYNTH_BF16: return 32;
+    case SYNTH_F32:
+        return 0;
+    case SYNTH_F16:
+        return 1;
+    case SYNTH_Q4_0:
+        return 2;
+    case SYNTH_Q8_0:
+        return 7;
+    case SYNTH_Q4_K_M:
+        return 15;
+    case SYNTH_BF16:
+        return 32;
     }
     return 0;
 }
@@ -59,15 +65,21 @@ uint32_t synth_file_type(synth_quant q) {
  * to Q4_0 / Q8_0 as llama.cpp falls back to 32-blocks. */
 static tk_dtype matrix_type(const synth_cfg *c, const char *gguf_name, int64_t row_len) {
     switch (c->quant) {
-    case SYNTH_F32: return TK_DTYPE_F32;
-    case SYNTH_F16: return TK_DTYPE_F16;
-    case SYNTH_BF16: return TK_DTYPE_BF16;
-    case SYNTH_Q8_0: return TK_DTYPE_Q8_0;
-    case SYNTH_Q4_0: return TK_DTYPE_Q4_0;
-    case SYNTH_Q4_K_M: break;
+    case SYNTH_F32:
+        return TK_DTYPE_F32;
+    case SYNTH_F16:
+        return TK_DTYPE_F16;
+    case SYNTH_BF16:
+        return TK_DTYPE_BF16;
+    case SYNTH_Q8_0:
+        return TK_DTYPE_Q8_0;
+    case SYNTH_Q4_0:
+        return TK_DTYPE_Q4_0;
+    case SYNTH_Q4_K_M:
+        break;
     }
-    bool hi = strstr(gguf_name, "attn_v.") || strstr(gguf_name, "ffn_down.") || !strcmp(gguf_name, "output.weight") ||
-              (c->p.tied && !strcmp(gguf_name, "token_embd.weight"));
+    bool hi = strstr(gguf_name, "attn_v.") || strstr(gguf_name, "ffn_down.") ||
+              !strcmp(gguf_name, "output.weight") || (c->p.tied && !strcmp(gguf_name, "token_embd.weight"));
     if (row_len % TK_QK_K) return hi ? TK_DTYPE_Q8_0 : TK_DTYPE_Q4_0;
     return hi ? TK_DTYPE_Q6_K : TK_DTYPE_Q4_K;
 }
@@ -79,8 +91,8 @@ typedef struct plan_builder {
     tk_status st;
 } plan_builder;
 
-static void plan_add(plan_builder *b, const char *gguf, const char *hf, synth_kind kind, int64_t ne0, int64_t ne1,
-                     int permute_heads) {
+static void plan_add(plan_builder *b, const char *gguf, const char *hf, synth_kind kind, int64_t ne0,
+                     int64_t ne1, int permute_heads) {
     if (b->st != TK_OK) return;
     if (b->n == b->cap) {
         int cap = b->cap ? 2 * b->cap : 64;
@@ -105,13 +117,14 @@ static void plan_add(plan_builder *b, const char *gguf, const char *hf, synth_ki
     t->gguf_type = t->n_dims == 2 ? matrix_type(b->c, gguf, ne0) : TK_DTYPE_F32;
     int be = dtype_block_elems(t->gguf_type);
     if (be > 1 && ne0 % be)
-        b->st = tk_fail(TK_ERR_INVALID, "synth: tensor %s has rows of %lld elements, not a multiple of the %s block (%d)",
+        b->st = tk_fail(TK_ERR_INVALID,
+                        "synth: tensor %s has rows of %lld elements, not a multiple of the %s block (%d)",
                         gguf, (long long)ne0, dtype_name(t->gguf_type), be);
 }
 
 /* A tensor of layer l: "blk.<l>.<gguf>" and "model.layers.<l>.<hf>". */
-static void plan_add_layer(plan_builder *b, int l, const char *gguf, const char *hf, synth_kind kind, int64_t ne0,
-                           int64_t ne1, int permute_heads) {
+static void plan_add_layer(plan_builder *b, int l, const char *gguf, const char *hf, synth_kind kind,
+                           int64_t ne0, int64_t ne1, int permute_heads) {
     char g[64], h[80];
     snprintf(g, sizeof g, "blk.%d.%s", l, gguf);
     snprintf(h, sizeof h, "model.layers.%d.%s", l, hf);
@@ -166,10 +179,13 @@ static void rope_factors(const tk_preset *p, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i++) {
         float freq = (float)(1.0 / pow(p->rope_theta, (double)(float)(2 * i) / (double)p->head_dim));
         double wavelen = 2.0 * M_PI / (double)freq, f;
-        if (wavelen < hi_wav) f = 1.0;
-        else if (wavelen > lo_wav) f = p->rope_factor;
+        if (wavelen < hi_wav)
+            f = 1.0;
+        else if (wavelen > lo_wav)
+            f = p->rope_factor;
         else {
-            double smooth = (p->rope_orig_ctx / wavelen - p->rope_low_freq) / (p->rope_high_freq - p->rope_low_freq);
+            double smooth =
+                (p->rope_orig_ctx / wavelen - p->rope_low_freq) / (p->rope_high_freq - p->rope_low_freq);
             f = 1.0 / ((1.0 - smooth) / p->rope_factor + smooth);
         }
         out[i] = (float)f;
@@ -183,7 +199,8 @@ static int64_t src_row(int64_t r, int64_t head_dim) {
     return h * head_dim + (rr % 2) * (head_dim / 2) + rr / 2;
 }
 
-void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int64_t n, bool gguf, float *out) {
+void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int64_t n, bool gguf,
+                    float *out) {
     int64_t cols = t->ne[0];
     if (t->kind == SYNTH_ROPE_FREQS) {
         rope_factors(&c->p, cols, out);
@@ -198,13 +215,22 @@ void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int
     for (int64_t i = 0; i < total; i++) {
         float v = out[i];
         switch (t->kind) {
-        case SYNTH_MATRIX: v *= 0.02f; break;
-        case SYNTH_NORM: v = 1.0f + 0.1f * v; break;
-        case SYNTH_BIAS: v *= 0.1f; break;
-        case SYNTH_ROPE_FREQS: break;
+        case SYNTH_MATRIX:
+            v *= 0.02f;
+            break;
+        case SYNTH_NORM:
+            v = 1.0f + 0.1f * v;
+            break;
+        case SYNTH_BIAS:
+            v *= 0.1f;
+            break;
+        case SYNTH_ROPE_FREQS:
+            break;
         }
-        if (c->quant == SYNTH_F16) v = tk_f16_to_f32(tk_f32_to_f16(v));
-        else if (c->quant == SYNTH_BF16) v = tk_bf16_to_f32(tk_f32_to_bf16(v));
+        if (c->quant == SYNTH_F16)
+            v = tk_f16_to_f32(tk_f32_to_f16(v));
+        else if (c->quant == SYNTH_BF16)
+            v = tk_bf16_to_f32(tk_f32_to_bf16(v));
         out[i] = v;
     }
 }

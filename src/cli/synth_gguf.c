@@ -75,19 +75,21 @@ static tk_status write_tensor(gguf_writer *w, const synth_cfg *c, const synth_te
                               int64_t fcap) {
     uint64_t row_bytes, nbytes;
     int64_t cols = t->ne[0], rows = t->ne[1];
-    if (!dtype_row_bytes(t->gguf_type, (uint64_t)cols, &row_bytes) || !tk_mul_u64(row_bytes, (uint64_t)rows, &nbytes) ||
-        nbytes > SIZE_MAX)
+    if (!dtype_row_bytes(t->gguf_type, (uint64_t)cols, &row_bytes) ||
+        !tk_mul_u64(row_bytes, (uint64_t)rows, &nbytes) || nbytes > SIZE_MAX)
         return tk_fail(TK_ERR_RANGE, "synth: tensor %s size overflows", t->gguf_name);
     uint8_t *data = tk_alloc_aligned((size_t)nbytes, 64);
-    if (!data) return tk_fail(TK_ERR_NOMEM, "synth: out of memory for tensor %s (%llu bytes)", t->gguf_name,
-                              (unsigned long long)nbytes);
+    if (!data)
+        return tk_fail(TK_ERR_NOMEM, "synth: out of memory for tensor %s (%llu bytes)", t->gguf_name,
+                       (unsigned long long)nbytes);
     int64_t block = fcap / cols;
     if (block < 1) block = 1;
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         int64_t n = rows - r0 < block ? rows - r0 : block;
         synth_gen_rows(c, t, r0, n, true, fbuf);
         for (int64_t r = 0; r < n; r++) {
-            if (!kern_quantize_row(t->gguf_type, fbuf + r * cols, data + (uint64_t)(r0 + r) * row_bytes, cols)) {
+            if (!kern_quantize_row(t->gguf_type, fbuf + r * cols, data + (uint64_t)(r0 + r) * row_bytes,
+                                   cols)) {
                 tk_free_aligned(data);
                 return tk_fail(TK_ERR_UNSUPPORTED, "synth: cannot quantize tensor %s to %s", t->gguf_name,
                                dtype_name(t->gguf_type));
@@ -109,8 +111,10 @@ tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char 
     if (st != TK_OK) return st;
     if ((st = gguf_writer_init(32, &w)) != TK_OK) goto done;
     char name[128];
-    if (!strcmp(c->p.name, "tiny")) snprintf(name, sizeof name, "synth-tiny-%s", c->p.arch);
-    else snprintf(name, sizeof name, "synth-%s", c->p.name);
+    if (!strcmp(c->p.name, "tiny"))
+        snprintf(name, sizeof name, "synth-tiny-%s", c->p.arch);
+    else
+        snprintf(name, sizeof name, "synth-%s", c->p.name);
     if ((st = synth_write_meta(w, &c->p, name, synth_file_type(c->quant), v)) != TK_OK) goto done;
     for (int i = 0; i < nt; i++) {
         if ((st = gguf_w_tensor_info(w, ts[i].gguf_name, ts[i].gguf_type, ts[i].n_dims, ts[i].ne)) != TK_OK)

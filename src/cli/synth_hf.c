@@ -13,7 +13,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
-#define ROW_BLOCK_FLOATS (1 << 20)
+#define ROW_BLOCK_FLOATS    (1 << 20)
 #define DEFAULT_SHARD_BYTES (4ull << 30)
 
 typedef struct hf_type {
@@ -28,7 +28,8 @@ static hf_type hf_type_of(synth_quant q) {
 }
 
 static tk_status write_all(FILE *f, const void *p, size_t n, const char *path) {
-    if (n && fwrite(p, 1, n, f) != n) return tk_fail(TK_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    if (n && fwrite(p, 1, n, f) != n)
+        return tk_fail(TK_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     return TK_OK;
 }
 
@@ -127,7 +128,10 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
         va_start(ap, fmt);
         int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
         va_end(ap);
-        if (n < 0) { b->oom = true; return; }
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
         if (b->p && (size_t)n < b->cap - b->len) {
             b->len += (size_t)n;
             return;
@@ -135,7 +139,10 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap < b->len + (size_t)n + 1) cap *= 2;
         char *np = tk_realloc(b->p, cap);
-        if (!np) { b->oom = true; return; }
+        if (!np) {
+            b->oom = true;
+            return;
+        }
         b->p = np;
         b->cap = cap;
     }
@@ -157,12 +164,13 @@ static tk_status write_shard(const synth_cfg *c, const synth_tensor *ts, int t0,
         if (!t->hf_name[0]) continue;
         uint64_t nb = tensor_bytes(t, ht.size);
         if (t->n_dims == 2)
-            sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}", t->hf_name,
-                      ht.st_name, (long long)t->ne[1], (long long)t->ne[0], (unsigned long long)off,
-                      (unsigned long long)(off + nb));
+            sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}",
+                      t->hf_name, ht.st_name, (long long)t->ne[1], (long long)t->ne[0],
+                      (unsigned long long)off, (unsigned long long)(off + nb));
         else
-            sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}", t->hf_name,
-                      ht.st_name, (long long)t->ne[0], (unsigned long long)off, (unsigned long long)(off + nb));
+            sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}",
+                      t->hf_name, ht.st_name, (long long)t->ne[0], (unsigned long long)off,
+                      (unsigned long long)(off + nb));
         off += nb;
     }
     sb_printf(&h, "}");
@@ -194,7 +202,8 @@ static tk_status write_shard(const synth_cfg *c, const synth_tensor *ts, int t0,
             else if (c->quant == SYNTH_BF16)
                 for (int64_t j = 0; j < k; j++) ((tk_bf16 *)obuf)[j] = tk_f32_to_bf16(fbuf[j]);
             /* safetensors is little-endian, as is every machine tokamak runs on */
-            st = write_all(f, c->quant == SYNTH_F32 ? (const void *)fbuf : obuf, (size_t)k * (size_t)ht.size, path);
+            st = write_all(f, c->quant == SYNTH_F32 ? (const void *)fbuf : obuf, (size_t)k * (size_t)ht.size,
+                           path);
         }
     }
     if (fclose(f) != 0 && st == TK_OK) st = tk_fail(TK_ERR_IO, "%s: close failed: %s", path, strerror(errno));
@@ -240,11 +249,14 @@ tk_status synth_write_hf(const synth_cfg *c, const char *tok_dir, const char *di
     start[n_shards] = nt;
     bool index = force_index || n_shards > 1;
     char path[4300], fname[64];
-    sb_printf(&idx, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {", (unsigned long long)total);
+    sb_printf(&idx, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
+              (unsigned long long)total);
     bool first = true;
     for (int s = 0; s < n_shards && st == TK_OK; s++) {
-        if (index) snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        else snprintf(fname, sizeof fname, "model.safetensors");
+        if (index)
+            snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+        else
+            snprintf(fname, sizeof fname, "model.safetensors");
         if ((st = path_join(path, sizeof path, dir, fname)) != TK_OK) break;
         st = write_shard(c, ts, start[s], start[s + 1], path, fbuf, obuf, fcap);
         for (int i = start[s]; i < start[s + 1]; i++) {

@@ -57,10 +57,11 @@ tk_status synth_tokenizer_dir(char *out, size_t cap) {
         if (search_up(buf, out, cap)) return TK_OK;
     }
     if (getcwd(buf, sizeof buf) && search_up(buf, out, cap)) return TK_OK;
-    return tk_fail(TK_ERR_NOT_FOUND,
-                   "the Qwen3 tokenizer (%s/tokenizer.json) was not found above the binary or the current directory; "
-                   "run `make deps` or set TOKAMAK_TOKENIZER_DIR",
-                   TOK_REL);
+    return tk_fail(
+        TK_ERR_NOT_FOUND,
+        "the Qwen3 tokenizer (%s/tokenizer.json) was not found above the binary or the current directory; "
+        "run `make deps` or set TOKAMAK_TOKENIZER_DIR",
+        TOK_REL);
 }
 
 static tk_status read_file(const char *path, char **data, size_t *len) {
@@ -121,7 +122,8 @@ static int32_t find_added(const cJSON *added, const char *content) {
     cJSON_ArrayForEach(a, added) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
-        if (cJSON_IsString(c) && cJSON_IsNumber(id) && !strcmp(c->valuestring, content)) return (int32_t)id->valuedouble;
+        if (cJSON_IsString(c) && cJSON_IsNumber(id) && !strcmp(c->valuestring, content))
+            return (int32_t)id->valuedouble;
     }
     return -1;
 }
@@ -171,8 +173,8 @@ tk_status synth_vocab_load(const char *dir, int64_t n_vocab, synth_vocab **out) 
     cJSON_ArrayForEach(it, vocab) {
         double d = it->valuedouble;
         if (!cJSON_IsNumber(it) || d < 0 || d >= (double)n_vocab || d != (double)(int64_t)d) {
-            st = tk_fail(TK_ERR_RANGE, "%s: token '%s' has id %g outside the model vocabulary [0, %lld)", path,
-                         it->string, d, (long long)n_vocab);
+            st = tk_fail(TK_ERR_RANGE, "%s: token '%s' has id %g outside the model vocabulary [0, %lld)",
+                         path, it->string, d, (long long)n_vocab);
             goto fail;
         }
         int64_t id = (int64_t)d;
@@ -189,16 +191,19 @@ tk_status synth_vocab_load(const char *dir, int64_t n_vocab, synth_vocab **out) 
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(it, "special");
-        if (!cJSON_IsString(c) || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (double)n_vocab) {
-            st = tk_fail(TK_ERR_FORMAT, "%s: an added_tokens entry lacks content/id or its id is outside [0, %lld)",
-                         path, (long long)n_vocab);
+        if (!cJSON_IsString(c) || !cJSON_IsNumber(id) || id->valuedouble < 0 ||
+            id->valuedouble >= (double)n_vocab) {
+            st = tk_fail(TK_ERR_FORMAT,
+                         "%s: an added_tokens entry lacks content/id or its id is outside [0, %lld)", path,
+                         (long long)n_vocab);
             goto fail;
         }
         int64_t i = (int64_t)id->valuedouble;
         size_t n = strlen(c->valuestring);
         if (!arena_put(&ar, c->valuestring, n, NULL, 0, &offs[i])) goto oom;
         v->piece_lens[i] = n;
-        v->types[i] = (cJSON_IsTrue(sp) || looks_special(c->valuestring)) ? 3 /* CONTROL */ : 4 /* USER_DEFINED */;
+        v->types[i] =
+            (cJSON_IsTrue(sp) || looks_special(c->valuestring)) ? 3 /* CONTROL */ : 4 /* USER_DEFINED */;
     }
     for (int64_t i = 0; i < n_vocab; i++) {
         if (v->types[i]) continue;
@@ -220,9 +225,10 @@ tk_status synth_vocab_load(const char *dir, int64_t n_vocab, synth_vocab **out) 
             size_t n = strlen(it->valuestring);
             if (!arena_put(&ar, it->valuestring, n, NULL, 0, &moffs[m])) goto oom;
             v->merge_lens[m] = n;
-        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-            const char *a = cJSON_GetArrayItem(it, 0)->valuestring, *b = cJSON_GetArrayItem(it, 1)->valuestring;
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 &&
+                   cJSON_IsString(cJSON_GetArrayItem(it, 0)) && cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
+            const char *a = cJSON_GetArrayItem(it, 0)->valuestring,
+                       *b = cJSON_GetArrayItem(it, 1)->valuestring;
             if (!arena_put(&ar, a, strlen(a), b, strlen(b), &moffs[m])) goto oom;
             v->merge_lens[m] = strlen(a) + 1 + strlen(b);
         } else {
@@ -240,7 +246,8 @@ tk_status synth_vocab_load(const char *dir, int64_t n_vocab, synth_vocab **out) 
     v->eos_id = find_added(added, "<|im_end|>");
     v->pad_id = v->bos_id = find_added(added, "<|endoftext|>");
     if (v->eos_id < 0 || v->bos_id < 0) {
-        st = tk_fail(TK_ERR_FORMAT, "%s: <|im_end|> or <|endoftext|> missing from added_tokens (not a Qwen tokenizer?)",
+        st = tk_fail(TK_ERR_FORMAT,
+                     "%s: <|im_end|> or <|endoftext|> missing from added_tokens (not a Qwen tokenizer?)",
                      path);
         goto fail;
     }

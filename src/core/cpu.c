@@ -73,9 +73,12 @@ tk_isa cpu_isa_from_env(const tk_cpu *c) {
     const char *s = getenv("TOKAMAK_ISA");
     if (!s || !*s) return best;
     tk_isa want;
-    if (!strcmp(s, "scalar")) want = TK_ISA_SCALAR;
-    else if (!strcmp(s, "avx2")) want = TK_ISA_AVX2;
-    else if (!strcmp(s, "avx512")) want = TK_ISA_AVX512;
+    if (!strcmp(s, "scalar"))
+        want = TK_ISA_SCALAR;
+    else if (!strcmp(s, "avx2"))
+        want = TK_ISA_AVX2;
+    else if (!strcmp(s, "avx512"))
+        want = TK_ISA_AVX512;
     else {
         tk_log_warn("TOKAMAK_ISA=%s is not scalar|avx2|avx512; using %s", s, cpu_isa_name(best));
         return best;
@@ -89,9 +92,12 @@ tk_isa cpu_isa_from_env(const tk_cpu *c) {
 
 const char *cpu_isa_name(tk_isa isa) {
     switch (isa) {
-    case TK_ISA_AVX512: return "avx512";
-    case TK_ISA_AVX2: return "avx2";
-    default: return "scalar";
+    case TK_ISA_AVX512:
+        return "avx512";
+    case TK_ISA_AVX2:
+        return "avx2";
+    default:
+        return "scalar";
     }
 }
 

@@ -11,7 +11,7 @@ typedef struct tk_cpu {
     bool avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16;
     bool avxvnni;
-    int n_cores;      /* online logical CPUs */
+    int n_cores; /* online logical CPUs */
     char brand[64];
 } tk_cpu;
 

@@ -19,19 +19,38 @@ typedef enum tk_dtype {
 } tk_dtype;
 
 /* Block layouts (GGML compatible). QK = elements per block. */
-#define TK_QK8_0 32
-#define TK_QK4_0 32
-#define TK_QK_K 256
+#define TK_QK8_0        32
+#define TK_QK4_0        32
+#define TK_QK_K         256
 #define TK_K_SCALE_SIZE 12
 
 typedef uint16_t tk_f16;  /* IEEE half bits */
 typedef uint16_t tk_bf16; /* bfloat16 bits */
 
-typedef struct { tk_f16 d; int8_t qs[TK_QK8_0]; } tk_block_q8_0;                 /* 34 B */
-typedef struct { tk_f16 d; uint8_t qs[TK_QK4_0 / 2]; } tk_block_q4_0;            /* 18 B */
-typedef struct { tk_f16 d, dmin; uint8_t scales[TK_K_SCALE_SIZE]; uint8_t qs[TK_QK_K / 2]; } tk_block_q4_k; /* 144 B */
-typedef struct { uint8_t ql[TK_QK_K / 2]; uint8_t qh[TK_QK_K / 4]; int8_t scales[TK_QK_K / 16]; tk_f16 d; } tk_block_q6_k; /* 210 B */
-typedef struct { float d; int8_t qs[TK_QK_K]; int16_t bsums[TK_QK_K / 16]; } tk_block_q8_k; /* 292 B */
+typedef struct {
+    tk_f16 d;
+    int8_t qs[TK_QK8_0];
+} tk_block_q8_0; /* 34 B */
+typedef struct {
+    tk_f16 d;
+    uint8_t qs[TK_QK4_0 / 2];
+} tk_block_q4_0; /* 18 B */
+typedef struct {
+    tk_f16 d, dmin;
+    uint8_t scales[TK_K_SCALE_SIZE];
+    uint8_t qs[TK_QK_K / 2];
+} tk_block_q4_k; /* 144 B */
+typedef struct {
+    uint8_t ql[TK_QK_K / 2];
+    uint8_t qh[TK_QK_K / 4];
+    int8_t scales[TK_QK_K / 16];
+    tk_f16 d;
+} tk_block_q6_k; /* 210 B */
+typedef struct {
+    float d;
+    int8_t qs[TK_QK_K];
+    int16_t bsums[TK_QK_K / 16];
+} tk_block_q8_k; /* 292 B */
 
 /* True for the ids tokamak can load (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K). */
 bool dtype_supported(uint32_t id);
@@ -49,7 +68,10 @@ bool dtype_row_bytes(tk_dtype t, uint64_t n, uint64_t *bytes);
 float tk_f16_to_f32(tk_f16 h);
 tk_f16 tk_f32_to_f16(float f);
 static inline float tk_bf16_to_f32(tk_bf16 b) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)b << 16};
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)b << 16};
     return v.f;
 }
 tk_bf16 tk_f32_to_bf16(float f);

@@ -14,16 +14,26 @@ const char *tk_last_error(void) { return err_msg; }
 
 const char *tk_status_str(tk_status st) {
     switch (st) {
-    case TK_OK: return "ok";
-    case TK_ERR_INVALID: return "invalid";
-    case TK_ERR_FORMAT: return "format";
-    case TK_ERR_UNSUPPORTED: return "unsupported";
-    case TK_ERR_IO: return "io";
-    case TK_ERR_NOMEM: return "nomem";
-    case TK_ERR_RANGE: return "range";
-    case TK_ERR_FULL: return "full";
-    case TK_ERR_NOT_FOUND: return "not_found";
-    case TK_ERR_INTERNAL: return "internal";
+    case TK_OK:
+        return "ok";
+    case TK_ERR_INVALID:
+        return "invalid";
+    case TK_ERR_FORMAT:
+        return "format";
+    case TK_ERR_UNSUPPORTED:
+        return "unsupported";
+    case TK_ERR_IO:
+        return "io";
+    case TK_ERR_NOMEM:
+        return "nomem";
+    case TK_ERR_RANGE:
+        return "range";
+    case TK_ERR_FULL:
+        return "full";
+    case TK_ERR_NOT_FOUND:
+        return "not_found";
+    case TK_ERR_INTERNAL:
+        return "internal";
     }
     return "unknown";
 }

@@ -12,9 +12,9 @@ void tk_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 void tk_error_clear(void);
 
 /* For broken invariants only, never for input: prints and aborts in every build. */
-#define TK_ASSERT(cond)                                                                            \
-    do {                                                                                           \
-        if (!(cond)) tk_assert_fail(#cond, __FILE__, __LINE__);                                   \
+#define TK_ASSERT(cond)                                                                                      \
+    do {                                                                                                     \
+        if (!(cond)) tk_assert_fail(#cond, __FILE__, __LINE__);                                              \
     } while (0)
 _Noreturn void tk_assert_fail(const char *expr, const char *file, int line);
 

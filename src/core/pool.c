@@ -33,8 +33,8 @@ struct tk_pool {
     worker *workers;
     tk_pool_fn fn;
     void *ctx;
-    _Atomic unsigned gen;     /* bumped by pool_run to start a run */
-    _Atomic int done;         /* workers finished with the current run */
+    _Atomic unsigned gen; /* bumped by pool_run to start a run */
+    _Atomic int done;     /* workers finished with the current run */
     _Atomic int stop;
     _Atomic int sleepers;
     pthread_mutex_t mu;

@@ -13,13 +13,13 @@
 typedef enum tk_layout { TK_LAYOUT_ROWS = 0, TK_LAYOUT_X8 = 1, TK_LAYOUT_X4 = 2, TK_LAYOUT_COUNT } tk_layout;
 
 typedef struct tk_tensor {
-    const char *name;   /* NUL-terminated, owned by the file object */
+    const char *name; /* NUL-terminated, owned by the file object */
     tk_dtype type;
-    int n_dims;         /* 1..4 */
-    int64_t ne[4];      /* GGML order: ne[0] is the contiguous (row) length; unused dims are 1 */
-    const void *data;   /* into the read-only mapping (or a repacked buffer) */
-    uint64_t nbytes;    /* exactly rows * row bytes, checked at load (the same in every layout) */
-    tk_layout layout;   /* TK_LAYOUT_ROWS unless the model repacked it */
+    int n_dims;       /* 1..4 */
+    int64_t ne[4];    /* GGML order: ne[0] is the contiguous (row) length; unused dims are 1 */
+    const void *data; /* into the read-only mapping (or a repacked buffer) */
+    uint64_t nbytes;  /* exactly rows * row bytes, checked at load (the same in every layout) */
+    tk_layout layout; /* TK_LAYOUT_ROWS unless the model repacked it */
 } tk_tensor;
 
 #endif

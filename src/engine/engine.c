@@ -24,9 +24,9 @@
 #define STOP_MAX_LEN 4096 /* longest stop string (stop.c enforces it) */
 
 typedef struct eng_req {
-    sched_seq seq;            /* first member: plan items point here */
+    sched_seq seq; /* first member: plan items point here */
     uint64_t id;
-    int32_t *tokens;          /* (cap) prompt, then output */
+    int32_t *tokens; /* (cap) prompt, then output */
     int cap;
     int n_prompt, n_output;
     int max_tokens;           /* 0: until the context limit */
@@ -35,7 +35,7 @@ typedef struct eng_req {
     tk_sampler *sampler;      /* made at first schedule, so the queue holds no vocab-sized buffers */
     char *stops[TK_MAX_STOP]; /* owned copies */
     int n_stops;
-    int32_t *stop_tokens;     /* (n_stop_tokens) owned copy */
+    int32_t *stop_tokens; /* (n_stop_tokens) owned copy */
     int n_stop_tokens;
     bool ignore_eos, need_text;
     tok_stream *ts;
@@ -44,7 +44,7 @@ typedef struct eng_req {
     tk_on_finish on_finish;
     void *user;
     tk_request_times times;
-    bool in_sched, cancel;    /* cancel: under the engine mutex */
+    bool in_sched, cancel;         /* cancel: under the engine mutex */
     struct eng_req *lprev, *lnext; /* live list (under the mutex) */
     struct eng_req *inext;         /* inbox (under the mutex) */
     struct eng_req *cnext;         /* the loop's list of cancelled ones to finish */
@@ -52,32 +52,32 @@ typedef struct eng_req {
 
 struct tk_engine {
     backend be;
-    tk_engine_opts o;          /* resolved options */
+    tk_engine_opts o; /* resolved options */
     sched *sc;
     sched_opts so;
     pthread_t thread;
     bool thread_started;
 
-    pthread_mutex_t mu;        /* guards everything down to stats */
+    pthread_mutex_t mu; /* guards everything down to stats */
     pthread_cond_t cv;
     bool stopping;
     uint64_t next_id;
-    eng_req *live;             /* every accepted, unfinished request */
+    eng_req *live; /* every accepted, unfinished request */
     int n_live, n_running_seen;
     eng_req *inbox_head, *inbox_tail;
-    int cancel_pending;        /* cancel flags set since the loop last looked */
+    int cancel_pending; /* cancel flags set since the loop last looked */
 
     pthread_mutex_t stats_mu;
     tk_engine_stats stats;
 
     /* loop-thread scratch, sized at create */
-    int32_t *b_tokens;         /* (max step tokens) */
-    int32_t *b_n, *b_pos0;     /* (max_batch) */
-    const int32_t **b_bt;      /* (max_batch) */
-    int32_t *b_want;           /* (max_batch) logits wanted: 0 or 1 */
-    float *logits;             /* (max_batch, n_vocab) */
-    char *tbuf;                /* (tok bound) detokenized bytes of one token */
-    char *obuf;                /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
+    int32_t *b_tokens;     /* (max step tokens) */
+    int32_t *b_n, *b_pos0; /* (max_batch) */
+    const int32_t **b_bt;  /* (max_batch) */
+    int32_t *b_want;       /* (max_batch) logits wanted: 0 or 1 */
+    float *logits;         /* (max_batch, n_vocab) */
+    char *tbuf;            /* (tok bound) detokenized bytes of one token */
+    char *obuf;            /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
     size_t tbound;
 };
 
@@ -132,8 +132,10 @@ static void req_free(eng_req *q) {
 }
 
 static void live_unlink(tk_engine *e, eng_req *q) {
-    if (q->lprev) q->lprev->lnext = q->lnext;
-    else e->live = q->lnext;
+    if (q->lprev)
+        q->lprev->lnext = q->lnext;
+    else
+        e->live = q->lnext;
     if (q->lnext) q->lnext->lprev = q->lprev;
     q->lprev = q->lnext = NULL;
     e->n_live--;
@@ -169,8 +171,12 @@ static void req_finish(tk_engine *e, eng_req *q, tk_finish reason, const char *m
     live_unlink(e, q);
     pthread_mutex_unlock(&e->mu);
     if (q->on_finish) {
-        tk_finish_event ev = {.id = q->id, .reason = reason, .message = reason == TK_FINISH_ERROR ? message : NULL,
-                              .text = e->obuf, .text_len = tl, .times = q->times};
+        tk_finish_event ev = {.id = q->id,
+                              .reason = reason,
+                              .message = reason == TK_FINISH_ERROR ? message : NULL,
+                              .text = e->obuf,
+                              .text_len = tl,
+                              .times = q->times};
         q->on_finish(q->user, &ev);
     }
     req_free(q);
@@ -188,12 +194,14 @@ static tk_status req_build(tk_engine *e, const tk_request *r, eng_req **out) {
     if (!r->prompt || r->n_prompt <= 0)
         return tk_fail(TK_ERR_INVALID, "submit: empty prompt (n_prompt %d)", r->n_prompt);
     if (r->n_prompt > ctx)
-        return tk_fail(TK_ERR_RANGE, "submit: prompt of %d tokens is longer than the context of %d", r->n_prompt, ctx);
+        return tk_fail(TK_ERR_RANGE, "submit: prompt of %d tokens is longer than the context of %d",
+                       r->n_prompt, ctx);
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= V)
             return tk_fail(TK_ERR_RANGE, "submit: prompt token %d at %d outside the vocabulary [0, %d)",
                            (int)r->prompt[i], i, V);
-    if (r->max_tokens < 0) return tk_fail(TK_ERR_INVALID, "submit: max_tokens %d must be >= 0", r->max_tokens);
+    if (r->max_tokens < 0)
+        return tk_fail(TK_ERR_INVALID, "submit: max_tokens %d must be >= 0", r->max_tokens);
     tk_status st = sampler_check(&r->sampling, V);
     if (st != TK_OK) return st;
     int n_stops = 0;
@@ -208,7 +216,8 @@ static tk_status req_build(tk_engine *e, const tk_request *r, eng_req **out) {
         return tk_fail(TK_ERR_INVALID, "submit: n_stop_tokens %d without ids", r->n_stop_tokens);
     for (int i = 0; i < r->n_stop_tokens; i++)
         if (r->stop_tokens[i] < 0 || r->stop_tokens[i] >= V)
-            return tk_fail(TK_ERR_RANGE, "submit: stop token %d outside the vocabulary [0, %d)", (int)r->stop_tokens[i], V);
+            return tk_fail(TK_ERR_RANGE, "submit: stop token %d outside the vocabulary [0, %d)",
+                           (int)r->stop_tokens[i], V);
     bool need_text = r->want_text || n_stops > 0;
     if (need_text && !e->be.tok)
         return tk_fail(TK_ERR_INVALID, "submit: %s needs a tokenizer and this model has none",
@@ -218,7 +227,8 @@ static tk_status req_build(tk_engine *e, const tk_request *r, eng_req **out) {
     if (!q) return tk_fail(TK_ERR_NOMEM, "submit: out of memory");
     /* Room for the prompt and every output token that can still be fed. */
     int64_t cap = (int64_t)ctx + 1;
-    if (r->max_tokens > 0 && (int64_t)r->n_prompt + r->max_tokens < cap) cap = (int64_t)r->n_prompt + r->max_tokens;
+    if (r->max_tokens > 0 && (int64_t)r->n_prompt + r->max_tokens < cap)
+        cap = (int64_t)r->n_prompt + r->max_tokens;
     q->cap = (int)cap;
     q->tokens = tk_calloc((size_t)cap, sizeof *q->tokens);
     if (!q->tokens) goto nomem;
@@ -282,7 +292,8 @@ tk_status tk_engine_submit(tk_engine *e, const tk_request *r, uint64_t *id) {
     if (waiting >= e->o.max_queue) {
         pthread_mutex_unlock(&e->mu);
         req_free(q);
-        return tk_fail(TK_ERR_FULL, "submit: %d requests waiting, the queue holds %d", waiting, e->o.max_queue);
+        return tk_fail(TK_ERR_FULL, "submit: %d requests waiting, the queue holds %d", waiting,
+                       e->o.max_queue);
     }
     q->id = ++e->next_id;
     q->times.queued = tk_now_s();
@@ -290,8 +301,10 @@ tk_status tk_engine_submit(tk_engine *e, const tk_request *r, uint64_t *id) {
     if (e->live) e->live->lprev = q;
     e->live = q;
     e->n_live++;
-    if (e->inbox_tail) e->inbox_tail->inext = q;
-    else e->inbox_head = q;
+    if (e->inbox_tail)
+        e->inbox_tail->inext = q;
+    else
+        e->inbox_head = q;
     e->inbox_tail = q;
     if (id) *id = q->id;
     pthread_cond_signal(&e->cv);
@@ -344,7 +357,8 @@ static void req_accept_token(tk_engine *e, eng_req *q, int32_t tok, tk_token_eve
     size_t tl = 0;
     if (q->need_text) {
         size_t n = tok_stream_push(q->ts, tok, e->tbuf, e->tbound);
-        if (q->sm) hit = stop_push(q->sm, e->tbuf, n, e->obuf, &tl);
+        if (q->sm)
+            hit = stop_push(q->sm, e->tbuf, n, e->obuf, &tl);
         else {
             memcpy(e->obuf, e->tbuf, n);
             tl = n;
@@ -355,14 +369,19 @@ static void req_accept_token(tk_engine *e, eng_req *q, int32_t tok, tk_token_eve
     ev->text = e->obuf;
     ev->text_len = tl;
     if (q->on_token) q->on_token(q->user, ev);
-    if (hit) req_finish(e, q, TK_FINISH_STOP, NULL);
-    else if (q->max_tokens > 0 && q->n_output >= q->max_tokens) req_finish(e, q, TK_FINISH_LENGTH, NULL);
+    if (hit)
+        req_finish(e, q, TK_FINISH_STOP, NULL);
+    else if (q->max_tokens > 0 && q->n_output >= q->max_tokens)
+        req_finish(e, q, TK_FINISH_LENGTH, NULL);
     /* The new token sits at position n_prompt + n_output - 1; it can be fed only below ctx. */
-    else if (q->n_prompt + q->n_output - 1 >= e->o.ctx) req_finish(e, q, TK_FINISH_LENGTH, NULL);
-    else if (q->n_output >= q->cap - q->n_prompt + 1) req_finish(e, q, TK_FINISH_LENGTH, NULL);
+    else if (q->n_prompt + q->n_output - 1 >= e->o.ctx)
+        req_finish(e, q, TK_FINISH_LENGTH, NULL);
+    else if (q->n_output >= q->cap - q->n_prompt + 1)
+        req_finish(e, q, TK_FINISH_LENGTH, NULL);
 }
 
-static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t prompt_tok, uint64_t out_tok) {
+static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t prompt_tok,
+                          uint64_t out_tok) {
     sched_counts c;
     sched_counts_get(e->sc, &c);
     pthread_mutex_lock(&e->mu);
@@ -417,8 +436,13 @@ static void run_step(tk_engine *e) {
         /* Prompt tokens processed (recomputation after preemption included). */
         if (it->n > 1 || it->pos0 < q->n_prompt) prompt_tok += (uint64_t)it->n;
     }
-    tk_batch b = {.n_seq = p->n_items, .n_tok = nt, .tokens = e->b_tokens, .n = e->b_n, .pos0 = e->b_pos0,
-                  .bt = e->b_bt, .n_logits = e->b_want};
+    tk_batch b = {.n_seq = p->n_items,
+                  .n_tok = nt,
+                  .tokens = e->b_tokens,
+                  .n = e->b_n,
+                  .pos0 = e->b_pos0,
+                  .bt = e->b_bt,
+                  .n_logits = e->b_want};
     double t0 = tk_now_s();
     tk_status st = e->be.step(e->be.ctx, &b, e->logits);
     double t1 = tk_now_s();
@@ -480,8 +504,10 @@ static void *engine_loop(void *arg) {
         for (eng_req *q = in; q;) {
             eng_req *next = q->inext;
             q->inext = NULL;
-            if (sched_add(e->sc, &q->seq, q->id) == TK_OK) q->in_sched = true;
-            else req_finish(e, q, TK_FINISH_ERROR, "engine: out of memory for a block table");
+            if (sched_add(e->sc, &q->seq, q->id) == TK_OK)
+                q->in_sched = true;
+            else
+                req_finish(e, q, TK_FINISH_ERROR, "engine: out of memory for a block table");
             q = next;
         }
         /* Collect the cancelled under the lock, finish them outside it (callbacks
@@ -514,8 +540,10 @@ static void *engine_loop(void *arg) {
             publish_stats(e, NULL, 0, 0, 0);
             return NULL;
         }
-        if (sched_busy(e->sc)) run_step(e);
-        else if (cancels) publish_stats(e, NULL, 0, 0, 0); /* no step will: say the blocks are back */
+        if (sched_busy(e->sc))
+            run_step(e);
+        else if (cancels)
+            publish_stats(e, NULL, 0, 0, 0); /* no step will: say the blocks are back */
     }
 }
 
@@ -546,16 +574,20 @@ static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
     if (o->max_queue == 0) o->max_queue = d.max_queue;
     if (o->max_seqs == 0) o->max_seqs = o->max_batch;
     if (!(o->step_ms >= 0) || o->step_ms > 3600e3)
-        return tk_fail(TK_ERR_INVALID, "engine: step_ms %g, expected 0 (automatic) up to 3600000", o->step_ms);
-    if (o->step_tokens < 0) return tk_fail(TK_ERR_INVALID, "engine: step_tokens %d must be >= 0", o->step_tokens);
+        return tk_fail(TK_ERR_INVALID, "engine: step_ms %g, expected 0 (automatic) up to 3600000",
+                       o->step_ms);
+    if (o->step_tokens < 0)
+        return tk_fail(TK_ERR_INVALID, "engine: step_tokens %d must be >= 0", o->step_tokens);
     if (o->step_tokens == 0) o->step_tokens = engine_default_step_tokens(o->max_batch > 0 ? o->max_batch : 0);
-    if (o->ctx < 1 || o->ctx > (1 << 24)) return tk_fail(TK_ERR_INVALID, "engine: ctx %d, expected 1..%d", o->ctx, 1 << 24);
+    if (o->ctx < 1 || o->ctx > (1 << 24))
+        return tk_fail(TK_ERR_INVALID, "engine: ctx %d, expected 1..%d", o->ctx, 1 << 24);
     if (o->max_batch < 1 || o->max_batch > 4096)
         return tk_fail(TK_ERR_INVALID, "engine: max_batch %d, expected 1..4096", o->max_batch);
     if (o->max_seqs < 1) return tk_fail(TK_ERR_INVALID, "engine: max_seqs %d must be >= 1", o->max_seqs);
     if (o->max_queue < 1) return tk_fail(TK_ERR_INVALID, "engine: max_queue %d must be >= 1", o->max_queue);
     if (o->n_threads < 0) return tk_fail(TK_ERR_INVALID, "engine: n_threads %d must be >= 0", o->n_threads);
-    if ((unsigned)o->kv_type > TK_KV_INT8) return tk_fail(TK_ERR_INVALID, "engine: unknown kv_type %d", (int)o->kv_type);
+    if ((unsigned)o->kv_type > TK_KV_INT8)
+        return tk_fail(TK_ERR_INVALID, "engine: unknown kv_type %d", (int)o->kv_type);
     if ((unsigned)o->kv_scale > TK_KV_SCALE_TOKEN)
         return tk_fail(TK_ERR_INVALID, "engine: unknown kv_scale %d", (int)o->kv_scale);
     return TK_OK;
@@ -583,8 +615,12 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
-    e->so = (sched_opts){.block_size = o.block_size, .ctx = o.ctx, .n_blocks = be->n_blocks, .max_batch = o.max_batch,
-                         .step_tokens = o.step_tokens, .no_chunking = o.no_chunking,
+    e->so = (sched_opts){.block_size = o.block_size,
+                         .ctx = o.ctx,
+                         .n_blocks = be->n_blocks,
+                         .max_batch = o.max_batch,
+                         .step_tokens = o.step_tokens,
+                         .no_chunking = o.no_chunking,
                          .static_batching = o.static_batching};
     /* An explicit step_tokens alone is a fixed budget; otherwise the budget is
      * time-based, with step_tokens (given or default) as its cap. */
@@ -607,7 +643,8 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     e->logits = tk_calloc((size_t)o.max_batch * (size_t)be->n_vocab, sizeof *e->logits);
     e->tbuf = tk_malloc(e->tbound + 1);
     e->obuf = tk_malloc(ob);
-    if (!e->b_tokens || !e->b_n || !e->b_pos0 || !e->b_bt || !e->b_want || !e->logits || !e->tbuf || !e->obuf) {
+    if (!e->b_tokens || !e->b_n || !e->b_pos0 || !e->b_bt || !e->b_want || !e->logits || !e->tbuf ||
+        !e->obuf) {
         st = tk_fail(TK_ERR_NOMEM, "engine: out of memory for step buffers (batch %d, vocab %d)", o.max_batch,
                      be->n_vocab);
         goto fail;
@@ -687,7 +724,8 @@ tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_eng
     if (o.kv_mem == 0) {
         if (!tk_mul_u64((uint64_t)o.max_seqs, (uint64_t)per_seq, &nb)) nb = UINT64_MAX;
         if (nb > (1u << 30))
-            return tk_fail(TK_ERR_RANGE, "engine: KV pool of %llu blocks is too large", (unsigned long long)nb);
+            return tk_fail(TK_ERR_RANGE, "engine: KV pool of %llu blocks is too large",
+                           (unsigned long long)nb);
     }
     backend_cpu_opts bo = {
         .n_threads = o.n_threads,

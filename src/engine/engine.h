@@ -20,8 +20,8 @@ int engine_default_step_tokens(int max_batch);
  * times what its decodes alone cost, at most ENGINE_STEP_MAX_S seconds (also
  * the target when nothing decodes); every step offers a waiting prefill at
  * least ENGINE_STEP_MIN_CHUNK tokens. */
-#define ENGINE_STEP_RATIO 2.0
-#define ENGINE_STEP_MAX_S 1.0
+#define ENGINE_STEP_RATIO     2.0
+#define ENGINE_STEP_MAX_S     1.0
 #define ENGINE_STEP_MIN_CHUNK 16
 
 /* The default time-based budget options (adaptive, automatic target). */

@@ -14,14 +14,14 @@ typedef struct cand {
 } cand;
 
 struct tk_sampler {
-    tk_sampling p;           /* parameters; p.logit_bias points at bias below */
+    tk_sampling p; /* parameters; p.logit_bias points at bias below */
     int n_vocab;
-    int n_prompt;            /* history[0, n_prompt) is prompt: no presence/frequency */
-    uint64_t draws;          /* counter of the random stream */
-    tk_logit_bias *bias;     /* (n_logit_bias) owned copy */
-    cand *cands;             /* (n_vocab) scratch for temperature sampling, NULL if greedy */
-    uint32_t *counts;        /* (n_vocab) zero between calls, NULL without penalties */
-    uint8_t *seen;           /* (n_vocab) zero between calls, NULL without repetition penalty */
+    int n_prompt;        /* history[0, n_prompt) is prompt: no presence/frequency */
+    uint64_t draws;      /* counter of the random stream */
+    tk_logit_bias *bias; /* (n_logit_bias) owned copy */
+    cand *cands;         /* (n_vocab) scratch for temperature sampling, NULL if greedy */
+    uint32_t *counts;    /* (n_vocab) zero between calls, NULL without penalties */
+    uint8_t *seen;       /* (n_vocab) zero between calls, NULL without repetition penalty */
 };
 
 /* ---- the random stream --------------------------------------------------- */
@@ -47,7 +47,8 @@ tk_status sampler_check(const tk_sampling *s, int n_vocab) {
     if (!s) return tk_fail(TK_ERR_INVALID, "sampling: parameters are NULL");
     if (n_vocab <= 0) return tk_fail(TK_ERR_INVALID, "sampling: n_vocab %d must be > 0", n_vocab);
     if (!finite_f(s->temperature) || s->temperature < 0)
-        return tk_fail(TK_ERR_INVALID, "sampling: temperature %g must be finite and >= 0", (double)s->temperature);
+        return tk_fail(TK_ERR_INVALID, "sampling: temperature %g must be finite and >= 0",
+                       (double)s->temperature);
     if (s->top_k < 0) return tk_fail(TK_ERR_INVALID, "sampling: top_k %d must be >= 0 (0: off)", s->top_k);
     if (!(s->top_p > 0 && s->top_p <= 1))
         return tk_fail(TK_ERR_INVALID, "sampling: top_p %g must be in (0, 1]", (double)s->top_p);
@@ -72,8 +73,8 @@ tk_status sampler_check(const tk_sampling *s, int n_vocab) {
     for (int i = 0; i < s->n_logit_bias; i++) {
         const tk_logit_bias *b = &s->logit_bias[i];
         if (b->token < 0 || b->token >= n_vocab)
-            return tk_fail(TK_ERR_RANGE, "sampling: logit_bias[%d] token %d outside the vocabulary [0, %d)", i,
-                           (int)b->token, n_vocab);
+            return tk_fail(TK_ERR_RANGE, "sampling: logit_bias[%d] token %d outside the vocabulary [0, %d)",
+                           i, (int)b->token, n_vocab);
         /* -inf bans a token; +inf or NaN would make the distribution meaningless. */
         if (isnan(b->bias) || b->bias == INFINITY)
             return tk_fail(TK_ERR_INVALID, "sampling: logit_bias[%d] bias %g must be finite or -inf", i,
@@ -200,9 +201,12 @@ static void cand_select(cand *c, int n, int k) {
             }
         }
         /* [lo, j] before-or-equal pivot, [i, hi] after-or-equal. */
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else return;
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            return;
     }
 }
 
@@ -287,7 +291,8 @@ static int32_t sample_temperature(tk_sampler *s, const float *logits, double u) 
     return c[n - 1].id;
 }
 
-int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history, tk_token_event *ev) {
+int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history,
+                       tk_token_event *ev) {
     const int V = s->n_vocab;
     const uint64_t draw = s->draws++;
     for (int t = 0; t < V; t++)

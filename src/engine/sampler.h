@@ -46,7 +46,8 @@ void sampler_set_n_prompt(tk_sampler *s, int n_prompt);
  * Returns the token, or -1 when no token has a finite logit (NaN logits count
  * as -inf), in which case ev is untouched. Advances the random counter by one
  * on every call, greedy included, so draws stay aligned with positions. */
-int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history, tk_token_event *ev);
+int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history,
+                       tk_token_event *ev);
 
 /* Number of draws made so far (the counter of the random stream). */
 uint64_t sampler_draws(const tk_sampler *s);

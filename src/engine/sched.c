@@ -20,16 +20,20 @@ struct sched {
     int blocks_used, blocks_peak;
     uint64_t preemptions;
     int n_no_blocks, n_behind, n_preempted_waiting;
-    sched_cost cost;  /* measured per-token costs (sched_observe) */
+    sched_cost cost; /* measured per-token costs (sched_observe) */
 };
 
 /* ---- lists ------------------------------------------------------------------ */
 
 static void list_unlink(seq_list *l, sched_seq *q) {
-    if (q->prev) q->prev->next = q->next;
-    else l->head = q->next;
-    if (q->next) q->next->prev = q->prev;
-    else l->tail = q->prev;
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        l->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    else
+        l->tail = q->prev;
     q->prev = q->next = NULL;
     l->n--;
 }
@@ -40,16 +44,22 @@ static void list_insert_sorted(seq_list *l, sched_seq *q) {
     while (after && after->order > q->order) after = after->prev;
     q->prev = after;
     q->next = after ? after->next : l->head;
-    if (q->next) q->next->prev = q;
-    else l->tail = q;
-    if (after) after->next = q;
-    else l->head = q;
+    if (q->next)
+        q->next->prev = q;
+    else
+        l->tail = q;
+    if (after)
+        after->next = q;
+    else
+        l->head = q;
     l->n++;
 }
 
 /* ---- setup ------------------------------------------------------------------ */
 
-int sched_max_step_tokens(const sched_opts *o) { return o->no_chunking ? o->step_tokens + o->ctx : o->step_tokens; }
+int sched_max_step_tokens(const sched_opts *o) {
+    return o->no_chunking ? o->step_tokens + o->ctx : o->step_tokens;
+}
 
 int sched_blocks_for(const sched *s, int n) { return (n + s->o.block_size - 1) / s->o.block_size; }
 
@@ -64,22 +74,29 @@ tk_status sched_init(const sched_opts *o, const sched_blocks *blocks, sched **ou
     if (o->max_batch <= 0 || o->max_batch > 4096)
         return tk_fail(TK_ERR_INVALID, "sched: max_batch %d, expected 1..4096", o->max_batch);
     if (o->step_tokens < o->max_batch || o->step_tokens > (1 << 20))
-        return tk_fail(TK_ERR_INVALID, "sched: step budget %d tokens must be >= max_batch %d (every running decode fits) and <= %d",
-                       o->step_tokens, o->max_batch, 1 << 20);
+        return tk_fail(
+            TK_ERR_INVALID,
+            "sched: step budget %d tokens must be >= max_batch %d (every running decode fits) and <= %d",
+            o->step_tokens, o->max_batch, 1 << 20);
     const sched_budget_opts *bo = &o->budget;
     if (bo->adaptive) {
         if (!(bo->target_s >= 0) || bo->target_s > 3600)
-            return tk_fail(TK_ERR_INVALID, "sched: step target %g s, expected 0 (automatic) or up to 3600", bo->target_s);
-        if (bo->target_s == 0 && (!(bo->ratio >= 1) || bo->ratio > 1000 || !(bo->max_s > 0) || bo->max_s > 3600))
-            return tk_fail(TK_ERR_INVALID, "sched: automatic step target needs ratio in [1, 1000] (got %g) and max in "
-                           "(0, 3600] s (got %g)", bo->ratio, bo->max_s);
+            return tk_fail(TK_ERR_INVALID, "sched: step target %g s, expected 0 (automatic) or up to 3600",
+                           bo->target_s);
+        if (bo->target_s == 0 &&
+            (!(bo->ratio >= 1) || bo->ratio > 1000 || !(bo->max_s > 0) || bo->max_s > 3600))
+            return tk_fail(TK_ERR_INVALID,
+                           "sched: automatic step target needs ratio in [1, 1000] (got %g) and max in "
+                           "(0, 3600] s (got %g)",
+                           bo->ratio, bo->max_s);
         if (bo->min_chunk < 1 || bo->min_chunk > o->step_tokens)
-            return tk_fail(TK_ERR_INVALID, "sched: minimum prefill chunk %d, expected 1..step cap %d", bo->min_chunk,
-                           o->step_tokens);
+            return tk_fail(TK_ERR_INVALID, "sched: minimum prefill chunk %d, expected 1..step cap %d",
+                           bo->min_chunk, o->step_tokens);
     }
     int need = (o->ctx + bs - 1) / bs;
     if (o->n_blocks < need)
-        return tk_fail(TK_ERR_NOMEM, "sched: the KV pool holds %d blocks of %d tokens; one sequence of context %d needs %d",
+        return tk_fail(TK_ERR_NOMEM,
+                       "sched: the KV pool holds %d blocks of %d tokens; one sequence of context %d needs %d",
                        o->n_blocks, bs, o->ctx, need);
     sched *s = tk_calloc(1, sizeof *s);
     if (!s) return tk_fail(TK_ERR_NOMEM, "sched: out of memory");
@@ -183,7 +200,8 @@ static double ewma(double est, double obs) {
 }
 
 void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double seconds) {
-    if (!(seconds > 0) || !isfinite(seconds) || n_decode < 0 || n_prefill < 0 || n_decode + n_prefill == 0) return;
+    if (!(seconds > 0) || !isfinite(seconds) || n_decode < 0 || n_prefill < 0 || n_decode + n_prefill == 0)
+        return;
     double mean = seconds / (n_decode + n_prefill);
     if (n_prefill == 0) {
         c->dec_s = ewma(c->dec_s, mean);
@@ -320,10 +338,15 @@ const sched_plan *sched_plan_step(sched *s) {
 
     s->n_no_blocks = s->n_behind = s->n_preempted_waiting = 0;
     for (sched_seq *q = s->waiting.head; q; q = q->next) {
-        q->cause = q->preempted ? SCHED_CAUSE_PREEMPTED : q == s->waiting.head ? stop_cause : SCHED_CAUSE_BEHIND_PREFILL;
-        if (q->cause == SCHED_CAUSE_NO_BLOCKS) s->n_no_blocks++;
-        else if (q->cause == SCHED_CAUSE_PREEMPTED) s->n_preempted_waiting++;
-        else s->n_behind++;
+        q->cause = q->preempted           ? SCHED_CAUSE_PREEMPTED
+                   : q == s->waiting.head ? stop_cause
+                                          : SCHED_CAUSE_BEHIND_PREFILL;
+        if (q->cause == SCHED_CAUSE_NO_BLOCKS)
+            s->n_no_blocks++;
+        else if (q->cause == SCHED_CAUSE_PREEMPTED)
+            s->n_preempted_waiting++;
+        else
+            s->n_behind++;
     }
     return p;
 }

@@ -23,41 +23,41 @@
 /* Where blocks come from (the KV pool in the engine, a counter in tests). */
 typedef struct sched_blocks {
     void *ctx;
-    int (*alloc)(void *ctx);          /* a block id, or -1 when none is free */
+    int (*alloc)(void *ctx); /* a block id, or -1 when none is free */
     void (*free)(void *ctx, int block);
     int (*n_free)(void *ctx);
 } sched_blocks;
 
 /* The time-based step budget (docs/engine.md, "Step budget"). */
 typedef struct sched_budget_opts {
-    bool adaptive;       /* false: every step's budget is sched_opts.step_tokens */
-    double target_s;     /* > 0: every step aims at this many seconds; 0: automatic */
-    double ratio;        /* automatic: ratio x the step's predicted decode time ... */
-    double max_s;        /* ... at most max_s, and max_s when nothing decodes */
-    int min_chunk;       /* prefill tokens a step always offers while a prefill waits */
+    bool adaptive;   /* false: every step's budget is sched_opts.step_tokens */
+    double target_s; /* > 0: every step aims at this many seconds; 0: automatic */
+    double ratio;    /* automatic: ratio x the step's predicted decode time ... */
+    double max_s;    /* ... at most max_s, and max_s when nothing decodes */
+    int min_chunk;   /* prefill tokens a step always offers while a prefill waits */
 } sched_budget_opts;
 
 /* Measured costs: exponentially weighted seconds per token. */
 typedef struct sched_cost {
-    double dec_s;        /* per decode token, from decode-only steps; 0 until one ran */
-    double pre_s;        /* per prefill token (the step minus its predicted decodes); 0 until one ran */
-    int last_prefill;    /* prefill tokens of the last step that had any (growth is at most 2x) */
+    double dec_s;     /* per decode token, from decode-only steps; 0 until one ran */
+    double pre_s;     /* per prefill token (the step minus its predicted decodes); 0 until one ran */
+    int last_prefill; /* prefill tokens of the last step that had any (growth is at most 2x) */
 } sched_cost;
 
 /* Weight of the newest step in the averages: an estimate rises faster than
  * it falls, so a step that ran long is corrected at once (the tail is what
  * the budget protects) and one that ran short over a few steps. */
-#define SCHED_COST_ALPHA_UP 0.5
+#define SCHED_COST_ALPHA_UP   0.5
 #define SCHED_COST_ALPHA_DOWN 0.25
 
 typedef struct sched_opts {
     int block_size;
-    int ctx;             /* most positions of one sequence */
-    int n_blocks;        /* blocks in the pool */
-    int max_batch;       /* running sequences */
-    int step_tokens;     /* fixed token budget of a step, or the cap of the time-based one (>= max_batch) */
-    bool no_chunking;    /* a prompt is prefilled whole, in one step */
-    bool static_batching;/* admit only when nothing runs */
+    int ctx;              /* most positions of one sequence */
+    int n_blocks;         /* blocks in the pool */
+    int max_batch;        /* running sequences */
+    int step_tokens;      /* fixed token budget of a step, or the cap of the time-based one (>= max_batch) */
+    bool no_chunking;     /* a prompt is prefilled whole, in one step */
+    bool static_batching; /* admit only when nothing runs */
     sched_budget_opts budget;
 } sched_opts;
 
@@ -67,34 +67,34 @@ enum { SCHED_CAUSE_NONE = 0, SCHED_CAUSE_NO_BLOCKS, SCHED_CAUSE_BEHIND_PREFILL, 
 /* One sequence, embedded by the engine in its request. Fields are read-only
  * outside sched.c except n_tokens, which the owner raises as tokens are sampled. */
 typedef struct sched_seq {
-    uint64_t order;      /* arrival number: FCFS, and "newest" for preemption */
-    int n_tokens;        /* tokens known so far (prompt + output) */
-    int n_computed;      /* tokens whose K/V are in the cache */
-    int n_blocks;        /* blocks held */
-    int32_t *bt;         /* (bt_cap) block table: ids in position order */
-    int bt_cap;          /* ceil(ctx / block_size) */
-    int state;           /* SCHED_FREE/WAITING/RUNNING */
-    int cause;           /* why it waits (SCHED_CAUSE_*) after the last plan */
-    bool preempted;      /* waiting to be recomputed */
-    int n_preempted;     /* times preempted */
+    uint64_t order;  /* arrival number: FCFS, and "newest" for preemption */
+    int n_tokens;    /* tokens known so far (prompt + output) */
+    int n_computed;  /* tokens whose K/V are in the cache */
+    int n_blocks;    /* blocks held */
+    int32_t *bt;     /* (bt_cap) block table: ids in position order */
+    int bt_cap;      /* ceil(ctx / block_size) */
+    int state;       /* SCHED_FREE/WAITING/RUNNING */
+    int cause;       /* why it waits (SCHED_CAUSE_*) after the last plan */
+    bool preempted;  /* waiting to be recomputed */
+    int n_preempted; /* times preempted */
     struct sched_seq *prev, *next;
 } sched_seq;
 
 typedef struct sched_item {
     sched_seq *seq;
-    int pos0;            /* first position fed this step (= n_computed) */
-    int n;               /* tokens fed */
-    bool want_logits;    /* the chunk reaches the end of the known tokens */
+    int pos0;         /* first position fed this step (= n_computed) */
+    int n;            /* tokens fed */
+    bool want_logits; /* the chunk reaches the end of the known tokens */
 } sched_item;
 
 typedef struct sched_plan {
     int n_items;
-    int n_tok;           /* sum of items[].n */
-    int n_decode;        /* items that are single-token decodes */
-    int n_preempted;     /* preemptions made while planning this step */
-    int budget;          /* tokens this step could hold (decodes included) */
-    double target_s;     /* the step time the budget aimed at; 0 for a fixed budget */
-    sched_item *items;   /* (max_batch) owned by the sched */
+    int n_tok;         /* sum of items[].n */
+    int n_decode;      /* items that are single-token decodes */
+    int n_preempted;   /* preemptions made while planning this step */
+    int budget;        /* tokens this step could hold (decodes included) */
+    double target_s;   /* the step time the budget aimed at; 0 for a fixed budget */
+    sched_item *items; /* (max_batch) owned by the sched */
 } sched_plan;
 
 typedef struct sched_counts {
@@ -102,9 +102,9 @@ typedef struct sched_counts {
     int waiting_no_blocks, waiting_behind_prefill, waiting_preempted;
     int blocks_total, blocks_used, blocks_peak;
     uint64_t preemptions;
-    int budget;          /* the last plan's budget and target (see sched_plan) */
+    int budget; /* the last plan's budget and target (see sched_plan) */
     double target_s;
-    sched_cost cost;     /* the current estimates */
+    sched_cost cost; /* the current estimates */
 } sched_counts;
 
 typedef struct sched sched;

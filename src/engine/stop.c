@@ -8,19 +8,20 @@
 
 struct stop_matcher {
     int n;
-    char **stops;     /* (n) owned copies */
-    size_t *lens;     /* (n) */
-    size_t max_len;   /* longest stop string */
+    char **stops;   /* (n) owned copies */
+    size_t *lens;   /* (n) */
+    size_t max_len; /* longest stop string */
     size_t max_push;
-    char *buf;        /* (max_len + max_push) text held back, then the new text */
+    char *buf; /* (max_len + max_push) text held back, then the new text */
     size_t held;
-    bool done;        /* a stop string matched */
+    bool done; /* a stop string matched */
 };
 
 tk_status stop_init(const char *const *stops, int n, size_t max_push, stop_matcher **out) {
     if (!out) return tk_fail(TK_ERR_INVALID, "stop_init: out is NULL");
     *out = NULL;
-    if (n < 0 || n > TK_MAX_STOP) return tk_fail(TK_ERR_INVALID, "stop: %d stop strings, expected 0..%d", n, TK_MAX_STOP);
+    if (n < 0 || n > TK_MAX_STOP)
+        return tk_fail(TK_ERR_INVALID, "stop: %d stop strings, expected 0..%d", n, TK_MAX_STOP);
     if (n > 0 && !stops) return tk_fail(TK_ERR_INVALID, "stop: %d stop strings but the array is NULL", n);
     stop_matcher *m = tk_calloc(1, sizeof *m);
     if (!m) return tk_fail(TK_ERR_NOMEM, "stop: out of memory");

@@ -16,12 +16,12 @@
 
 struct hf_ckpt {
     char *dir;
-    char *config_text;        /* (config_len + 1) raw config.json */
+    char *config_text; /* (config_len + 1) raw config.json */
     size_t config_len;
-    cJSON *config;            /* parsed config.json (an object) */
+    cJSON *config; /* parsed config.json (an object) */
     int n_shards;
-    char **shard_names;       /* (n_shards) */
-    st_file **shards;         /* (n_shards) */
+    char **shard_names; /* (n_shards) */
+    st_file **shards;   /* (n_shards) */
     int64_t n_tensors;
     const tk_tensor **tensors; /* (n_tensors) sorted by name; owned by the shards */
 };
@@ -44,9 +44,11 @@ static bool file_exists(const char *path) {
 /* A shard is a plain file of the directory: one path component, which is
  * neither "." nor "..", so no name reaches outside it ("a..b" is fine). */
 static tk_status check_shard_name(const char *index, const char *name, const char *tensor) {
-    if (!name[0]) return tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard name is empty", index, tensor);
+    if (!name[0])
+        return tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard name is empty", index, tensor);
     if (strchr(name, '/') || strchr(name, '\\') || !strcmp(name, ".") || !strcmp(name, ".."))
-        return tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard name '%.200s' is not a plain file name", index,
+        return tk_fail(TK_ERR_FORMAT,
+                       "%s: weight_map: tensor '%s': shard name '%.200s' is not a plain file name", index,
                        tensor, name);
     return TK_OK;
 }
@@ -98,21 +100,26 @@ static tk_status read_index(hf_ckpt *h, const char *path) {
     tk_status st = read_json(path, &text, &len, &root);
     tk_free(text);
     const cJSON *wm = st == TK_OK ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-    if (st == TK_OK && !cJSON_IsObject(wm)) st = tk_fail(TK_ERR_FORMAT, "%s: weight_map is missing or not an object", path);
+    if (st == TK_OK && !cJSON_IsObject(wm))
+        st = tk_fail(TK_ERR_FORMAT, "%s: weight_map is missing or not an object", path);
     int *which = NULL; /* (entries) shard of each weight_map entry */
     int n = wm ? cJSON_GetArraySize(wm) : 0, k = 0;
     if (st == TK_OK && n == 0) st = tk_fail(TK_ERR_FORMAT, "%s: weight_map is empty", path);
-    if (st == TK_OK && !(which = tk_calloc((size_t)n, sizeof *which))) st = tk_fail(TK_ERR_NOMEM, "hf: out of memory");
+    if (st == TK_OK && !(which = tk_calloc((size_t)n, sizeof *which)))
+        st = tk_fail(TK_ERR_NOMEM, "hf: out of memory");
     for (const cJSON *e = wm ? wm->child : NULL; e && st == TK_OK; e = e->next, k++) {
-        if (!cJSON_IsString(e)) st = tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard is not a string", path, e->string);
-        else if ((st = check_shard_name(path, e->valuestring, e->string)) == TK_OK) st = add_shard(h, e->valuestring, &which[k]);
+        if (!cJSON_IsString(e))
+            st =
+                tk_fail(TK_ERR_FORMAT, "%s: weight_map: tensor '%s': shard is not a string", path, e->string);
+        else if ((st = check_shard_name(path, e->valuestring, e->string)) == TK_OK)
+            st = add_shard(h, e->valuestring, &which[k]);
     }
     if (st == TK_OK) st = open_shards(h);
     k = 0;
     for (const cJSON *e = wm ? wm->child : NULL; e && st == TK_OK; e = e->next, k++)
         if (!st_find_tensor(h->shards[which[k]], e->string))
-            st = tk_fail(TK_ERR_FORMAT, "%s: tensor '%s' is listed in the index but missing from shard '%s'", path, e->string,
-                         h->shard_names[which[k]]);
+            st = tk_fail(TK_ERR_FORMAT, "%s: tensor '%s' is listed in the index but missing from shard '%s'",
+                         path, e->string, h->shard_names[which[k]]);
     tk_free(which);
     cJSON_Delete(root);
     return st;
@@ -129,11 +136,13 @@ static tk_status collect_tensors(hf_ckpt *h) {
     h->tensors = tk_calloc((size_t)n, sizeof *h->tensors);
     if (!h->tensors) return tk_fail(TK_ERR_NOMEM, "hf: out of memory for %" PRId64 " tensors", n);
     for (int i = 0; i < h->n_shards; i++)
-        for (int64_t j = 0; j < st_n_tensors(h->shards[i]); j++) h->tensors[h->n_tensors++] = st_tensor_at(h->shards[i], j);
+        for (int64_t j = 0; j < st_n_tensors(h->shards[i]); j++)
+            h->tensors[h->n_tensors++] = st_tensor_at(h->shards[i], j);
     qsort(h->tensors, (size_t)n, sizeof *h->tensors, tensor_cmp);
     for (int64_t i = 1; i < n; i++)
         if (!strcmp(h->tensors[i]->name, h->tensors[i - 1]->name))
-            return tk_fail(TK_ERR_FORMAT, "%s: tensor '%s' appears in more than one shard", h->dir, h->tensors[i]->name);
+            return tk_fail(TK_ERR_FORMAT, "%s: tensor '%s' appears in more than one shard", h->dir,
+                           h->tensors[i]->name);
     return TK_OK;
 }
 
@@ -146,12 +155,15 @@ static tk_status hf_load(hf_ckpt *h) {
     char *idx = path_join(h->dir, "model.safetensors.index.json");
     char *single = path_join(h->dir, "model.safetensors");
     int dummy;
-    if (!idx || !single) st = tk_fail(TK_ERR_NOMEM, "hf: out of memory");
-    else if (file_exists(idx)) st = read_index(h, idx);
+    if (!idx || !single)
+        st = tk_fail(TK_ERR_NOMEM, "hf: out of memory");
+    else if (file_exists(idx))
+        st = read_index(h, idx);
     else if (file_exists(single)) {
         st = add_shard(h, "model.safetensors", &dummy);
         if (st == TK_OK) st = open_shards(h);
-    } else st = tk_fail(TK_ERR_IO, "%s has neither model.safetensors nor model.safetensors.index.json", h->dir);
+    } else
+        st = tk_fail(TK_ERR_IO, "%s has neither model.safetensors nor model.safetensors.index.json", h->dir);
     tk_free(idx);
     tk_free(single);
     return st == TK_OK ? collect_tensors(h) : st;
@@ -197,9 +209,13 @@ const char *hf_config_json(const hf_ckpt *h, size_t *len) {
     return h->config_text;
 }
 int64_t hf_n_tensors(const hf_ckpt *h) { return h->n_tensors; }
-const tk_tensor *hf_tensor_at(const hf_ckpt *h, int64_t i) { return i >= 0 && i < h->n_tensors ? h->tensors[i] : NULL; }
+const tk_tensor *hf_tensor_at(const hf_ckpt *h, int64_t i) {
+    return i >= 0 && i < h->n_tensors ? h->tensors[i] : NULL;
+}
 int hf_n_shards(const hf_ckpt *h) { return h->n_shards; }
-const char *hf_shard_name(const hf_ckpt *h, int i) { return i >= 0 && i < h->n_shards ? h->shard_names[i] : NULL; }
+const char *hf_shard_name(const hf_ckpt *h, int i) {
+    return i >= 0 && i < h->n_shards ? h->shard_names[i] : NULL;
+}
 
 const tk_tensor *hf_find_tensor(const hf_ckpt *h, const char *name) {
     if (!name) return NULL;
@@ -208,8 +224,10 @@ const tk_tensor *hf_find_tensor(const hf_ckpt *h, const char *name) {
         int64_t mid = lo + (hi - lo) / 2;
         int c = strcmp(h->tensors[mid]->name, name);
         if (c == 0) return h->tensors[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }

@@ -41,7 +41,7 @@ const char *hf_config_json(const hf_ckpt *h, size_t *len);
 
 /* All tensors of all shards, sorted by name. */
 int64_t hf_n_tensors(const hf_ckpt *h);
-const tk_tensor *hf_tensor_at(const hf_ckpt *h, int64_t i); /* NULL if out of range */
+const tk_tensor *hf_tensor_at(const hf_ckpt *h, int64_t i);          /* NULL if out of range */
 const tk_tensor *hf_find_tensor(const hf_ckpt *h, const char *name); /* NULL on a miss */
 
 /* Shards in the order first named by the index (one for model.safetensors). */

@@ -18,26 +18,30 @@
 #include "format/fmap.h"
 
 struct st_file {
-    char *path;            /* "" for memory */
-    tk_fmap map;           /* owned mapping (st_open); zero for st_open_mem */
-    const uint8_t *base;   /* (size) bytes */
+    char *path;          /* "" for memory */
+    tk_fmap map;         /* owned mapping (st_open); zero for st_open_mem */
+    const uint8_t *base; /* (size) bytes */
     uint64_t size;
-    uint64_t data_start;   /* 8 + header length */
-    cJSON *root;           /* the parsed header */
+    uint64_t data_start; /* 8 + header length */
+    cJSON *root;         /* the parsed header */
     int64_t n_tensors;
-    tk_tensor *tensors;    /* (n_tensors) header order; names point into root */
-    uint64_t *begin;       /* (n_tensors) data_offsets[0] of each */
-    int64_t *by_name;      /* (n_tensors) indices sorted by name, for lookups */
+    tk_tensor *tensors; /* (n_tensors) header order; names point into root */
+    uint64_t *begin;    /* (n_tensors) data_offsets[0] of each */
+    int64_t *by_name;   /* (n_tensors) indices sorted by name, for lookups */
     int64_t n_meta;
-    const cJSON **meta;    /* (n_meta) the "__metadata__" entries */
+    const cJSON **meta; /* (n_meta) the "__metadata__" entries */
 };
 
 const char *st_dtype_name(tk_dtype t) {
     switch (t) {
-    case TK_DTYPE_F32: return "F32";
-    case TK_DTYPE_F16: return "F16";
-    case TK_DTYPE_BF16: return "BF16";
-    default: return NULL;
+    case TK_DTYPE_F32:
+        return "F32";
+    case TK_DTYPE_F16:
+        return "F16";
+    case TK_DTYPE_BF16:
+        return "BF16";
+    default:
+        return NULL;
     }
 }
 
@@ -54,29 +58,39 @@ static tk_status parse_entry(st_file *f, const cJSON *e, int64_t i) {
     const char *name = e->string;
     tk_tensor *t = &f->tensors[i];
     t->name = name;
-    if (!cJSON_IsObject(e)) return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': entry is not an object", name);
+    if (!cJSON_IsObject(e))
+        return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': entry is not an object", name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!dt) return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': dtype is missing", name);
     if (!shape) return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': shape is missing", name);
     if (!offs) return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': data_offsets is missing", name);
-    if (!cJSON_IsString(dt)) return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': dtype is not a string", name);
+    if (!cJSON_IsString(dt))
+        return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': dtype is not a string", name);
     int esize;
-    if (!strcmp(dt->valuestring, "F32")) t->type = TK_DTYPE_F32, esize = 4;
-    else if (!strcmp(dt->valuestring, "F16")) t->type = TK_DTYPE_F16, esize = 2;
-    else if (!strcmp(dt->valuestring, "BF16")) t->type = TK_DTYPE_BF16, esize = 2;
+    if (!strcmp(dt->valuestring, "F32"))
+        t->type = TK_DTYPE_F32, esize = 4;
+    else if (!strcmp(dt->valuestring, "F16"))
+        t->type = TK_DTYPE_F16, esize = 2;
+    else if (!strcmp(dt->valuestring, "BF16"))
+        t->type = TK_DTYPE_BF16, esize = 2;
     else
-        return tk_fail(TK_ERR_UNSUPPORTED, "safetensors: tensor '%s': dtype %.32s is not supported (F32, F16, BF16)", name,
+        return tk_fail(TK_ERR_UNSUPPORTED,
+                       "safetensors: tensor '%s': dtype %.32s is not supported (F32, F16, BF16)", name,
                        dt->valuestring);
-    if (!cJSON_IsArray(shape)) return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': shape is not an array", name);
+    if (!cJSON_IsArray(shape))
+        return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': shape is not an array", name);
     int nd = cJSON_GetArraySize(shape);
-    if (nd > 4) return tk_fail(TK_ERR_UNSUPPORTED, "safetensors: tensor '%s': shape has %d dims, more than 4", name, nd);
+    if (nd > 4)
+        return tk_fail(TK_ERR_UNSUPPORTED, "safetensors: tensor '%s': shape has %d dims, more than 4", name,
+                       nd);
     uint64_t dims[4], n_el = 1;
     int k = 0;
     for (const cJSON *d = shape->child; d; d = d->next, k++) {
         if (!json_uint(d, &dims[k]) || dims[k] > INT64_MAX)
-            return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': shape[%d] is not a non-negative integer", name, k);
+            return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': shape[%d] is not a non-negative integer",
+                           name, k);
         if (!tk_mul_u64(n_el, dims[k], &n_el))
             return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': shape product overflows", name);
     }
@@ -86,18 +100,22 @@ static tk_status parse_entry(st_file *f, const cJSON *e, int64_t i) {
     uint64_t b = 0, en = 0;
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !json_uint(offs->child, &b) ||
         !json_uint(offs->child->next, &en))
-        return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': data_offsets is not a pair of non-negative integers", name);
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: tensor '%s': data_offsets is not a pair of non-negative integers", name);
     if (en < b)
-        return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 ") end before begin", name, b,
-                       en);
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 ") end before begin",
+                       name, b, en);
     if (!tk_mul_u64(n_el, (uint64_t)esize, &t->nbytes) || t->nbytes != en - b)
-        return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': shape x %s size is %" PRIu64 " elements but data_offsets [%" PRIu64
-                                      ", %" PRIu64 ") hold %" PRIu64 " bytes",
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: tensor '%s': shape x %s size is %" PRIu64
+                       " elements but data_offsets [%" PRIu64 ", %" PRIu64 ") hold %" PRIu64 " bytes",
                        name, dt->valuestring, n_el, b, en, en - b);
     uint64_t data_bytes = f->size - f->data_start;
     if (en > data_bytes)
-        return tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 ") are outside the %" PRIu64
-                                      "-byte data section",
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                       ") are outside the %" PRIu64 "-byte data section",
                        name, b, en, data_bytes);
     f->begin[i] = b;
     t->data = f->base + f->data_start + b;
@@ -105,15 +123,23 @@ static tk_status parse_entry(st_file *f, const cJSON *e, int64_t i) {
 }
 
 /* qsort without a context pointer: sort (key, index) pairs. */
-typedef struct by_off { uint64_t b, e; int64_t i; } by_off;
+typedef struct by_off {
+    uint64_t b, e;
+    int64_t i;
+} by_off;
 static int by_off_cmp(const void *x, const void *y) {
     const by_off *a = x, *b = y;
     if (a->b != b->b) return a->b < b->b ? -1 : 1;
     return a->e < b->e ? -1 : a->e > b->e;
 }
 
-typedef struct by_nm { const char *name; int64_t i; } by_nm;
-static int by_nm_cmp(const void *x, const void *y) { return strcmp(((const by_nm *)x)->name, ((const by_nm *)y)->name); }
+typedef struct by_nm {
+    const char *name;
+    int64_t i;
+} by_nm;
+static int by_nm_cmp(const void *x, const void *y) {
+    return strcmp(((const by_nm *)x)->name, ((const by_nm *)y)->name);
+}
 
 /* Sorted by begin, the ranges must tile [0, data_bytes) exactly (as the HF library checks). */
 static tk_status check_layout(st_file *f) {
@@ -121,7 +147,9 @@ static tk_status check_layout(st_file *f) {
     uint64_t data_bytes = f->size - f->data_start, end = 0;
     if (n == 0) {
         if (data_bytes == 0) return TK_OK;
-        return tk_fail(TK_ERR_FORMAT, "safetensors: data_offsets end at 0 but the data section has %" PRIu64 " bytes", data_bytes);
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: data_offsets end at 0 but the data section has %" PRIu64 " bytes",
+                       data_bytes);
     }
     by_off *o = n ? tk_calloc((size_t)n, sizeof *o) : NULL;
     by_nm *m = n ? tk_calloc((size_t)n, sizeof *m) : NULL;
@@ -148,17 +176,23 @@ static tk_status check_layout(st_file *f) {
     for (int64_t k = 0; k < n && st == TK_OK; k++) {
         const char *name = f->tensors[o[k].i].name;
         if (o[k].b > end)
-            st = tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': data_offsets begin at %" PRIu64 ", leaving a gap after %s%s%s (ends at %" PRIu64 ")",
+            st = tk_fail(TK_ERR_FORMAT,
+                         "safetensors: tensor '%s': data_offsets begin at %" PRIu64
+                         ", leaving a gap after %s%s%s (ends at %" PRIu64 ")",
                          name, o[k].b, prev ? "'" : "", prev ? prev : "the start", prev ? "'" : "", end);
         else if (o[k].b < end)
-            st = tk_fail(TK_ERR_FORMAT, "safetensors: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 ") overlap '%s' (ends at %" PRIu64 ")",
+            st = tk_fail(TK_ERR_FORMAT,
+                         "safetensors: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                         ") overlap '%s' (ends at %" PRIu64 ")",
                          name, o[k].b, o[k].e, prev, end);
         end = o[k].e;
         prev = name;
     }
     if (st == TK_OK && end != data_bytes)
-        st = tk_fail(TK_ERR_FORMAT, "safetensors: data_offsets end at %" PRIu64 " but the data section has %" PRIu64 " bytes", end,
-                     data_bytes);
+        st =
+            tk_fail(TK_ERR_FORMAT,
+                    "safetensors: data_offsets end at %" PRIu64 " but the data section has %" PRIu64 " bytes",
+                    end, data_bytes);
     tk_free(o);
     tk_free(m);
     return st;
@@ -171,7 +205,8 @@ static tk_status parse_meta(st_file *f, const cJSON *md) {
     f->meta = tk_calloc((size_t)n, sizeof *f->meta);
     if (!f->meta) return tk_fail(TK_ERR_NOMEM, "safetensors: cannot allocate metadata");
     for (const cJSON *e = md->child; e; e = e->next) {
-        if (!cJSON_IsString(e)) return tk_fail(TK_ERR_FORMAT, "safetensors: __metadata__ '%s' is not a string", e->string);
+        if (!cJSON_IsString(e))
+            return tk_fail(TK_ERR_FORMAT, "safetensors: __metadata__ '%s' is not a string", e->string);
         f->meta[f->n_meta++] = e;
     }
     return TK_OK;
@@ -179,31 +214,41 @@ static tk_status parse_meta(st_file *f, const cJSON *md) {
 
 static tk_status parse(st_file *f) {
     if (f->size < 8)
-        return tk_fail(TK_ERR_FORMAT, "safetensors: file is %" PRIu64 " bytes, shorter than the 8-byte header length", f->size);
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: file is %" PRIu64 " bytes, shorter than the 8-byte header length",
+                       f->size);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | f->base[i];
     if (n > ST_MAX_HEADER)
-        return tk_fail(TK_ERR_FORMAT, "safetensors: header length %" PRIu64 " exceeds the %u-byte limit", n, ST_MAX_HEADER);
+        return tk_fail(TK_ERR_FORMAT, "safetensors: header length %" PRIu64 " exceeds the %u-byte limit", n,
+                       ST_MAX_HEADER);
     if (n > f->size - 8)
-        return tk_fail(TK_ERR_FORMAT, "safetensors: header length %" PRIu64 " is past the end of the file (%" PRIu64 " bytes)", n,
-                       f->size);
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: header length %" PRIu64 " is past the end of the file (%" PRIu64
+                       " bytes)",
+                       n, f->size);
     f->data_start = 8 + n;
     const char *json = (const char *)f->base + 8, *end = NULL;
     f->root = cJSON_ParseWithLengthOpts(json, (size_t)n, &end, false);
     if (!f->root) {
         uint64_t at = end && end >= json ? (uint64_t)(end - json) : 0;
-        return tk_fail(TK_ERR_FORMAT, "safetensors: header is not valid JSON (or nested too deeply) near byte %" PRIu64, at);
+        return tk_fail(TK_ERR_FORMAT,
+                       "safetensors: header is not valid JSON (or nested too deeply) near byte %" PRIu64, at);
     }
     for (const char *p = end; p < json + n; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
-            return tk_fail(TK_ERR_FORMAT, "safetensors: header has trailing bytes after the JSON at byte %" PRIu64, (uint64_t)(p - json));
-    if (!cJSON_IsObject(f->root)) return tk_fail(TK_ERR_FORMAT, "safetensors: header is JSON but not an object");
+            return tk_fail(TK_ERR_FORMAT,
+                           "safetensors: header has trailing bytes after the JSON at byte %" PRIu64,
+                           (uint64_t)(p - json));
+    if (!cJSON_IsObject(f->root))
+        return tk_fail(TK_ERR_FORMAT, "safetensors: header is JSON but not an object");
     int64_t cnt = 0;
     for (const cJSON *e = f->root->child; e; e = e->next) cnt += strcmp(e->string, "__metadata__") != 0;
     if (cnt) {
         f->tensors = tk_calloc((size_t)cnt, sizeof *f->tensors);
         f->begin = tk_calloc((size_t)cnt, sizeof *f->begin);
-        if (!f->tensors || !f->begin) return tk_fail(TK_ERR_NOMEM, "safetensors: cannot allocate %" PRId64 " tensors", cnt);
+        if (!f->tensors || !f->begin)
+            return tk_fail(TK_ERR_NOMEM, "safetensors: cannot allocate %" PRId64 " tensors", cnt);
     }
     bool seen_meta = false;
     tk_status st = TK_OK;
@@ -281,7 +326,9 @@ void st_close(st_file *f) {
 const char *st_path(const st_file *f) { return f->path; }
 uint64_t st_data_bytes(const st_file *f) { return f->size - f->data_start; }
 int64_t st_n_tensors(const st_file *f) { return f->n_tensors; }
-const tk_tensor *st_tensor_at(const st_file *f, int64_t i) { return i >= 0 && i < f->n_tensors ? &f->tensors[i] : NULL; }
+const tk_tensor *st_tensor_at(const st_file *f, int64_t i) {
+    return i >= 0 && i < f->n_tensors ? &f->tensors[i] : NULL;
+}
 
 const tk_tensor *st_find_tensor(const st_file *f, const char *name) {
     if (!name) return NULL;
@@ -290,8 +337,10 @@ const tk_tensor *st_find_tensor(const st_file *f, const char *name) {
         int64_t mid = lo + (hi - lo) / 2;
         int c = strcmp(f->tensors[f->by_name[mid]].name, name);
         if (c == 0) return &f->tensors[f->by_name[mid]];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
@@ -300,7 +349,9 @@ int64_t st_n_meta(const st_file *f) { return f->n_meta; }
 
 tk_status st_meta_at(const st_file *f, int64_t i, const char **key, const char **value) {
     if (i < 0 || i >= f->n_meta)
-        return tk_fail(TK_ERR_RANGE, "safetensors: metadata index %" PRId64 " is past the %" PRId64 " entries", i, f->n_meta);
+        return tk_fail(TK_ERR_RANGE,
+                       "safetensors: metadata index %" PRId64 " is past the %" PRId64 " entries", i,
+                       f->n_meta);
     *key = f->meta[i]->string;
     *value = f->meta[i]->valuestring;
     return TK_OK;
@@ -316,7 +367,8 @@ const char *st_meta_find(const st_file *f, const char *key) {
 /* ---- writer ------------------------------------------------------------------------- */
 
 static tk_status write_bytes(FILE *fp, const void *p, size_t n, const char *path) {
-    if (n && fwrite(p, 1, n, fp) != n) return tk_fail(TK_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    if (n && fwrite(p, 1, n, fp) != n)
+        return tk_fail(TK_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     return TK_OK;
 }
 
@@ -328,10 +380,12 @@ static tk_status build_header(const tk_tensor *ts, int64_t n, const char *const 
     if (meta && meta[0]) {
         cJSON *md = cJSON_AddObjectToObject(root, "__metadata__");
         for (int k = 0; st == TK_OK && md && meta[k]; k += 2) {
-            if (!meta[k + 1]) st = tk_fail(TK_ERR_INVALID, "safetensors writer: metadata key '%s' has no value", meta[k]);
+            if (!meta[k + 1])
+                st = tk_fail(TK_ERR_INVALID, "safetensors writer: metadata key '%s' has no value", meta[k]);
             else if (cJSON_GetObjectItemCaseSensitive(md, meta[k]))
                 st = tk_fail(TK_ERR_INVALID, "safetensors writer: metadata key '%s' is given twice", meta[k]);
-            else if (!cJSON_AddStringToObject(md, meta[k], meta[k + 1])) md = NULL;
+            else if (!cJSON_AddStringToObject(md, meta[k], meta[k + 1]))
+                md = NULL;
         }
         if (!md && st == TK_OK) st = tk_fail(TK_ERR_NOMEM, "safetensors writer: out of memory");
     }
@@ -341,15 +395,18 @@ static tk_status build_header(const tk_tensor *ts, int64_t n, const char *const 
         const char *dn = st_dtype_name(t->type);
         uint64_t want = t->type == TK_DTYPE_F32 ? 4 : 2;
         if (!t->name || !t->name[0] || !strcmp(t->name, "__metadata__")) {
-            st = tk_fail(TK_ERR_INVALID, "safetensors writer: tensor %" PRId64 " has an empty or reserved name", i);
+            st = tk_fail(TK_ERR_INVALID,
+                         "safetensors writer: tensor %" PRId64 " has an empty or reserved name", i);
             break;
         }
         if (!dn) {
-            st = tk_fail(TK_ERR_INVALID, "safetensors writer: tensor '%s': type %s is not F32, F16 or BF16", t->name, dtype_name(t->type));
+            st = tk_fail(TK_ERR_INVALID, "safetensors writer: tensor '%s': type %s is not F32, F16 or BF16",
+                         t->name, dtype_name(t->type));
             break;
         }
         if (t->n_dims < 1 || t->n_dims > 4) {
-            st = tk_fail(TK_ERR_INVALID, "safetensors writer: tensor '%s': n_dims %d is not in 1..4", t->name, t->n_dims);
+            st = tk_fail(TK_ERR_INVALID, "safetensors writer: tensor '%s': n_dims %d is not in 1..4", t->name,
+                         t->n_dims);
             break;
         }
         if (cJSON_GetObjectItemCaseSensitive(root, t->name)) {
@@ -359,13 +416,16 @@ static tk_status build_header(const tk_tensor *ts, int64_t n, const char *const 
         double shape[4];
         for (int d = 0; d < t->n_dims && st == TK_OK; d++) {
             if (t->ne[d] < 0 || !tk_mul_u64(want, (uint64_t)t->ne[d], &want))
-                st = tk_fail(TK_ERR_INVALID, "safetensors writer: tensor '%s': ne[%d] = %" PRId64 " is invalid", t->name, d, t->ne[d]);
+                st = tk_fail(TK_ERR_INVALID,
+                             "safetensors writer: tensor '%s': ne[%d] = %" PRId64 " is invalid", t->name, d,
+                             t->ne[d]);
             shape[t->n_dims - 1 - d] = (double)t->ne[d];
         }
         if (st != TK_OK) break;
         if (want != t->nbytes || (want && !t->data)) {
-            st = tk_fail(TK_ERR_INVALID, "safetensors writer: tensor '%s': nbytes %" PRIu64 " but the shape needs %" PRIu64, t->name,
-                         t->nbytes, want);
+            st = tk_fail(TK_ERR_INVALID,
+                         "safetensors writer: tensor '%s': nbytes %" PRIu64 " but the shape needs %" PRIu64,
+                         t->name, t->nbytes, want);
             break;
         }
         double range[2] = {(double)off, (double)(off + want)};
@@ -390,7 +450,8 @@ static tk_status build_header(const tk_tensor *ts, int64_t n, const char *const 
 }
 
 tk_status st_write(const char *path, const tk_tensor *tensors, int64_t n, const char *const *meta) {
-    if (!path || n < 0 || (n && !tensors)) return tk_fail(TK_ERR_INVALID, "safetensors writer: bad arguments");
+    if (!path || n < 0 || (n && !tensors))
+        return tk_fail(TK_ERR_INVALID, "safetensors writer: bad arguments");
     char *json;
     tk_status st = build_header(tensors, n, meta, &json);
     if (st != TK_OK) return st;
@@ -407,7 +468,9 @@ tk_status st_write(const char *path, const tk_tensor *tensors, int64_t n, const 
     for (size_t i = len; i < padded && st == TK_OK; i++) st = write_bytes(fp, " ", 1, path);
     cJSON_free(json);
     /* little-endian data as stored in memory: every host tokamak targets is */
-    for (int64_t i = 0; i < n && st == TK_OK; i++) st = write_bytes(fp, tensors[i].data, (size_t)tensors[i].nbytes, path);
-    if (fclose(fp) != 0 && st == TK_OK) st = tk_fail(TK_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    for (int64_t i = 0; i < n && st == TK_OK; i++)
+        st = write_bytes(fp, tensors[i].data, (size_t)tensors[i].nbytes, path);
+    if (fclose(fp) != 0 && st == TK_OK)
+        st = tk_fail(TK_ERR_IO, "%s: close failed: %s", path, strerror(errno));
     return st;
 }

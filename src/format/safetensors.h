@@ -39,12 +39,12 @@ tk_status st_open(const char *path, st_file **out);
 tk_status st_open_mem(const void *data, size_t size, st_file **out);
 void st_close(st_file *f); /* NULL: no-op */
 
-const char *st_path(const st_file *f); /* "" for memory */
+const char *st_path(const st_file *f);    /* "" for memory */
 uint64_t st_data_bytes(const st_file *f); /* size of the data section */
 
 /* Tensors in header order. */
 int64_t st_n_tensors(const st_file *f);
-const tk_tensor *st_tensor_at(const st_file *f, int64_t i); /* NULL if out of range */
+const tk_tensor *st_tensor_at(const st_file *f, int64_t i);          /* NULL if out of range */
 const tk_tensor *st_find_tensor(const st_file *f, const char *name); /* NULL on a miss */
 
 /* "__metadata__": string -> string. */

@@ -161,7 +161,8 @@ void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, con
                 const uint8_t *blk = g + (size_t)b * 272;
                 int32_t acc = 0;
                 for (int c = 0; c < 8; c++)
-                    for (int j = 0; j < 4; j++) acc += (int32_t)(int8_t)blk[16 + 32 * c + 4 * i + j] * x[b].qs[4 * c + j];
+                    for (int j = 0; j < 4; j++)
+                        acc += (int32_t)(int8_t)blk[16 + 32 * c + 4 * i + j] * x[b].qs[4 * c + j];
                 tk_f16 d;
                 memcpy(&d, blk + 2 * i, sizeof d);
                 s += tk_f16_to_f32(d) * tk_f16_to_f32(x[b].d) * (float)acc;
@@ -180,7 +181,8 @@ void kern_gemv_bf16_x4_ref(int64_t k, const void *w, int64_t r0, int64_t r1, con
         for (int t = 0; t < n_tok; t++) {
             const float *x = (const float *)((const char *)xq + (size_t)t * xq_stride);
             float s = 0.0f;
-            for (int64_t i = 0; i < k; i++) s += tk_bf16_to_f32(g[(size_t)(i / 16) * 64 + (size_t)(i % 16)]) * x[i];
+            for (int64_t i = 0; i < k; i++)
+                s += tk_bf16_to_f32(g[(size_t)(i / 16) * 64 + (size_t)(i % 16)]) * x[i];
             y[t * ldy + r] = s;
         }
     }

@@ -100,10 +100,10 @@ void kern_gemv_bf16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const
                          int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
-void kern_gemv_q8_0_x8_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                            int n_tok, float *y, int64_t ldy);
-void kern_gemv_bf16_x4_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                            int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x8_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_x4_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
@@ -131,10 +131,10 @@ void kern_gemv_bf16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, con
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
-void kern_gemv_q8_0_x8_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                              int n_tok, float *y, int64_t ldy);
-void kern_gemv_bf16_x4_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                              int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x8_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_x4_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,

@@ -305,7 +305,8 @@ bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k) 
     const size_t rb = (size_t)nb * sizeof(tk_block_q8_0);
     for (int64_t g = 0; g < rows / 8; g++)
         for (int i = 0; i < 8; i++) {
-            const tk_block_q8_0 *src = (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(8 * g + i) * rb);
+            const tk_block_q8_0 *src =
+                (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(8 * g + i) * rb);
             for (int64_t b = 0; b < nb; b++) {
                 uint8_t *blk = (uint8_t *)out + (size_t)g * 8 * rb + (size_t)b * 272;
                 memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
@@ -325,7 +326,8 @@ void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out)
         memcpy(&d, blk + 2 * i, sizeof d);
         float s = tk_f16_to_f32(d);
         for (int c = 0; c < 8; c++)
-            for (int j = 0; j < 4; j++) out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[16 + 32 * c + 4 * i + j];
+            for (int j = 0; j < 4; j++)
+                out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[16 + 32 * c + 4 * i + j];
     }
 }
 

@@ -191,7 +191,8 @@ int kv_block_alloc(tk_kv *kv) {
 
 void kv_block_ref(tk_kv *kv, int block) {
     TK_ASSERT(block >= 0 && block < kv->o.n_blocks);
-    TK_ASSERT(kv->refs[block] > 0 && kv->refs[block] < INT32_MAX); /* a free block has no holder to share it */
+    TK_ASSERT(kv->refs[block] > 0 &&
+              kv->refs[block] < INT32_MAX); /* a free block has no holder to share it */
     kv->refs[block]++;
 }
 
@@ -213,7 +214,8 @@ void kv_block_copy(tk_kv *kv, int dst, int src) {
     if (dst == src) return;
     for (int l = 0; l < kv->o.n_layer; l++) {
         uint8_t *layer = kv->pool + (size_t)l * (size_t)kv->o.n_blocks * kv->block_stride;
-        memcpy(layer + (size_t)dst * kv->block_stride, layer + (size_t)src * kv->block_stride, kv->block_stride);
+        memcpy(layer + (size_t)dst * kv->block_stride, layer + (size_t)src * kv->block_stride,
+               kv->block_stride);
     }
 }
 

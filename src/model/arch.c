@@ -17,7 +17,8 @@ tk_status arch_from_name(const char *name, size_t len, tk_arch *out) {
             *out = (tk_arch)a;
             return TK_OK;
         }
-    return tk_fail(TK_ERR_UNSUPPORTED, "model: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+    return tk_fail(TK_ERR_UNSUPPORTED,
+                   "model: unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
                    (int)(len > 64 ? 64 : len), name);
 }
 
@@ -25,20 +26,22 @@ tk_status arch_from_name(const char *name, size_t len, tk_arch *out) {
 
 static tk_status check_range(const char *field, int64_t v, int64_t lo, int64_t hi) {
     if (v < lo || v > hi)
-        return tk_fail(TK_ERR_FORMAT, "model: %s %lld out of range [%lld, %lld]", field, (long long)v, (long long)lo,
-                       (long long)hi);
+        return tk_fail(TK_ERR_FORMAT, "model: %s %lld out of range [%lld, %lld]", field, (long long)v,
+                       (long long)lo, (long long)hi);
     return TK_OK;
 }
 
 static tk_status check_token(const char *field, int32_t id, int n_vocab) {
     if (id < -1 || id >= n_vocab)
-        return tk_fail(TK_ERR_RANGE, "model: %s %d outside the vocabulary of %d tokens", field, (int)id, n_vocab);
+        return tk_fail(TK_ERR_RANGE, "model: %s %d outside the vocabulary of %d tokens", field, (int)id,
+                       n_vocab);
     return TK_OK;
 }
 
 tk_status arch_hparams_validate(const tk_hparams *hp) {
     tk_status st;
-    if ((unsigned)hp->arch >= TK_ARCH_COUNT) return tk_fail(TK_ERR_UNSUPPORTED, "model: unsupported architecture id %d", (int)hp->arch);
+    if ((unsigned)hp->arch >= TK_ARCH_COUNT)
+        return tk_fail(TK_ERR_UNSUPPORTED, "model: unsupported architecture id %d", (int)hp->arch);
     if ((st = check_range("block_count", hp->n_layer, 1, TK_MAX_LAYERS))) return st;
     if ((st = check_range("embedding_length", hp->n_embd, 1, TK_MAX_EMBD))) return st;
     if ((st = check_range("feed_forward_length", hp->n_ff, 1, TK_MAX_FF))) return st;
@@ -48,19 +51,23 @@ tk_status arch_hparams_validate(const tk_hparams *hp) {
     if ((st = check_range("vocab_size", hp->n_vocab, 1, TK_MAX_VOCAB))) return st;
     if ((st = check_range("context_length", hp->n_ctx_train, 0, TK_MAX_CTX_TRAIN))) return st;
     if (hp->n_head % hp->n_head_kv)
-        return tk_fail(TK_ERR_FORMAT, "model: head_count %d is not a multiple of head_count_kv %d", hp->n_head,
-                       hp->n_head_kv);
+        return tk_fail(TK_ERR_FORMAT, "model: head_count %d is not a multiple of head_count_kv %d",
+                       hp->n_head, hp->n_head_kv);
     if (hp->head_dim % 2)
         return tk_fail(TK_ERR_FORMAT, "model: head_dim %d is odd (RoPE rotates pairs)", hp->head_dim);
     if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
-        return tk_fail(TK_ERR_FORMAT, "model: layer_norm_rms_epsilon %g out of range (0, 1)", (double)hp->rms_eps);
+        return tk_fail(TK_ERR_FORMAT, "model: layer_norm_rms_epsilon %g out of range (0, 1)",
+                       (double)hp->rms_eps);
     if (!(hp->rope_theta > 1.0f) || !isfinite(hp->rope_theta))
-        return tk_fail(TK_ERR_FORMAT, "model: rope.freq_base %g must be finite and > 1", (double)hp->rope_theta);
+        return tk_fail(TK_ERR_FORMAT, "model: rope.freq_base %g must be finite and > 1",
+                       (double)hp->rope_theta);
     if (hp->rope_scaling != TK_ROPE_SCALING_NONE && !(hp->rope_factor >= 1.0f && hp->rope_factor < 1e6f))
-        return tk_fail(TK_ERR_FORMAT, "model: rope scaling factor %g out of range [1, 1e6)", (double)hp->rope_factor);
+        return tk_fail(TK_ERR_FORMAT, "model: rope scaling factor %g out of range [1, 1e6)",
+                       (double)hp->rope_factor);
     if (hp->rope_scaling == TK_ROPE_SCALING_LLAMA3 && hp->rope_orig_ctx > 0 &&
         !(hp->rope_high_freq_factor > hp->rope_low_freq_factor && hp->rope_low_freq_factor > 0))
-        return tk_fail(TK_ERR_FORMAT, "model: llama3 rope high_freq_factor %g must exceed low_freq_factor %g > 0",
+        return tk_fail(TK_ERR_FORMAT,
+                       "model: llama3 rope high_freq_factor %g must exceed low_freq_factor %g > 0",
                        (double)hp->rope_high_freq_factor, (double)hp->rope_low_freq_factor);
     if ((st = check_token("bos_token_id", hp->bos_id, hp->n_vocab))) return st;
     if ((st = check_token("eos_token_id", hp->eos_id, hp->n_vocab))) return st;
@@ -78,8 +85,8 @@ static void hparams_defaults(tk_hparams *hp) {
 
 /* ---- GGUF ------------------------------------------------------------------- */
 
-static tk_status gguf_int(const gguf_file *f, const char *arch, const char *suffix, bool required, int64_t def,
-                          int64_t *out) {
+static tk_status gguf_int(const gguf_file *f, const char *arch, const char *suffix, bool required,
+                          int64_t def, int64_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (required && !gguf_find(f, key)) return tk_fail(TK_ERR_FORMAT, "model: missing metadata key %s", key);
@@ -103,7 +110,8 @@ static tk_status gguf_token_id(const gguf_file *f, const char *key, int32_t *out
     int64_t v;
     tk_status st = gguf_get_i64(f, key, -1, &v);
     if (st) return st;
-    if (v < -1 || v > INT32_MAX) return tk_fail(TK_ERR_RANGE, "model: %s %lld out of range", key, (long long)v);
+    if (v < -1 || v > INT32_MAX)
+        return tk_fail(TK_ERR_RANGE, "model: %s %lld out of range", key, (long long)v);
     *out = (int32_t)v;
     return TK_OK;
 }
@@ -138,12 +146,13 @@ tk_status arch_hparams_gguf(const gguf_file *f, tk_hparams *hp) {
     hp->head_dim = clamp_int(v);
     if ((st = gguf_int(f, a, "attention.value_length", false, hp->head_dim, &v))) return st;
     if (v != hp->head_dim)
-        return tk_fail(TK_ERR_UNSUPPORTED, "model: %s.attention.value_length %lld differs from key_length %d", a,
-                       (long long)v, hp->head_dim);
+        return tk_fail(TK_ERR_UNSUPPORTED, "model: %s.attention.value_length %lld differs from key_length %d",
+                       a, (long long)v, hp->head_dim);
     if ((st = gguf_int(f, a, "rope.dimension_count", false, hp->head_dim, &v))) return st;
     if (v != hp->head_dim)
-        return tk_fail(TK_ERR_UNSUPPORTED, "model: %s.rope.dimension_count %lld differs from head_dim %d (partial RoPE)",
-                       a, (long long)v, hp->head_dim);
+        return tk_fail(TK_ERR_UNSUPPORTED,
+                       "model: %s.rope.dimension_count %lld differs from head_dim %d (partial RoPE)", a,
+                       (long long)v, hp->head_dim);
     if ((st = gguf_float(f, a, "attention.layer_norm_rms_epsilon", 1e-6f, &hp->rms_eps))) return st;
     if ((st = gguf_float(f, a, "rope.freq_base", 10000.0f, &hp->rope_theta))) return st;
 
@@ -159,14 +168,16 @@ tk_status arch_hparams_gguf(const gguf_file *f, tk_hparams *hp) {
     if ((st = gguf_float(f, a, "rope.scaling.factor", 1.0f, &factor))) return st;
     if (found && !gguf_str_eq(stype, "none")) {
         if (gguf_str_eq(stype, "linear")) {
-            if (!gguf_find(f, fkey)) return tk_fail(TK_ERR_FORMAT, "model: %s is linear but %s is missing", key, fkey);
+            if (!gguf_find(f, fkey))
+                return tk_fail(TK_ERR_FORMAT, "model: %s is linear but %s is missing", key, fkey);
             hp->rope_scaling = TK_ROPE_SCALING_LINEAR;
             hp->rope_factor = factor;
         } else if (!gguf_str_eq(stype, "llama3")) {
             return tk_fail(TK_ERR_UNSUPPORTED, "model: %s '%.*s' not supported (none, linear, llama3)", key,
                            (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
         } else if (!gguf_find_tensor(f, "rope_freqs.weight")) {
-            return tk_fail(TK_ERR_FORMAT, "model: %s is llama3 but the rope_freqs.weight tensor is missing", key);
+            return tk_fail(TK_ERR_FORMAT, "model: %s is llama3 but the rope_freqs.weight tensor is missing",
+                           key);
         }
     }
     if (gguf_find_tensor(f, "rope_freqs.weight")) {
@@ -227,7 +238,8 @@ static tk_status json_bool(const cJSON *o, const char *key, bool *out) {
 }
 
 /* An integer field that, when present, must lie in [lo, hi]; *present says whether it was. */
-static tk_status json_int_range(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out, bool *present) {
+static tk_status json_int_range(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                                bool *present) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
     *present = j && !cJSON_IsNull(j);
     if (!*present) return TK_OK;
@@ -263,7 +275,8 @@ static tk_status json_token(const cJSON *o, const char *key, int n_vocab, int32_
         cJSON_ArrayForEach(e, j) {
             if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= n_vocab ||
                 e->valuedouble != floor(e->valuedouble))
-                return tk_fail(TK_ERR_RANGE, "model: config.json %s entry %g outside the vocabulary of %d tokens", key,
+                return tk_fail(TK_ERR_RANGE,
+                               "model: config.json %s entry %g outside the vocabulary of %d tokens", key,
                                cJSON_IsNumber(e) ? e->valuedouble : -1.0, n_vocab);
             if (!first) first = e;
         }
@@ -275,7 +288,8 @@ static tk_status json_token(const cJSON *o, const char *key, int n_vocab, int32_
         return tk_fail(TK_ERR_FORMAT, "model: config.json %s is not a token id", key);
     double d = first->valuedouble;
     if (d < 0 || d >= n_vocab)
-        return tk_fail(TK_ERR_RANGE, "model: config.json %s %g outside the vocabulary of %d tokens", key, d, n_vocab);
+        return tk_fail(TK_ERR_RANGE, "model: config.json %s %g outside the vocabulary of %d tokens", key, d,
+                       n_vocab);
     *out = (int32_t)d;
     return TK_OK;
 }
@@ -283,25 +297,33 @@ static tk_status json_token(const cJSON *o, const char *key, int n_vocab, int32_
 static tk_status hf_arch(const cJSON *root, tk_arch *out) {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (cJSON_IsString(mt)) return arch_from_name(mt->valuestring, strlen(mt->valuestring), out);
-    if (mt && !cJSON_IsNull(mt)) return tk_fail(TK_ERR_FORMAT, "model: config.json model_type is not a string");
+    if (mt && !cJSON_IsNull(mt))
+        return tk_fail(TK_ERR_FORMAT, "model: config.json model_type is not a string");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
-    if (!cJSON_IsString(a0)) return tk_fail(TK_ERR_FORMAT, "model: config.json has neither model_type nor architectures");
-    static const struct { const char *hf; tk_arch a; } MAP[] = {
-        {"LlamaForCausalLM", TK_ARCH_LLAMA}, {"Qwen2ForCausalLM", TK_ARCH_QWEN2}, {"Qwen3ForCausalLM", TK_ARCH_QWEN3}};
+    if (!cJSON_IsString(a0))
+        return tk_fail(TK_ERR_FORMAT, "model: config.json has neither model_type nor architectures");
+    static const struct {
+        const char *hf;
+        tk_arch a;
+    } MAP[] = {{"LlamaForCausalLM", TK_ARCH_LLAMA},
+               {"Qwen2ForCausalLM", TK_ARCH_QWEN2},
+               {"Qwen3ForCausalLM", TK_ARCH_QWEN3}};
     for (size_t i = 0; i < sizeof MAP / sizeof MAP[0]; i++)
         if (!strcmp(a0->valuestring, MAP[i].hf)) {
             *out = MAP[i].a;
             return TK_OK;
         }
-    return tk_fail(TK_ERR_UNSUPPORTED, "model: unsupported architecture '%.64s' (supported: llama, qwen2, qwen3)",
+    return tk_fail(TK_ERR_UNSUPPORTED,
+                   "model: unsupported architecture '%.64s' (supported: llama, qwen2, qwen3)",
                    a0->valuestring);
 }
 
 static tk_status hf_rope_scaling(const cJSON *root, tk_hparams *hp) {
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     if (!rs || cJSON_IsNull(rs)) return TK_OK;
-    if (!cJSON_IsObject(rs)) return tk_fail(TK_ERR_FORMAT, "model: config.json rope_scaling is not an object");
+    if (!cJSON_IsObject(rs))
+        return tk_fail(TK_ERR_FORMAT, "model: config.json rope_scaling is not an object");
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!t) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(t)) return tk_fail(TK_ERR_FORMAT, "model: config.json rope_scaling has no rope_type");
@@ -315,7 +337,8 @@ static tk_status hf_rope_scaling(const cJSON *root, tk_hparams *hp) {
         return TK_OK;
     }
     if (strcmp(t->valuestring, "llama3"))
-        return tk_fail(TK_ERR_UNSUPPORTED, "model: config.json rope_scaling type '%.32s' not supported (linear, llama3)",
+        return tk_fail(TK_ERR_UNSUPPORTED,
+                       "model: config.json rope_scaling type '%.32s' not supported (linear, llama3)",
                        t->valuestring);
     static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings", NULL};
@@ -327,7 +350,8 @@ static tk_status hf_rope_scaling(const cJSON *root, tk_hparams *hp) {
     if ((st = json_float(rs, "low_freq_factor", &hp->rope_low_freq_factor))) return st;
     if ((st = json_float(rs, "high_freq_factor", &hp->rope_high_freq_factor))) return st;
     if ((st = json_int(rs, "original_max_position_embeddings", false, &orig))) return st;
-    if ((st = check_range("rope_scaling.original_max_position_embeddings", orig, 1, TK_MAX_CTX_TRAIN))) return st;
+    if ((st = check_range("rope_scaling.original_max_position_embeddings", orig, 1, TK_MAX_CTX_TRAIN)))
+        return st;
     hp->rope_orig_ctx = (int)orig;
     return TK_OK;
 }
@@ -347,7 +371,8 @@ static tk_status hf_parse(const cJSON *root, tk_hparams *hp) {
     if ((st = json_int_range(root, "num_key_value_heads", 1, TK_MAX_HEADS, &n_kv, &has_kv))) return st;
     if ((st = json_int_range(root, "head_dim", 1, TK_MAX_HEAD_DIM, &hd, &has_hd))) return st;
     if ((st = json_int(root, "vocab_size", true, &n_vocab))) return st;
-    if ((st = json_int_range(root, "max_position_embeddings", 1, TK_MAX_CTX_TRAIN, &ctx, &has_ctx))) return st;
+    if ((st = json_int_range(root, "max_position_embeddings", 1, TK_MAX_CTX_TRAIN, &ctx, &has_ctx)))
+        return st;
     hp->n_layer = clamp_int(n_layer);
     hp->n_embd = clamp_int(n_embd);
     hp->n_ff = clamp_int(n_ff);
@@ -387,15 +412,24 @@ tk_status arch_hparams_hf_json(const char *json, size_t len, tk_hparams *hp) {
 /* ---- tensor names ------------------------------------------------------------ */
 
 static const char *const GGUF_NAMES[TK_ROLE_COUNT] = {
-    [TK_ROLE_ATTN_NORM] = "blk.%d.attn_norm.weight",  [TK_ROLE_Q] = "blk.%d.attn_q.weight",
-    [TK_ROLE_K] = "blk.%d.attn_k.weight",             [TK_ROLE_V] = "blk.%d.attn_v.weight",
-    [TK_ROLE_O] = "blk.%d.attn_output.weight",        [TK_ROLE_Q_BIAS] = "blk.%d.attn_q.bias",
-    [TK_ROLE_K_BIAS] = "blk.%d.attn_k.bias",          [TK_ROLE_V_BIAS] = "blk.%d.attn_v.bias",
-    [TK_ROLE_Q_NORM] = "blk.%d.attn_q_norm.weight",   [TK_ROLE_K_NORM] = "blk.%d.attn_k_norm.weight",
-    [TK_ROLE_FFN_NORM] = "blk.%d.ffn_norm.weight",    [TK_ROLE_GATE] = "blk.%d.ffn_gate.weight",
-    [TK_ROLE_UP] = "blk.%d.ffn_up.weight",            [TK_ROLE_DOWN] = "blk.%d.ffn_down.weight",
-    [TK_ROLE_TOK_EMBD] = "token_embd.weight",         [TK_ROLE_OUTPUT_NORM] = "output_norm.weight",
-    [TK_ROLE_OUTPUT] = "output.weight",               [TK_ROLE_ROPE_FREQS] = "rope_freqs.weight",
+    [TK_ROLE_ATTN_NORM] = "blk.%d.attn_norm.weight",
+    [TK_ROLE_Q] = "blk.%d.attn_q.weight",
+    [TK_ROLE_K] = "blk.%d.attn_k.weight",
+    [TK_ROLE_V] = "blk.%d.attn_v.weight",
+    [TK_ROLE_O] = "blk.%d.attn_output.weight",
+    [TK_ROLE_Q_BIAS] = "blk.%d.attn_q.bias",
+    [TK_ROLE_K_BIAS] = "blk.%d.attn_k.bias",
+    [TK_ROLE_V_BIAS] = "blk.%d.attn_v.bias",
+    [TK_ROLE_Q_NORM] = "blk.%d.attn_q_norm.weight",
+    [TK_ROLE_K_NORM] = "blk.%d.attn_k_norm.weight",
+    [TK_ROLE_FFN_NORM] = "blk.%d.ffn_norm.weight",
+    [TK_ROLE_GATE] = "blk.%d.ffn_gate.weight",
+    [TK_ROLE_UP] = "blk.%d.ffn_up.weight",
+    [TK_ROLE_DOWN] = "blk.%d.ffn_down.weight",
+    [TK_ROLE_TOK_EMBD] = "token_embd.weight",
+    [TK_ROLE_OUTPUT_NORM] = "output_norm.weight",
+    [TK_ROLE_OUTPUT] = "output.weight",
+    [TK_ROLE_ROPE_FREQS] = "rope_freqs.weight",
 };
 
 static const char *const HF_NAMES[TK_ROLE_COUNT] = {
@@ -431,22 +465,58 @@ void arch_tensor_shape(const tk_hparams *hp, tk_role role, int64_t ne[4]) {
     int64_t q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
     ne[0] = ne[1] = ne[2] = ne[3] = 1;
     switch (role) {
-    case TK_ROLE_ATTN_NORM: case TK_ROLE_FFN_NORM: case TK_ROLE_OUTPUT_NORM: ne[0] = hp->n_embd; break;
-    case TK_ROLE_Q: ne[0] = hp->n_embd; ne[1] = q; break;
-    case TK_ROLE_K: case TK_ROLE_V: ne[0] = hp->n_embd; ne[1] = kv; break;
-    case TK_ROLE_O: ne[0] = q; ne[1] = hp->n_embd; break;
-    case TK_ROLE_Q_BIAS: ne[0] = q; break;
-    case TK_ROLE_K_BIAS: case TK_ROLE_V_BIAS: ne[0] = kv; break;
-    case TK_ROLE_Q_NORM: case TK_ROLE_K_NORM: ne[0] = hp->head_dim; break;
-    case TK_ROLE_GATE: case TK_ROLE_UP: ne[0] = hp->n_embd; ne[1] = hp->n_ff; break;
-    case TK_ROLE_DOWN: ne[0] = hp->n_ff; ne[1] = hp->n_embd; break;
-    case TK_ROLE_TOK_EMBD: case TK_ROLE_OUTPUT: ne[0] = hp->n_embd; ne[1] = hp->n_vocab; break;
-    case TK_ROLE_ROPE_FREQS: ne[0] = hp->head_dim / 2; break;
-    default: break;
+    case TK_ROLE_ATTN_NORM:
+    case TK_ROLE_FFN_NORM:
+    case TK_ROLE_OUTPUT_NORM:
+        ne[0] = hp->n_embd;
+        break;
+    case TK_ROLE_Q:
+        ne[0] = hp->n_embd;
+        ne[1] = q;
+        break;
+    case TK_ROLE_K:
+    case TK_ROLE_V:
+        ne[0] = hp->n_embd;
+        ne[1] = kv;
+        break;
+    case TK_ROLE_O:
+        ne[0] = q;
+        ne[1] = hp->n_embd;
+        break;
+    case TK_ROLE_Q_BIAS:
+        ne[0] = q;
+        break;
+    case TK_ROLE_K_BIAS:
+    case TK_ROLE_V_BIAS:
+        ne[0] = kv;
+        break;
+    case TK_ROLE_Q_NORM:
+    case TK_ROLE_K_NORM:
+        ne[0] = hp->head_dim;
+        break;
+    case TK_ROLE_GATE:
+    case TK_ROLE_UP:
+        ne[0] = hp->n_embd;
+        ne[1] = hp->n_ff;
+        break;
+    case TK_ROLE_DOWN:
+        ne[0] = hp->n_ff;
+        ne[1] = hp->n_embd;
+        break;
+    case TK_ROLE_TOK_EMBD:
+    case TK_ROLE_OUTPUT:
+        ne[0] = hp->n_embd;
+        ne[1] = hp->n_vocab;
+        break;
+    case TK_ROLE_ROPE_FREQS:
+        ne[0] = hp->head_dim / 2;
+        break;
+    default:
+        break;
     }
 }
 
 bool arch_role_is_matmul(tk_role role) {
-    return role == TK_ROLE_Q || role == TK_ROLE_K || role == TK_ROLE_V || role == TK_ROLE_O || role == TK_ROLE_GATE ||
-           role == TK_ROLE_UP || role == TK_ROLE_DOWN || role == TK_ROLE_OUTPUT;
+    return role == TK_ROLE_Q || role == TK_ROLE_K || role == TK_ROLE_V || role == TK_ROLE_O ||
+           role == TK_ROLE_GATE || role == TK_ROLE_UP || role == TK_ROLE_DOWN || role == TK_ROLE_OUTPUT;
 }

@@ -20,34 +20,34 @@ typedef enum tk_rope_scaling {
 } tk_rope_scaling;
 
 /* Largest values accepted from a file; anything above is a corrupt header, not a model. */
-#define TK_MAX_LAYERS 1024
-#define TK_MAX_EMBD (1 << 16)
-#define TK_MAX_FF (1 << 20)
-#define TK_MAX_VOCAB (1 << 22)
-#define TK_MAX_HEADS 1024
-#define TK_MAX_HEAD_DIM 1024
+#define TK_MAX_LAYERS    1024
+#define TK_MAX_EMBD      (1 << 16)
+#define TK_MAX_FF        (1 << 20)
+#define TK_MAX_VOCAB     (1 << 22)
+#define TK_MAX_HEADS     1024
+#define TK_MAX_HEAD_DIM  1024
 #define TK_MAX_CTX_TRAIN (1 << 24)
 
 typedef struct tk_hparams {
     tk_arch arch;
     int n_layer;
-    int n_ctx_train;  /* >= 1; 0 when the file does not say (a stated 0 is an error) */
-    int n_embd;       /* hidden size */
-    int n_ff;         /* FFN inner size */
-    int n_head;       /* query heads */
-    int n_head_kv;    /* key/value heads (GQA: divides n_head) */
-    int head_dim;     /* independent of n_embd / n_head (qwen3) */
+    int n_ctx_train; /* >= 1; 0 when the file does not say (a stated 0 is an error) */
+    int n_embd;      /* hidden size */
+    int n_ff;        /* FFN inner size */
+    int n_head;      /* query heads */
+    int n_head_kv;   /* key/value heads (GQA: divides n_head) */
+    int head_dim;    /* independent of n_embd / n_head (qwen3) */
     int n_vocab;
     float rms_eps;
     float rope_theta; /* rope.freq_base */
     tk_rope_scaling rope_scaling;
-    float rope_factor;                     /* linear and llama3 */
-    float rope_low_freq_factor;            /* llama3 */
-    float rope_high_freq_factor;           /* llama3 */
-    int rope_orig_ctx;                     /* llama3 original_max_position_embeddings */
-    bool tied;     /* output matrix is the embedding matrix */
-    bool qk_norm;  /* per-head RMSNorm on q and k before RoPE (qwen3) */
-    bool qkv_bias; /* q/k/v projections carry a bias (qwen2; optional elsewhere) */
+    float rope_factor;              /* linear and llama3 */
+    float rope_low_freq_factor;     /* llama3 */
+    float rope_high_freq_factor;    /* llama3 */
+    int rope_orig_ctx;              /* llama3 original_max_position_embeddings */
+    bool tied;                      /* output matrix is the embedding matrix */
+    bool qk_norm;                   /* per-head RMSNorm on q and k before RoPE (qwen3) */
+    bool qkv_bias;                  /* q/k/v projections carry a bias (qwen2; optional elsewhere) */
     int32_t bos_id, eos_id, pad_id; /* -1 when absent */
 } tk_hparams;
 

@@ -40,11 +40,11 @@ enum { ACT_Q8_0 = 0, ACT_Q8_K, ACT_COUNT };
 #define ROW_ALIGN 16
 
 typedef struct act_slot {
-    int64_t k;                /* row width */
-    float *f;                 /* (max_tokens, k) the f32 rows (aliases a work buffer) */
-    uint8_t *q[ACT_COUNT];    /* (max_tokens, row bytes) quantized rows, NULL if unused */
+    int64_t k;             /* row width */
+    float *f;              /* (max_tokens, k) the f32 rows (aliases a work buffer) */
+    uint8_t *q[ACT_COUNT]; /* (max_tokens, row bytes) quantized rows, NULL if unused */
     size_t q_stride[ACT_COUNT];
-    int64_t align;            /* columns a partial quantization must start on (1, 32, 256) */
+    int64_t align; /* columns a partial quantization must start on (1, 32, 256) */
 } act_slot;
 
 struct fwd_ctx {
@@ -55,23 +55,23 @@ struct fwd_ctx {
     fwd_opts o;
     const tk_kernels *K;
     int nth;
-    int64_t q_dim, kv_dim;      /* n_head*head_dim, n_head_kv*head_dim */
-    int heads_per_group;        /* attention unit: whole quantization blocks of the output */
-    int64_t ff_align;           /* gate/up row split unit */
-    size_t kv_bytes_tok;        /* KV bytes per token of context (all layers) */
+    int64_t q_dim, kv_dim; /* n_head*head_dim, n_head_kv*head_dim */
+    int heads_per_group;   /* attention unit: whole quantization blocks of the output */
+    int64_t ff_align;      /* gate/up row split unit */
+    size_t kv_bytes_tok;   /* KV bytes per token of context (all layers) */
     uint64_t emb_row_bytes;
 
     /* work buffers, sized once at init; token-indexed ones hold max_tokens + 1
      * rows, the last for gemv padding (see gemv_tokens) */
-    float *x;        /* (max_tokens, n_embd) residual stream */
-    float *xn;       /* (max_tokens, n_embd) normed input of a matmul */
-    float *q;        /* (max_tokens, n_head*head_dim) queries, RoPE applied */
-    float *k, *v;    /* (max_tokens, n_head_kv*head_dim) new keys and values */
-    float *att;      /* (max_tokens, n_head*head_dim) attention output */
-    float *y;        /* (max_tokens, n_embd) projection output before the residual add */
-    float *gate;     /* (max_tokens, n_ff) gate projection, then silu(gate)*up in place */
-    float *up;       /* (max_tokens, n_ff) */
-    float *scratch;  /* (nth, attn_scratch) attention scratch per thread */
+    float *x;          /* (max_tokens, n_embd) residual stream */
+    float *xn;         /* (max_tokens, n_embd) normed input of a matmul */
+    float *q;          /* (max_tokens, n_head*head_dim) queries, RoPE applied */
+    float *k, *v;      /* (max_tokens, n_head_kv*head_dim) new keys and values */
+    float *att;        /* (max_tokens, n_head*head_dim) attention output */
+    float *y;          /* (max_tokens, n_embd) projection output before the residual add */
+    float *gate;       /* (max_tokens, n_ff) gate projection, then silu(gate)*up in place */
+    float *up;         /* (max_tokens, n_ff) */
+    float *scratch;    /* (nth, attn_scratch) attention scratch per thread */
     float *logits_pad; /* (max_tokens + 1, n_vocab) output rows when the gemv pads (see gemv_tokens) */
     size_t attn_scratch;
     act_slot slot[SLOT_COUNT];
@@ -117,8 +117,8 @@ static void quant_cols(const fwd_ctx *f, int s, int t0, int t1, int64_t c0, int6
         int64_t qk = a == ACT_Q8_0 ? TK_QK8_0 : TK_QK_K;
         size_t bb = a == ACT_Q8_0 ? sizeof(tk_block_q8_0) : sizeof(tk_block_q8_k);
         for (int t = t0; t < t1; t++)
-            fn(sl->f + (size_t)t * sl->k + c0, sl->q[a] + (size_t)t * sl->q_stride[a] + (size_t)(c0 / qk) * bb,
-               c1 - c0);
+            fn(sl->f + (size_t)t * sl->k + c0,
+               sl->q[a] + (size_t)t * sl->q_stride[a] + (size_t)(c0 / qk) * bb, c1 - c0);
     }
 }
 
@@ -135,8 +135,8 @@ static int gemv_tokens(tk_dtype wtype, int n_tok) {
 
 /* y[t, r] = W row r . act row t for rows [r0, r1) of all step tokens (y and the
  * activations hold one spare row for the padding above). */
-static void matmul_rows(const fwd_ctx *f, const tk_tensor *w, int s, int n_tok, int64_t r0, int64_t r1, float *y,
-                        int64_t ldy) {
+static void matmul_rows(const fwd_ctx *f, const tk_tensor *w, int s, int n_tok, int64_t r0, int64_t r1,
+                        float *y, int64_t ldy) {
     if (r0 >= r1 || n_tok <= 0) return;
     size_t stride;
     const void *xq = act_rows(f, s, w->type, &stride);
@@ -206,8 +206,8 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
         long last = (long)(s + 1) * groups < u1 ? (long)(s + 1) * groups : u1; /* this sequence's units */
         int h0 = (int)(u - (long)s * groups) * g, h1 = (int)(last - (long)s * groups) * g;
         int t0 = f->seq_tok0[s], n = b->n[s];
-        kv_attention(f->kv, l, b->bt[s], b->pos0[s], n, f->q + (size_t)t0 * f->q_dim, f->hp->n_head, h0, h1, scale,
-                     f->att + (size_t)t0 * f->q_dim, scratch);
+        kv_attention(f->kv, l, b->bt[s], b->pos0[s], n, f->q + (size_t)t0 * f->q_dim, f->hp->n_head, h0, h1,
+                     scale, f->att + (size_t)t0 * f->q_dim, scratch);
         if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)h0 * hd, (int64_t)h1 * hd);
         u = last;
     }
@@ -271,7 +271,8 @@ static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
     if (r0 >= r1) return;
     matmul_rows(f, &L->w_gate, SLOT_EMBD, n_tok, r0, r1, f->gate, ff);
     matmul_rows(f, &L->w_up, SLOT_EMBD, n_tok, r0, r1, f->up, ff);
-    for (int t = 0; t < n_tok; t++) f->K->silu_mul(f->gate + t * ff + r0, f->gate + t * ff + r0, f->up + t * ff + r0, r1 - r0);
+    for (int t = 0; t < n_tok; t++)
+        f->K->silu_mul(f->gate + t * ff + r0, f->gate + t * ff + r0, f->up + t * ff + r0, r1 - r0);
     quant_cols(f, SLOT_FF, 0, n_tok, r0, r1);
 }
 
@@ -427,7 +428,8 @@ void fwd_free(fwd_ctx *f) {
 /* A zeroed aligned (rows x cols) float buffer; NULL on overflow or no memory. */
 static float *alloc_f32(int64_t rows, int64_t cols) {
     size_t n;
-    if (rows <= 0 || cols <= 0 || !tk_mul_size((size_t)rows, (size_t)cols, &n) || !tk_mul_size(n, sizeof(float), &n))
+    if (rows <= 0 || cols <= 0 || !tk_mul_size((size_t)rows, (size_t)cols, &n) ||
+        !tk_mul_size(n, sizeof(float), &n))
         return NULL;
     return tk_alloc_aligned(n, 64);
 }
@@ -466,7 +468,8 @@ static tk_status slots_init(fwd_ctx *f) {
             if (!dtype_row_bytes(at, (uint64_t)sl->k, &rb))
                 return tk_fail(TK_ERR_FORMAT, "forward: activation width %lld is not whole %s blocks",
                                (long long)sl->k, dtype_name(at));
-            if (!tk_mul_size((size_t)rb, (size_t)f->o.max_tokens + 1, &total) || !(sl->q[a] = tk_alloc_aligned(total, 64)))
+            if (!tk_mul_size((size_t)rb, (size_t)f->o.max_tokens + 1, &total) ||
+                !(sl->q[a] = tk_alloc_aligned(total, 64)))
                 return tk_fail(TK_ERR_NOMEM, "forward: out of memory for activations");
             sl->q_stride[a] = (size_t)rb;
             int64_t blk = a == ACT_Q8_0 ? TK_QK8_0 : TK_QK_K;
@@ -477,8 +480,8 @@ static tk_status slots_init(fwd_ctx *f) {
     int hd = f->hp->head_dim, g = 1;
     while (((int64_t)g * hd) % f->slot[SLOT_ATT].align) g++;
     if (f->hp->n_head % g)
-        return tk_fail(TK_ERR_FORMAT, "forward: %d heads of %d do not split into %lld-column blocks", f->hp->n_head, hd,
-                       (long long)f->slot[SLOT_ATT].align);
+        return tk_fail(TK_ERR_FORMAT, "forward: %d heads of %d do not split into %lld-column blocks",
+                       f->hp->n_head, hd, (long long)f->slot[SLOT_ATT].align);
     f->heads_per_group = g;
     f->ff_align = f->slot[SLOT_FF].align > ROW_ALIGN ? f->slot[SLOT_FF].align : ROW_ALIGN;
     return TK_OK;
@@ -497,10 +500,11 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
         return tk_fail(TK_ERR_INVALID, "forward: max_ctx %d out of range [1, 16777216]", o->max_ctx);
     const tk_kv_opts *ko = kv_opts(kv);
     if (ko->n_layer != hp->n_layer || ko->n_head_kv != hp->n_head_kv || ko->head_dim != hp->head_dim)
-        return tk_fail(TK_ERR_INVALID,
-                       "forward: KV pool shape (layers %d, kv heads %d, head_dim %d) does not match the model "
-                       "(%d, %d, %d)",
-                       ko->n_layer, ko->n_head_kv, ko->head_dim, hp->n_layer, hp->n_head_kv, hp->head_dim);
+        return tk_fail(
+            TK_ERR_INVALID,
+            "forward: KV pool shape (layers %d, kv heads %d, head_dim %d) does not match the model "
+            "(%d, %d, %d)",
+            ko->n_layer, ko->n_head_kv, ko->head_dim, hp->n_layer, hp->n_head_kv, hp->head_dim);
     fwd_ctx *f = tk_calloc(1, sizeof *f);
     if (!f) return tk_fail(TK_ERR_NOMEM, "forward: out of memory");
     f->m = m;
@@ -532,7 +536,8 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     f->seq_tok0 = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
     f->out_tok = tk_calloc((size_t)T, sizeof(int32_t));
     if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->y || !f->gate || !f->up || !f->scratch ||
-        (gemv_tokens(m->output.type, 1) != 1 && !f->logits_pad) || !f->tok_pos || !f->tok_seq || !f->seq_tok0 || !f->out_tok) {
+        (gemv_tokens(m->output.type, 1) != 1 && !f->logits_pad) || !f->tok_pos || !f->tok_seq ||
+        !f->seq_tok0 || !f->out_tok) {
         fwd_free(f);
         return tk_fail(TK_ERR_NOMEM, "forward: out of memory for %d-token buffers", o->max_tokens);
     }
@@ -548,17 +553,19 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
 /* Everything about the batch is checked before the KV cache is touched. */
 static tk_status batch_check(const fwd_ctx *f, const tk_batch *b) {
     if (b->n_seq < 0 || b->n_seq > f->o.max_seqs)
-        return tk_fail(TK_ERR_INVALID, "forward: %d sequences in a step, at most %d", b->n_seq, f->o.max_seqs);
+        return tk_fail(TK_ERR_INVALID, "forward: %d sequences in a step, at most %d", b->n_seq,
+                       f->o.max_seqs);
     if (b->n_tok < 0 || b->n_tok > f->o.max_tokens)
         return tk_fail(TK_ERR_INVALID, "forward: %d tokens in a step, at most %d", b->n_tok, f->o.max_tokens);
     if (b->n_seq > 0 && (!b->tokens || !b->n || !b->pos0 || !b->bt || !b->n_logits))
         return tk_fail(TK_ERR_INVALID, "forward: batch has a NULL array");
     int64_t sum = 0;
     for (int s = 0; s < b->n_seq; s++) {
-        if (b->n[s] < 1) return tk_fail(TK_ERR_INVALID, "forward: sequence %d has %d tokens", s, (int)b->n[s]);
+        if (b->n[s] < 1)
+            return tk_fail(TK_ERR_INVALID, "forward: sequence %d has %d tokens", s, (int)b->n[s]);
         if (b->pos0[s] < 0 || (int64_t)b->pos0[s] + b->n[s] > f->o.max_ctx)
-            return tk_fail(TK_ERR_INVALID, "forward: sequence %d spans positions [%d, %lld), past max_ctx %d", s,
-                           (int)b->pos0[s], (long long)b->pos0[s] + b->n[s], f->o.max_ctx);
+            return tk_fail(TK_ERR_INVALID, "forward: sequence %d spans positions [%d, %lld), past max_ctx %d",
+                           s, (int)b->pos0[s], (long long)b->pos0[s] + b->n[s], f->o.max_ctx);
         if (!b->bt[s]) return tk_fail(TK_ERR_INVALID, "forward: sequence %d has no block table", s);
         if (b->n_logits[s] < 0 || b->n_logits[s] > b->n[s])
             return tk_fail(TK_ERR_INVALID, "forward: sequence %d wants logits of %d of its %d tokens", s,
@@ -570,8 +577,8 @@ static tk_status batch_check(const fwd_ctx *f, const tk_batch *b) {
                        (long long)sum);
     for (int t = 0; t < b->n_tok; t++)
         if (b->tokens[t] < 0 || b->tokens[t] >= f->hp->n_vocab)
-            return tk_fail(TK_ERR_RANGE, "forward: token id %d at %d outside the vocabulary of %d", (int)b->tokens[t],
-                           t, f->hp->n_vocab);
+            return tk_fail(TK_ERR_RANGE, "forward: token id %d at %d outside the vocabulary of %d",
+                           (int)b->tokens[t], t, f->hp->n_vocab);
     return TK_OK;
 }
 

@@ -29,8 +29,8 @@ typedef struct fwd_ctx fwd_ctx;
 tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *o, fwd_ctx **out);
 void fwd_free(fwd_ctx *f);
 /* One step (tk_batch: backend/backend.h). logits: backend_batch_logits(b) x
- * n_vocab floats, sequence after sequence, positions in order. Fails (TK_ERR_INVALID) without touching the KV cache if the batch exceeds the
- * sizes given at init or a token id is out of range. */
+ * n_vocab floats, sequence after sequence, positions in order. Fails (TK_ERR_INVALID) without touching the KV
+ * cache if the batch exceeds the sizes given at init or a token id is out of range. */
 tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits);
 /* Weight + KV bytes the last step had to read (for the roofline). */
 uint64_t fwd_last_bytes(const fwd_ctx *f);

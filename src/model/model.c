@@ -193,7 +193,8 @@ static tk_status repack(tk_model *m, tk_tensor *t, tk_dtype to) {
             memcpy(dst, tmp, (size_t)k * sizeof(float));
         } else if (to == TK_DTYPE_F16 || to == TK_DTYPE_BF16) {
             uint16_t *h = dst;
-            for (int64_t i = 0; i < k; i++) h[i] = to == TK_DTYPE_F16 ? tk_f32_to_f16(tmp[i]) : tk_f32_to_bf16(tmp[i]);
+            for (int64_t i = 0; i < k; i++)
+                h[i] = to == TK_DTYPE_F16 ? tk_f32_to_f16(tmp[i]) : tk_f32_to_bf16(tmp[i]);
         } else {
             ok = kern_quantize_row(to, tmp, dst, k);
         }
@@ -222,19 +223,20 @@ static tk_status ensure_aligned(tk_model *m, tk_tensor *t) {
 }
 
 /* A matmul weight: shape-checked, un-permuted for GGUF llama Q/K, repacked on request. */
-static tk_status load_matmul(tk_model *m, const model_source *src, const tk_model_opts *o, tk_role role, int layer,
-                             tk_tensor *out) {
+static tk_status load_matmul(tk_model *m, const model_source *src, const tk_model_opts *o, tk_role role,
+                             int layer, tk_tensor *out) {
     const tk_tensor *t;
     tk_status st = find_role(m, src, role, layer, true, &t);
     if (st) return st;
     *out = *t;
     const tk_kernels *K = kernels_default();
     if (!dtype_supported(t->type) || !kern_gemv(K, t->type, TK_LAYOUT_ROWS))
-        return tk_fail(TK_ERR_UNSUPPORTED, "model: tensor %s has type %s, which has no matmul kernel", t->name,
-                       dtype_name(t->type));
+        return tk_fail(TK_ERR_UNSUPPORTED, "model: tensor %s has type %s, which has no matmul kernel",
+                       t->name, dtype_name(t->type));
     uint64_t rb;
     if ((st = row_bytes_of(t, t->type, &rb))) return st;
-    if (src->naming == TK_NAMING_GGUF && m->hp.arch == TK_ARCH_LLAMA && (role == TK_ROLE_Q || role == TK_ROLE_K)) {
+    if (src->naming == TK_NAMING_GGUF && m->hp.arch == TK_ARCH_LLAMA &&
+        (role == TK_ROLE_Q || role == TK_ROLE_K)) {
         int nh = role == TK_ROLE_Q ? m->hp.n_head : m->hp.n_head_kv;
         void *dst = model_own(m, (size_t)t->nbytes);
         if (!dst) return tk_fail(TK_ERR_NOMEM, "model: out of memory un-permuting %s", t->name);
@@ -306,7 +308,8 @@ static tk_status rope_init(tk_model *m, const model_source *src) {
             }
         }
         if (!(factor > 0.0f) || !isfinite(factor))
-            return tk_fail(TK_ERR_FORMAT, "model: rope factor %d is %g (must be finite and > 0)", i, (double)factor);
+            return tk_fail(TK_ERR_FORMAT, "model: rope factor %d is %g (must be finite and > 0)", i,
+                           (double)factor);
         m->rope_freqs[i] = (float)(f / (double)factor);
     }
     return TK_OK;
@@ -370,8 +373,8 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
          * so embedding lookups keep reading the file's rows. */
         m->output = m->tok_embd;
         if (!kern_gemv(kernels_default(), emb->type, TK_LAYOUT_ROWS))
-            return tk_fail(TK_ERR_UNSUPPORTED, "model: tied %s has type %s, which has no matmul kernel", emb->name,
-                           dtype_name(emb->type));
+            return tk_fail(TK_ERR_UNSUPPORTED, "model: tied %s has type %s, which has no matmul kernel",
+                           emb->name, dtype_name(emb->type));
         if (o->repack != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[o->repack] != emb->type) {
             if ((st = repack(m, &m->output, WEIGHT_DTYPE[o->repack]))) return st;
             m->repacked = true;
@@ -437,7 +440,8 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     unsigned char *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         tk_free(ts);
-        return tk_fail(TK_ERR_NOMEM, "model: cannot map %zu bytes for the weights (use_mmap avoids the copy)", map);
+        return tk_fail(TK_ERR_NOMEM, "model: cannot map %zu bytes for the weights (use_mmap avoids the copy)",
+                       map);
     }
     /* Trim to a huge-page-aligned region. */
     size_t lead = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
@@ -469,7 +473,8 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     return TK_OK;
 }
 
-tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_model_opts *o, tk_model **out) {
+tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_model_opts *o,
+                       tk_model **out) {
     *out = NULL;
     tk_model_opts def;
     if (!o) {
@@ -593,7 +598,8 @@ void tk_model_get_info(const tk_model *m, tk_model_info *out) {
     out->weight_bytes = m->weight_bytes;
     out->decode_bytes = m->decode_bytes;
     /* K and V, every layer, f16 elements. */
-    out->kv_bytes_per_token = 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * 2ull;
+    out->kv_bytes_per_token =
+        2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * 2ull;
     out->weight_dtype = m->weight_dtype;
     out->tied_embeddings = hp->tied;
 }

@@ -39,17 +39,17 @@ typedef struct model_source {
 struct tk_model {
     tk_hparams hp;
     char *name;
-    gguf_file *gguf;             /* owned; GGUF weights are views into it (NULL otherwise) */
-    void *src_handle;            /* owned source of HF weights (NULL otherwise) */
-    void (*src_close)(void *);   /* frees src_handle */
-    tk_tokenizer *tok;           /* owned; NULL without a vocabulary */
-    tk_layer *layers;            /* (n_layer) */
-    tk_tensor tok_embd;          /* (n_vocab, n_embd) */
-    tk_tensor output;            /* (n_vocab, n_embd): tok_embd itself when tied and not repacked */
-    const float *output_norm;    /* (n_embd) */
-    float *rope_freqs;           /* (head_dim/2) inverse frequencies, scaling applied */
-    void **owned;                /* (n_owned) aligned buffers freed with the model */
-    void *resident;              /* huge-page copy of the file-view weights (NULL with use_mmap) */
+    gguf_file *gguf;           /* owned; GGUF weights are views into it (NULL otherwise) */
+    void *src_handle;          /* owned source of HF weights (NULL otherwise) */
+    void (*src_close)(void *); /* frees src_handle */
+    tk_tokenizer *tok;         /* owned; NULL without a vocabulary */
+    tk_layer *layers;          /* (n_layer) */
+    tk_tensor tok_embd;        /* (n_vocab, n_embd) */
+    tk_tensor output;          /* (n_vocab, n_embd): tok_embd itself when tied and not repacked */
+    const float *output_norm;  /* (n_embd) */
+    float *rope_freqs;         /* (head_dim/2) inverse frequencies, scaling applied */
+    void **owned;              /* (n_owned) aligned buffers freed with the model */
+    void *resident;            /* huge-page copy of the file-view weights (NULL with use_mmap) */
     size_t resident_size;
     int n_owned, cap_owned;
     bool repacked;

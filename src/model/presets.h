@@ -9,21 +9,21 @@
 #include "tokamak.h"
 
 typedef struct tk_preset {
-    const char *name;   /* "qwen3-0.6b", "tiny" */
-    const char *arch;   /* "qwen3", "qwen2", "llama" */
+    const char *name; /* "qwen3-0.6b", "tiny" */
+    const char *arch; /* "qwen3", "qwen2", "llama" */
     int n_layer;
-    int n_embd;         /* hidden size */
+    int n_embd; /* hidden size */
     int n_head;
     int n_head_kv;
-    int head_dim;       /* independent of n_embd / n_head (Qwen3) */
-    int n_ff;           /* feed-forward (intermediate) size */
-    int n_vocab;        /* rows of the embedding and output matrices */
-    int n_ctx;          /* context_length / max_position_embeddings */
+    int head_dim; /* independent of n_embd / n_head (Qwen3) */
+    int n_ff;     /* feed-forward (intermediate) size */
+    int n_vocab;  /* rows of the embedding and output matrices */
+    int n_ctx;    /* context_length / max_position_embeddings */
     double rope_theta;
     double rms_eps;
-    bool tied;          /* output shares token_embd */
-    bool qkv_bias;      /* qwen2: biases on q, k, v */
-    bool qk_norm;       /* qwen3: RMSNorm per head on q and k */
+    bool tied;     /* output shares token_embd */
+    bool qkv_bias; /* qwen2: biases on q, k, v */
+    bool qk_norm;  /* qwen3: RMSNorm per head on q and k */
     /* Llama-3 RoPE scaling; rope_factor 0 means none. */
     double rope_factor, rope_low_freq, rope_high_freq;
     int rope_orig_ctx;

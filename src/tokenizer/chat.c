@@ -89,7 +89,8 @@ typedef enum chat_family { CHAT_CHATML, CHAT_QWEN3, CHAT_LLAMA3 } chat_family;
 static chat_family family_of(const char *tmpl) {
     if (!tmpl) return CHAT_CHATML;
     if (strstr(tmpl, "<|start_header_id|>")) return CHAT_LLAMA3;
-    if (strstr(tmpl, "<|im_start|>") && (strstr(tmpl, "<think>") || strstr(tmpl, "enable_thinking"))) return CHAT_QWEN3;
+    if (strstr(tmpl, "<|im_start|>") && (strstr(tmpl, "<think>") || strstr(tmpl, "enable_thinking")))
+        return CHAT_QWEN3;
     return CHAT_CHATML;
 }
 
@@ -251,18 +252,26 @@ tk_status tok_chat_encode(const tk_tokenizer *t, const tk_chat_message *msgs, in
         return tk_fail(TK_ERR_INVALID, "chat: bad arguments");
     static const char *const roles[] = {"system", "user", "assistant", "tool"};
     for (int i = 0; i < n; i++) {
-        if (!msgs[i].role || !msgs[i].content) return tk_fail(TK_ERR_INVALID, "chat: message %d has no role or content", i);
+        if (!msgs[i].role || !msgs[i].content)
+            return tk_fail(TK_ERR_INVALID, "chat: message %d has no role or content", i);
         bool ok = false;
         for (size_t r = 0; r < 4; r++) ok |= !strcmp(msgs[i].role, roles[r]);
         if (!ok)
-            return tk_fail(TK_ERR_INVALID, "chat: message %d has role '%.32s' (expected system, user, assistant or tool)",
-                           i, msgs[i].role);
+            return tk_fail(TK_ERR_INVALID,
+                           "chat: message %d has role '%.32s' (expected system, user, assistant or tool)", i,
+                           msgs[i].role);
     }
     sbuf b = {0};
     switch (family_of(t->chat_template)) {
-    case CHAT_QWEN3: format_qwen3(&b, msgs, n, add_generation_prompt, enable_thinking); break;
-    case CHAT_LLAMA3: format_llama3(&b, msgs, n, add_generation_prompt); break;
-    default: format_chatml(&b, msgs, n, add_generation_prompt); break;
+    case CHAT_QWEN3:
+        format_qwen3(&b, msgs, n, add_generation_prompt, enable_thinking);
+        break;
+    case CHAT_LLAMA3:
+        format_llama3(&b, msgs, n, add_generation_prompt);
+        break;
+    default:
+        format_chatml(&b, msgs, n, add_generation_prompt);
+        break;
     }
     tk_status st = TK_OK;
     int32_t *out = NULL;

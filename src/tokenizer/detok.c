@@ -14,8 +14,8 @@
 struct tok_stream {
     const tk_tokenizer *t;
     bool show_special;
-    bool strip_space;       /* SPM: the next text token drops one leading space (see push) */
-    unsigned char pend[4];  /* (npend) bytes of an unfinished character */
+    bool strip_space;      /* SPM: the next text token drops one leading space (see push) */
+    unsigned char pend[4]; /* (npend) bytes of an unfinished character */
     int npend;
 };
 

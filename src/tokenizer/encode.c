@@ -21,7 +21,8 @@ int tok_utf8_next(const unsigned char *s, size_t n, uint32_t *cp) {
     }
     int need;
     unsigned lo = 0x80, hi = 0xbf; /* allowed range of the second byte (Unicode table 3-7) */
-    if (c >= 0xc2 && c <= 0xdf) need = 2;
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 2;
     else if (c >= 0xe0 && c <= 0xef) {
         need = 3;
         if (c == 0xe0) lo = 0xa0;
@@ -58,31 +59,31 @@ static inline void emit(out_ids *o, int32_t id) {
 /* ---- scratch, grown per call ---- */
 
 typedef struct merge_sym {
-    int32_t id;           /* token id, or -1 (SPM character not in the vocabulary) */
-    int32_t prev, next;   /* linked list over the word; -1 at the ends */
-    uint32_t start, len;  /* bytes of the word this symbol covers */
+    int32_t id;          /* token id, or -1 (SPM character not in the vocabulary) */
+    int32_t prev, next;  /* linked list over the word; -1 at the ends */
+    uint32_t start, len; /* bytes of the word this symbol covers */
 } merge_sym;
 
 typedef struct merge_ent {
-    double key;           /* lower merges first: BPE rank, or -score for SPM */
-    int32_t pos;          /* left symbol */
-    int32_t lid, rid;     /* ids it was built from (BPE staleness check) */
-    uint32_t len;         /* bytes of the merged pair (SPM staleness check) */
-    int32_t out;          /* id of the merged token */
+    double key;       /* lower merges first: BPE rank, or -score for SPM */
+    int32_t pos;      /* left symbol */
+    int32_t lid, rid; /* ids it was built from (BPE staleness check) */
+    uint32_t len;     /* bytes of the merged pair (SPM staleness check) */
+    int32_t out;      /* id of the merged token */
 } merge_ent;
 
 typedef struct scratch {
-    merge_sym *sym;  /* (sym_cap) */
+    merge_sym *sym; /* (sym_cap) */
     size_t sym_cap;
     merge_ent *heap; /* (heap_cap) */
     size_t heap_cap;
-    int32_t *ids;    /* (ids_cap) naive BPE symbols */
+    int32_t *ids; /* (ids_cap) naive BPE symbols */
     size_t ids_cap;
-    tok_pair *rank;  /* (rank_cap) the merge of symbols (i, i+1); rank INT32_MAX if none */
+    tok_pair *rank; /* (rank_cap) the merge of symbols (i, i+1); rank INT32_MAX if none */
     size_t rank_cap;
-    char *buf;       /* (buf_cap) text after repair / NFC / escaping */
+    char *buf; /* (buf_cap) text after repair / NFC / escaping */
     size_t buf_cap;
-    int32_t *cps;    /* (cps_cap) NFC code points */
+    int32_t *cps; /* (cps_cap) NFC code points */
     size_t cps_cap;
     /* Words already merged in this call -> their ids: text repeats words far
      * more often than the vocabulary lookup can answer them. */
@@ -97,9 +98,9 @@ typedef struct cache_slot {
     uint32_t key, len, ids, n;
 } cache_slot;
 
-#define CACHE_SLOTS 8192 /* power of two; refilled from empty at half full */
+#define CACHE_SLOTS     8192 /* power of two; refilled from empty at half full */
 #define CACHE_KEY_BYTES (1u << 18)
-#define CACHE_IDS (1u << 16)
+#define CACHE_IDS       (1u << 16)
 
 static void scratch_free(scratch *s) {
     tk_free(s->sym);
@@ -210,7 +211,8 @@ static tk_status merge_heap(const tk_tokenizer *t, const char *text, scratch *s,
         }
         /* each merge removes one entry and adds at most two, so 3n never overflows */
         if (a->prev >= 0 && pair_eval(t, text, sym, a->prev, e.pos, &e)) heap_push(s->heap, &hn, e);
-        if (a->next >= 0 && pair_eval(t, text, sym, (int32_t)(a - sym), a->next, &e)) heap_push(s->heap, &hn, e);
+        if (a->next >= 0 && pair_eval(t, text, sym, (int32_t)(a - sym), a->next, &e))
+            heap_push(s->heap, &hn, e);
     }
     return TK_OK;
 }
@@ -225,8 +227,8 @@ static inline tok_pair pair_at(const tk_tokenizer *t, int32_t l, int32_t r) {
 }
 
 /* BPE merges over the bytes w[0..n): the ids land in *res[0..*m). */
-static tk_status bpe_merge(const tk_tokenizer *t, const unsigned char *w, size_t n, scratch *s, const int32_t **res,
-                          size_t *m) {
+static tk_status bpe_merge(const tk_tokenizer *t, const unsigned char *w, size_t n, scratch *s,
+                           const int32_t **res, size_t *m) {
     if (n <= NAIVE_MAX) {
         if (!grow((void **)&s->ids, &s->ids_cap, n, sizeof(int32_t)) ||
             !grow((void **)&s->rank, &s->rank_cap, n, sizeof(tok_pair)))
@@ -259,10 +261,12 @@ static tk_status bpe_merge(const tk_tokenizer *t, const unsigned char *w, size_t
         *m = k;
         return TK_OK;
     }
-    if (!grow((void **)&s->sym, &s->sym_cap, n, sizeof *s->sym) || !grow((void **)&s->ids, &s->ids_cap, n, sizeof(int32_t)))
+    if (!grow((void **)&s->sym, &s->sym_cap, n, sizeof *s->sym) ||
+        !grow((void **)&s->ids, &s->ids_cap, n, sizeof(int32_t)))
         return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < n; i++)
-        s->sym[i] = (merge_sym){t->byte_tok[w[i]], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1, (uint32_t)i, 1};
+        s->sym[i] =
+            (merge_sym){t->byte_tok[w[i]], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1, (uint32_t)i, 1};
     tk_status st = merge_heap(t, (const char *)w, s, n);
     if (st) return st;
     size_t k = 0;
@@ -333,7 +337,8 @@ tk_status tok_compute_whole(tk_tokenizer *t) {
     tk_status st = TK_OK;
     for (int32_t i = 0; i < t->n_vocab && !st; i++) {
         size_t n = (size_t)(t->dec_off[i + 1] - t->dec_off[i]);
-        if (t->type[i] != TOK_TYPE_NORMAL || n < 2 || tok_find_raw(t, t->dec_buf + t->dec_off[i], n) != i) continue;
+        if (t->type[i] != TOK_TYPE_NORMAL || n < 2 || tok_find_raw(t, t->dec_buf + t->dec_off[i], n) != i)
+            continue;
         const int32_t *ids;
         size_t m;
         st = bpe_merge(t, (const unsigned char *)t->dec_buf + t->dec_off[i], n, &s, &ids, &m);
@@ -416,8 +421,8 @@ static tk_status nfc(const tk_tokenizer *t, const char *text, size_t len, scratc
     return TK_OK;
 }
 
-static tk_status bpe_segment(const tk_tokenizer *t, const char *text, size_t len, pcre2_match_data *md, scratch *s,
-                             out_ids *o) {
+static tk_status bpe_segment(const tk_tokenizer *t, const char *text, size_t len, pcre2_match_data *md,
+                             scratch *s, out_ids *o) {
     const char *norm;
     size_t nlen;
     tk_status st = TK_OK;
@@ -455,11 +460,12 @@ static tk_status bpe_segment(const tk_tokenizer *t, const char *text, size_t len
 
 /* ---- SentencePiece BPE (llama.cpp's llm_tokenizer_spm) ---- */
 
-static tk_status spm_segment(const tk_tokenizer *t, const char *text, size_t len, bool prefix_space, scratch *s,
-                             out_ids *o) {
+static tk_status spm_segment(const tk_tokenizer *t, const char *text, size_t len, bool prefix_space,
+                             scratch *s, out_ids *o) {
     size_t need;
     if (!tk_mul_size(len + 1, 3, &need)) return tk_fail(TK_ERR_RANGE, "tokenizer: text too long");
-    if (!grow((void **)&s->buf, &s->buf_cap, need, 1)) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
+    if (!grow((void **)&s->buf, &s->buf_cap, need, 1))
+        return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
     size_t k = 0;
     if (prefix_space) {
         memcpy(s->buf, "\xe2\x96\x81", 3);
@@ -475,7 +481,8 @@ static tk_status spm_segment(const tk_tokenizer *t, const char *text, size_t len
     }
     const char *esc = s->buf;
     size_t n = 0;
-    if (!grow((void **)&s->sym, &s->sym_cap, k, sizeof *s->sym)) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
+    if (!grow((void **)&s->sym, &s->sym_cap, k, sizeof *s->sym))
+        return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < k;) {
         uint32_t cp;
         int cl = tok_utf8_next((const unsigned char *)esc + i, k - i, &cp);
@@ -496,7 +503,8 @@ static tk_status spm_segment(const tk_tokenizer *t, const char *text, size_t len
         for (uint32_t j = 0; j < m->len; j++) { /* byte fallback: <0xXX>, else <unk> */
             int32_t b = t->byte_tok[(unsigned char)esc[m->start + j]];
             if (b < 0 && t->unk < 0)
-                return tk_fail(TK_ERR_INVALID, "tokenizer: character at byte %u has no token, no byte fallback and no <unk>",
+                return tk_fail(TK_ERR_INVALID,
+                               "tokenizer: character at byte %u has no token, no byte fallback and no <unk>",
                                m->start);
             emit(o, b >= 0 ? b : t->unk);
             if (b < 0) break; /* one <unk> per character */
@@ -581,7 +589,8 @@ static tk_status encode_valid(const tk_tokenizer *t, const char *text, size_t le
     tk_status st = TK_OK;
     pcre2_match_data *md = NULL;
     if (t->kind == TOK_KIND_BPE) {
-        md = pcre2_match_data_create_from_pattern((const pcre2_code *)t->re, (pcre2_general_context *)t->re_gctx);
+        md = pcre2_match_data_create_from_pattern((const pcre2_code *)t->re,
+                                                  (pcre2_general_context *)t->re_gctx);
         if (md && len >= 4096) { /* short texts rarely repeat a word: skip the cache's setup cost */
             s.slots = tk_calloc(CACHE_SLOTS, sizeof *s.slots);
             s.ckeys = tk_malloc(CACHE_KEY_BYTES);

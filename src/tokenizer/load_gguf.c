@@ -13,7 +13,9 @@ static tk_status token_id(const gguf_file *f, const char *key, int32_t n, int32_
     int64_t v;
     tk_status st = gguf_get_i64(f, key, -1, &v);
     if (st) return st;
-    if (v >= n) return tk_fail(TK_ERR_FORMAT, "gguf: %s = %lld is past the %d-token vocabulary", key, (long long)v, (int)n);
+    if (v >= n)
+        return tk_fail(TK_ERR_FORMAT, "gguf: %s = %lld is past the %d-token vocabulary", key, (long long)v,
+                       (int)n);
     *out = v < 0 ? -1 : (int32_t)v;
     return TK_OK;
 }
@@ -37,8 +39,8 @@ static tk_status load_merges(tk_tokenizer *t, const gguf_file *f, tok_build *b) 
         /* "a b": split at the first space after the first byte (a piece may itself be " ") */
         const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
         if (!sp)
-            return tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.merges[%lld] \"%.*s\" is not \"a b\"", (long long)i,
-                           (int)(s.len > 40 ? 40 : s.len), s.ptr);
+            return tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.merges[%lld] \"%.*s\" is not \"a b\"",
+                           (long long)i, (int)(s.len > 40 ? 40 : s.len), s.ptr);
         b->ml[i] = s.ptr;
         b->mll[i] = (size_t)(sp - s.ptr);
         b->mr[i] = sp + 1;
@@ -55,10 +57,13 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out) {
     tk_status st = gguf_require_str(f, "tokenizer.ggml.model", &model);
     if (st) return st;
     tok_kind kind;
-    if (gguf_str_eq(model, "gpt2")) kind = TOK_KIND_BPE;
-    else if (gguf_str_eq(model, "llama")) kind = TOK_KIND_SPM;
+    if (gguf_str_eq(model, "gpt2"))
+        kind = TOK_KIND_BPE;
+    else if (gguf_str_eq(model, "llama"))
+        kind = TOK_KIND_SPM;
     else
-        return tk_fail(TK_ERR_UNSUPPORTED, "gguf: tokenizer.ggml.model '%.*s' is not supported (gpt2 or llama)",
+        return tk_fail(TK_ERR_UNSUPPORTED,
+                       "gguf: tokenizer.ggml.model '%.*s' is not supported (gpt2 or llama)",
                        (int)(model.len > 40 ? 40 : model.len), model.ptr);
     if ((st = gguf_get_str(f, "tokenizer.ggml.pre", &pre, &has_pre))) return st;
     if ((st = gguf_get_str(f, "tokenizer.chat_template", &tmpl, &has_tmpl))) return st;
@@ -70,11 +75,13 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out) {
     int32_t n = (int32_t)toks->arr_n;
     types = gguf_find(f, "tokenizer.ggml.token_type");
     if (types && (types->type != GGUF_T_ARRAY || types->arr_n != (uint64_t)n))
-        return tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.token_type must be an array of %d integers", (int)n);
+        return tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.token_type must be an array of %d integers",
+                       (int)n);
     if (kind == TOK_KIND_SPM) {
         scores = gguf_find(f, "tokenizer.ggml.scores");
         if (scores && (scores->type != GGUF_T_ARRAY || scores->arr_n != (uint64_t)n))
-            return tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.scores must be an array of %d numbers", (int)n);
+            return tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.scores must be an array of %d numbers",
+                           (int)n);
     }
 
     tk_tokenizer *t = NULL;
@@ -97,7 +104,8 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out) {
         int64_t ty = TOK_TYPE_NORMAL;
         if (types && (st = gguf_arr_i64(types, (uint64_t)i, &ty))) goto fail;
         if (ty < TOK_TYPE_NORMAL || ty > TOK_TYPE_BYTE) {
-            st = tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.token_type[%d] = %lld, expected 1..6", (int)i, (long long)ty);
+            st = tk_fail(TK_ERR_FORMAT, "gguf: tokenizer.ggml.token_type[%d] = %lld, expected 1..6", (int)i,
+                         (long long)ty);
             goto fail;
         }
         b.types[i] = (uint8_t)ty;
@@ -114,7 +122,8 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out) {
         /* Files from before tokenizer.ggml.pre existed used GPT-2's regex. */
         snprintf(t->pre_name, sizeof t->pre_name, "%.*s", has_pre ? (int)(pre.len > 31 ? 31 : pre.len) : 4,
                  has_pre ? pre.ptr : "gpt2");
-        t->nfc = !strcmp(t->pre_name, "qwen2") || !strcmp(t->pre_name, "deepseek-r1-qwen"); /* HF Qwen2 normalises */
+        t->nfc = !strcmp(t->pre_name, "qwen2") ||
+                 !strcmp(t->pre_name, "deepseek-r1-qwen"); /* HF Qwen2 normalises */
         t->ignore_merges = !strcmp(t->pre_name, "llama-bpe") || !strcmp(t->pre_name, "llama3");
     } else {
         snprintf(t->pre_name, sizeof t->pre_name, "default");
@@ -126,7 +135,8 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out) {
         goto fail;
     bool add_bos;
     if ((st = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", kind == TOK_KIND_SPM, &add_bos))) goto fail;
-    if ((st = gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", kind == TOK_KIND_SPM, &t->add_space_prefix)))
+    if ((st =
+             gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", kind == TOK_KIND_SPM, &t->add_space_prefix)))
         goto fail;
     t->add_bos = add_bos && t->bos >= 0;
     if (kind == TOK_KIND_SPM && t->unk < 0) t->unk = tok_find(t, "<unk>", 5);
@@ -171,9 +181,11 @@ tk_status tok_load_path(const char *path, tk_tokenizer **out) {
         }
         memcpy(cp, path, pl + 1);
         char *slash = strrchr(cp, '/');
-        snprintf(slash ? slash + 1 : cp, pl + 32 - (size_t)(slash ? slash + 1 - cp : 0), "tokenizer_config.json");
+        snprintf(slash ? slash + 1 : cp, pl + 32 - (size_t)(slash ? slash + 1 - cp : 0),
+                 "tokenizer_config.json");
         if (strcmp(cp, path) && stat(cp, &sb) == 0) st = fmap_read_all(cp, TOK_MAX_JSON, &cfg, &cl);
-        if (!st && (st = tok_load_json(json, jl, cfg, out))) tk_error_prefix("%s", path); /* read errors name the file */
+        if (!st && (st = tok_load_json(json, jl, cfg, out)))
+            tk_error_prefix("%s", path); /* read errors name the file */
         tk_free(cp);
         tk_free(json);
         tk_free(cfg);

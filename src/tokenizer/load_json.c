@@ -26,10 +26,14 @@ static tk_status check_json_shape(const char *json, size_t len, const char *what
         char c = json[i];
         if (in_str) {
             if (c == '\\' && i + 5 < len && !memcmp(json + i + 1, "u0000", 5))
-                return tk_fail(TK_ERR_FORMAT, "%s: a string holds \\u0000 (NUL) at byte %zu; no token or name can contain NUL",
-                               what, i);
-            if (c == '\\') i++;
-            else if (c == '"') in_str = false;
+                return tk_fail(
+                    TK_ERR_FORMAT,
+                    "%s: a string holds \\u0000 (NUL) at byte %zu; no token or name can contain NUL", what,
+                    i);
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
             else if (c == 0)
                 return tk_fail(TK_ERR_FORMAT, "%s: a string holds a NUL byte at byte %zu", what, i);
         } else if (c == '"') {
@@ -87,7 +91,8 @@ static tk_status find_pre(const cJSON *pre, char *name, size_t cap, bool *byte_l
     if (!cJSON_IsString(type)) return tk_fail(TK_ERR_FORMAT, "tokenizer.json: pre_tokenizer without a type");
     if (!strcmp(type->valuestring, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers"), *p;
-        if (!cJSON_IsArray(list)) return tk_fail(TK_ERR_FORMAT, "tokenizer.json: Sequence without pretokenizers");
+        if (!cJSON_IsArray(list))
+            return tk_fail(TK_ERR_FORMAT, "tokenizer.json: Sequence without pretokenizers");
         cJSON_ArrayForEach(p, list) {
             tk_status st = find_pre(p, name, cap, byte_level);
             if (st) return st;
@@ -98,9 +103,11 @@ static tk_status find_pre(const cJSON *pre, char *name, size_t cap, bool *byte_l
         *byte_level = true;
         const cJSON *ur = cJSON_GetObjectItemCaseSensitive(pre, "use_regex");
         const cJSON *ap = cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space");
-        if (cJSON_IsTrue(ap)) return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: ByteLevel add_prefix_space is not supported");
+        if (cJSON_IsTrue(ap))
+            return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: ByteLevel add_prefix_space is not supported");
         if (!cJSON_IsFalse(ur)) { /* default true: GPT-2's own regex */
-            if (name[0]) return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: two pre-tokenizer regexes in sequence");
+            if (name[0])
+                return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: two pre-tokenizer regexes in sequence");
             snprintf(name, cap, "gpt2");
         }
         return TK_OK;
@@ -110,18 +117,24 @@ static tk_status find_pre(const cJSON *pre, char *name, size_t cap, bool *byte_l
         const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
         const cJSON *beh = cJSON_GetObjectItemCaseSensitive(pre, "behavior");
         const cJSON *inv = cJSON_GetObjectItemCaseSensitive(pre, "invert");
-        if (!cJSON_IsString(re)) return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: Split without a Regex pattern");
+        if (!cJSON_IsString(re))
+            return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: Split without a Regex pattern");
         if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") || cJSON_IsTrue(inv))
-            return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: Split behavior must be Isolated (not inverted)");
+            return tk_fail(TK_ERR_UNSUPPORTED,
+                           "tokenizer.json: Split behavior must be Isolated (not inverted)");
         const char *known = tok_pre_from_regex(re->valuestring);
         if (!known)
-            return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: unknown pre-tokenizer regex \"%.80s%s\" (known: Qwen2, Llama-3, GPT-2)",
-                           re->valuestring, strlen(re->valuestring) > 80 ? "..." : "");
-        if (name[0]) return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: two pre-tokenizer regexes in sequence");
+            return tk_fail(
+                TK_ERR_UNSUPPORTED,
+                "tokenizer.json: unknown pre-tokenizer regex \"%.80s%s\" (known: Qwen2, Llama-3, GPT-2)",
+                re->valuestring, strlen(re->valuestring) > 80 ? "..." : "");
+        if (name[0])
+            return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: two pre-tokenizer regexes in sequence");
         snprintf(name, cap, "%s", known);
         return TK_OK;
     }
-    return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: pre_tokenizer type '%.40s' is not supported", type->valuestring);
+    return tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: pre_tokenizer type '%.40s' is not supported",
+                   type->valuestring);
 }
 
 /* Every id 0..max_id must name a token (the vocab's or an added one): a hole
@@ -149,12 +162,15 @@ static tk_status check_dense(const cJSON *vocab, const cJSON *added, int64_t n_e
     tk_free(seen);
     if (hole < 0) return TK_OK; /* max_id >= n_entries would leave a hole below n_entries */
     if (hole < max_vocab_id)
-        return tk_fail(TK_ERR_FORMAT, "tokenizer.json: vocab ids are not contiguous: id %lld is missing (vocab ids run to %lld)",
-                       (long long)hole, (long long)max_vocab_id);
-    return tk_fail(TK_ERR_FORMAT,
-                   "tokenizer.json: token ids are not contiguous: id %lld is missing (vocab ids run to %lld, added "
-                   "token ids to %lld)",
-                   (long long)hole, (long long)max_vocab_id, (long long)max_id);
+        return tk_fail(
+            TK_ERR_FORMAT,
+            "tokenizer.json: vocab ids are not contiguous: id %lld is missing (vocab ids run to %lld)",
+            (long long)hole, (long long)max_vocab_id);
+    return tk_fail(
+        TK_ERR_FORMAT,
+        "tokenizer.json: token ids are not contiguous: id %lld is missing (vocab ids run to %lld, added "
+        "token ids to %lld)",
+        (long long)hole, (long long)max_vocab_id, (long long)max_id);
 }
 
 static tk_status load_merges(tk_tokenizer *t, const cJSON *merges, tok_build *b) {
@@ -173,19 +189,21 @@ static tk_status load_merges(tk_tokenizer *t, const cJSON *merges, tok_build *b)
         if (cJSON_IsString(m)) { /* older files: "a b" */
             const char *s = m->valuestring, *sp = strchr(s, ' ');
             if (!sp || strchr(sp + 1, ' '))
-                return tk_fail(TK_ERR_FORMAT, "tokenizer.json: merge %lld \"%.40s\" is not two tokens", (long long)i, s);
+                return tk_fail(TK_ERR_FORMAT, "tokenizer.json: merge %lld \"%.40s\" is not two tokens",
+                               (long long)i, s);
             b->ml[i] = s;
             b->mll[i] = (size_t)(sp - s);
             b->mr[i] = sp + 1;
             b->mrl[i] = strlen(sp + 1);
-        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
+        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 &&
+                   cJSON_IsString(cJSON_GetArrayItem(m, 0)) && cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
             b->ml[i] = cJSON_GetArrayItem(m, 0)->valuestring;
             b->mr[i] = cJSON_GetArrayItem(m, 1)->valuestring;
             b->mll[i] = strlen(b->ml[i]);
             b->mrl[i] = strlen(b->mr[i]);
         } else {
-            return tk_fail(TK_ERR_FORMAT, "tokenizer.json: merge %lld is neither \"a b\" nor [a, b]", (long long)i);
+            return tk_fail(TK_ERR_FORMAT, "tokenizer.json: merge %lld is neither \"a b\" nor [a, b]",
+                           (long long)i);
         }
         i++;
     }
@@ -209,16 +227,19 @@ static tk_status apply_config(tk_tokenizer *t, const cJSON *root, const cJSON *c
         }
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
         const char *tmpl = NULL;
-        if (cJSON_IsString(ct)) tmpl = ct->valuestring;
+        if (cJSON_IsString(ct))
+            tmpl = ct->valuestring;
         else if (cJSON_IsArray(ct)) { /* [{name, template}, ...]: the "default" one */
             const cJSON *e;
             cJSON_ArrayForEach(e, ct) {
                 const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
                 const cJSON *tp = cJSON_GetObjectItemCaseSensitive(e, "template");
-                if (cJSON_IsString(nm) && cJSON_IsString(tp) && !strcmp(nm->valuestring, "default")) tmpl = tp->valuestring;
+                if (cJSON_IsString(nm) && cJSON_IsString(tp) && !strcmp(nm->valuestring, "default"))
+                    tmpl = tp->valuestring;
             }
         }
-        if (tmpl && !(t->chat_template = tk_strdup(tmpl))) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
+        if (tmpl && !(t->chat_template = tk_strdup(tmpl)))
+            return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
     }
     if (cJSON_IsObject(pp)) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pp, "type");
@@ -255,7 +276,8 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
     tok_build b = {0};
     tk_status st = parse_json(json, len, "tokenizer.json", &root);
     if (st) return st;
-    if (config_json && (st = parse_json(config_json, strlen(config_json), "tokenizer_config.json", &cfg))) goto fail;
+    if (config_json && (st = parse_json(config_json, strlen(config_json), "tokenizer_config.json", &cfg)))
+        goto fail;
 
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) {
@@ -283,7 +305,8 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
     if (norm && !cJSON_IsNull(norm)) {
         const cJSON *nt = cJSON_GetObjectItemCaseSensitive(norm, "type");
         if (!cJSON_IsString(nt) || strcmp(nt->valuestring, "NFC")) {
-            st = tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: normalizer '%.40s' is not supported (NFC or none)",
+            st = tk_fail(TK_ERR_UNSUPPORTED,
+                         "tokenizer.json: normalizer '%.40s' is not supported (NFC or none)",
                          cJSON_IsString(nt) ? nt->valuestring : "?");
             goto fail;
         }
@@ -300,7 +323,8 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
             goto fail;
         }
         if (!e->string[0]) {
-            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: vocab entry %lld is the empty string", (long long)id);
+            st =
+                tk_fail(TK_ERR_FORMAT, "tokenizer.json: vocab entry %lld is the empty string", (long long)id);
             goto fail;
         }
         if (id > max_id) max_id = id;
@@ -334,8 +358,8 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
     cJSON_ArrayForEach(e, vocab) {
         int32_t id = (int32_t)e->valuedouble;
         if (b.pieces[id]) {
-            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: id %d used by both '%.40s' and '%.40s'", (int)id, b.pieces[id],
-                         e->string);
+            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: id %d used by both '%.40s' and '%.40s'", (int)id,
+                         b.pieces[id], e->string);
             goto fail;
         }
         b.pieces[id] = e->string;
@@ -347,8 +371,8 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
         const char *c = cJSON_GetObjectItemCaseSensitive(e, "content")->valuestring;
         bool special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special"));
         if (b.pieces[id] && strcmp(b.pieces[id], c)) {
-            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: added token '%.40s' reuses id %d of '%.40s'", c, (int)id,
-                         b.pieces[id]);
+            st = tk_fail(TK_ERR_FORMAT, "tokenizer.json: added token '%.40s' reuses id %d of '%.40s'", c,
+                         (int)id, b.pieces[id]);
             goto fail;
         }
         b.pieces[id] = c;
@@ -364,19 +388,22 @@ tk_status tok_load_json(const char *json, size_t len, const char *config_json, t
     t->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
     const cJSON *bf = cJSON_GetObjectItemCaseSensitive(model, "byte_fallback");
     if (cJSON_IsTrue(bf)) {
-        st = tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: byte_fallback BPE (SentencePiece style) is not supported; use GGUF");
+        st = tk_fail(TK_ERR_UNSUPPORTED,
+                     "tokenizer.json: byte_fallback BPE (SentencePiece style) is not supported; use GGUF");
         goto fail;
     }
 
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     bool byte_level = false;
     if (!cJSON_IsObject(pre)) {
-        st = tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: no pre_tokenizer (only byte-level BPE is supported)");
+        st = tk_fail(TK_ERR_UNSUPPORTED,
+                     "tokenizer.json: no pre_tokenizer (only byte-level BPE is supported)");
         goto fail;
     }
     if ((st = find_pre(pre, t->pre_name, sizeof t->pre_name, &byte_level))) goto fail;
     if (!byte_level || !t->pre_name[0]) {
-        st = tk_fail(TK_ERR_UNSUPPORTED, "tokenizer.json: pre_tokenizer is not byte-level BPE with a known regex");
+        st = tk_fail(TK_ERR_UNSUPPORTED,
+                     "tokenizer.json: pre_tokenizer is not byte-level BPE with a known regex");
         goto fail;
     }
     t->nfc = nfc;
@@ -408,7 +435,8 @@ tk_status tok_load_hf(const char *dir, tk_tokenizer **out) {
     struct stat sb;
     snprintf(p, dl + 32, "%s/tokenizer_config.json", dir);
     if (!st && stat(p, &sb) == 0) st = fmap_read_all(p, TOK_MAX_JSON, &cfg, &cl);
-    if (!st && (st = tok_load_json(json, jl, cfg, out))) tk_error_prefix("%s", dir); /* read errors name the file */
+    if (!st && (st = tok_load_json(json, jl, cfg, out)))
+        tk_error_prefix("%s", dir); /* read errors name the file */
     tk_free(p);
     tk_free(json);
     tk_free(cfg);

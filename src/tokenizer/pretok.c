@@ -26,15 +26,19 @@ typedef struct pre_pattern {
 
 static const pre_pattern PATTERNS[] = {
     {"qwen2", "qwen2|deepseek-r1-qwen",
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
-     "\\s+(?!\\S)|\\s+",
-     CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-    {"llama-bpe", "llama-bpe|llama3|smaug-bpe",
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
      "\\s+(?!\\S)|\\s+",
      CONTRACTIONS
-     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-    {"gpt2", "gpt2|gpt-2", "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+     "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+    {"llama-bpe", "llama-bpe|llama3|smaug-bpe",
+     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+     "\\s+(?!\\S)|\\s+",
+     CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+    {"gpt2", "gpt2|gpt-2",
+     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
      "'(?:s|t|re|ve|m|ll|d)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"},
 };
 
@@ -71,7 +75,8 @@ tk_status tok_compile_pre(tk_tokenizer *t) {
         if (name_in(PATTERNS[i].names, t->pre_name)) pp = &PATTERNS[i];
     if (!pp)
         return tk_fail(TK_ERR_UNSUPPORTED,
-                       "tokenizer: pre-tokenizer '%s' is not supported (known: qwen2, llama-bpe, gpt2)", t->pre_name);
+                       "tokenizer: pre-tokenizer '%s' is not supported (known: qwen2, llama-bpe, gpt2)",
+                       t->pre_name);
     size_t cn = strlen(pp->canon);
     memcpy(t->pre_name, pp->canon, cn + 1); /* canon names are short constants */
     pcre2_general_context *g = pcre2_general_context_create(gctx_malloc, gctx_free, NULL);
@@ -83,14 +88,15 @@ tk_status tok_compile_pre(tk_tokenizer *t) {
     }
     int err = 0;
     PCRE2_SIZE erroff = 0;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pp->compile, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
-                                   &erroff, cc);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pp->compile, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                   &err, &erroff, cc);
     pcre2_compile_context_free(cc);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
         pcre2_general_context_free(g);
-        return tk_fail(TK_ERR_INTERNAL, "tokenizer: pre-tokenizer regex: %s at %zu", (const char *)msg, (size_t)erroff);
+        return tk_fail(TK_ERR_INTERNAL, "tokenizer: pre-tokenizer regex: %s at %zu", (const char *)msg,
+                       (size_t)erroff);
     }
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* without JIT the interpreter gives the same matches */
     t->re = re;

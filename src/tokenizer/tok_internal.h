@@ -40,18 +40,27 @@ static inline uint64_t tok_hash(const char *s, size_t n) {
 }
 
 /* GGUF tokenizer.ggml.token_type values. */
-enum { TOK_TYPE_NORMAL = 1, TOK_TYPE_UNKNOWN = 2, TOK_TYPE_CONTROL = 3, TOK_TYPE_USER = 4, TOK_TYPE_UNUSED = 5,
-       TOK_TYPE_BYTE = 6 };
+enum {
+    TOK_TYPE_NORMAL = 1,
+    TOK_TYPE_UNKNOWN = 2,
+    TOK_TYPE_CONTROL = 3,
+    TOK_TYPE_USER = 4,
+    TOK_TYPE_UNUSED = 5,
+    TOK_TYPE_BYTE = 6
+};
 
-typedef enum tok_kind { TOK_KIND_BPE = 0 /* byte-level (gpt2) */, TOK_KIND_SPM = 1 /* SentencePiece (llama) */ } tok_kind;
+typedef enum tok_kind {
+    TOK_KIND_BPE = 0 /* byte-level (gpt2) */,
+    TOK_KIND_SPM = 1 /* SentencePiece (llama) */
+} tok_kind;
 
 /* Limits that keep a hostile file from asking for absurd memory. */
-#define TOK_MAX_VOCAB (1 << 24)
-#define TOK_MAX_PIECE 4096          /* bytes in one token */
-#define TOK_MAX_JSON (1ull << 30)   /* bytes of tokenizer.json */
+#define TOK_MAX_VOCAB      (1 << 24)
+#define TOK_MAX_PIECE      4096         /* bytes in one token */
+#define TOK_MAX_JSON       (1ull << 30) /* bytes of tokenizer.json */
 #define TOK_MAX_JSON_DEPTH 64
-#define TOK_MAX_EOG 16
-#define TOK_NFC_SPAN 0x30000 /* code points covered by nfc_inert */
+#define TOK_MAX_EOG        16
+#define TOK_NFC_SPAN       0x30000 /* code points covered by nfc_inert */
 
 /* An added token matched in text before the model sees it (special or user-defined). */
 typedef struct tok_added {
@@ -63,45 +72,45 @@ struct tk_tokenizer {
     tok_kind kind;
     int32_t n_vocab;
     /* Pieces as stored in the vocabulary ("Ġthe", "▁the", "<0x0A>"), concatenated. */
-    char *piece_buf;   /* (piece_off[n_vocab]) */
+    char *piece_buf;     /* (piece_off[n_vocab]) */
     uint64_t *piece_off; /* (n_vocab + 1) */
     /* What each token decodes to (raw bytes; added tokens: their text). */
-    char *dec_buf;       /* (dec_off[n_vocab]) */
-    uint64_t *dec_off;   /* (n_vocab + 1) */
-    uint8_t *type;       /* (n_vocab) TOK_TYPE_* */
-    float *score;        /* (n_vocab) SPM merge scores; NULL for BPE */
-    size_t max_piece;    /* longest piece or decoded text, bytes */
+    char *dec_buf;     /* (dec_off[n_vocab]) */
+    uint64_t *dec_off; /* (n_vocab + 1) */
+    uint8_t *type;     /* (n_vocab) TOK_TYPE_* */
+    float *score;      /* (n_vocab) SPM merge scores; NULL for BPE */
+    size_t max_piece;  /* longest piece or decoded text, bytes */
 
     /* piece -> id: open addressing, slots hold id or -1. */
-    int32_t *map;        /* (map_cap) */
-    uint64_t map_cap;    /* power of two */
+    int32_t *map;     /* (map_cap) */
+    uint64_t map_cap; /* power of two */
 
     /* BPE merges in rank order, as token ids, and (left, right) -> rank and result. */
     int64_t n_merges;
     int32_t *merge_l, *merge_r; /* (n_merges) the pair each merge joins, for tok_merge */
-    struct tok_pair *pairs; /* (pair_cap) open addressing; one cache line answers a lookup */
+    struct tok_pair *pairs;     /* (pair_cap) open addressing; one cache line answers a lookup */
     uint64_t pair_cap;
-    bool ignore_merges;  /* a whole word found in the vocab skips merging (Llama-3) */
+    bool ignore_merges; /* a whole word found in the vocab skips merging (Llama-3) */
 
     /* Raw bytes -> id over normal tokens (BPE), and whether BPE of a token's own
      * bytes gives back that token: then a word found here needs no merging. */
-    int32_t *raw_map;    /* (raw_cap) */
+    int32_t *raw_map; /* (raw_cap) */
     uint64_t raw_cap;
-    uint8_t *whole_ok;   /* (n_vocab) */
+    uint8_t *whole_ok; /* (n_vocab) */
 
-    tok_pair *byte_pairs; /* (65536) BPE: merge of (byte_tok[a], byte_tok[b]) at [a << 8 | b] */
+    tok_pair *byte_pairs;  /* (65536) BPE: merge of (byte_tok[a], byte_tok[b]) at [a << 8 | b] */
     int32_t byte_tok[256]; /* BPE: id of each byte's character; SPM: <0xXX> id or -1 */
 
     /* Added tokens matched before the model, longest content first. */
-    tok_added *added;    /* (n_added) */
+    tok_added *added; /* (n_added) */
     int n_added;
     uint8_t added_first[32]; /* bitset of first bytes of added tokens (fast skip) */
 
-    void *re;            /* pcre2_code_8 *: the pre-tokenizer (BPE only) */
-    void *re_gctx;       /* pcre2_general_context_8 * (counted allocation) */
+    void *re;      /* pcre2_code_8 *: the pre-tokenizer (BPE only) */
+    void *re_gctx; /* pcre2_general_context_8 * (counted allocation) */
 
-    bool nfc;            /* NFC-normalise text between added tokens (Qwen2) */
-    uint8_t *nfc_inert;  /* (TOK_NFC_SPAN / 8) bit set: NFC leaves this character alone whatever follows */
+    bool nfc;           /* NFC-normalise text between added tokens (Qwen2) */
+    uint8_t *nfc_inert; /* (TOK_NFC_SPAN / 8) bit set: NFC leaves this character alone whatever follows */
     bool add_bos, add_space_prefix;
     int32_t bos, eos, unk, pad;
     int32_t eog[TOK_MAX_EOG];
@@ -115,11 +124,12 @@ struct tk_tokenizer {
 /* ---- vocab.c: building and looking up ---- */
 tk_status tok_alloc(tok_kind kind, int32_t n_vocab, tk_tokenizer **out);
 /* Set id's piece (copied) and type; call for every id once, in id order, before tok_finish. */
-tk_status tok_set_pieces(tk_tokenizer *t, const char *const *pieces, const size_t *lens, const uint8_t *types);
+tk_status tok_set_pieces(tk_tokenizer *t, const char *const *pieces, const size_t *lens,
+                         const uint8_t *types);
 int32_t tok_find(const tk_tokenizer *t, const char *s, size_t len); /* -1 on a miss */
 /* Merges given as piece strings; every name must be a token and so must a+b. */
-tk_status tok_set_merges(tk_tokenizer *t, int64_t n, const char *const *l, const size_t *llen, const char *const *r,
-                         const size_t *rlen);
+tk_status tok_set_merges(tk_tokenizer *t, int64_t n, const char *const *l, const size_t *llen,
+                         const char *const *r, const size_t *rlen);
 /* The merge of (l, r): its entry, or NULL. Inline: it is the BPE inner loop. */
 static inline const tok_pair *tok_pair_find(const tk_tokenizer *t, int32_t l, int32_t r) {
     if (!t->pairs) return NULL;

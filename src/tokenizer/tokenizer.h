@@ -25,7 +25,8 @@ tk_status tok_load_gguf(const gguf_file *f, tk_tokenizer **out);
 tk_status tok_load_hf(const char *dir, tk_tokenizer **out);
 /* json: tokenizer.json text (len bytes); config_json: tokenizer_config.json text
  * (NUL-terminated) or NULL. */
-tk_status tok_load_json(const char *json, size_t len, const char *config_json /*NULL ok*/, tk_tokenizer **out);
+tk_status tok_load_json(const char *json, size_t len, const char *config_json /*NULL ok*/,
+                        tk_tokenizer **out);
 /* path: a directory with tokenizer.json, a tokenizer.json file (tokenizer_config.json
  * beside it is read too), or a GGUF model. */
 tk_status tok_load_path(const char *path, tk_tokenizer **out);
@@ -52,8 +53,9 @@ const char *tok_piece(const tk_tokenizer *t, int32_t id, size_t *len);
 int tok_token_type(const tk_tokenizer *t, int32_t id);
 int64_t tok_n_merges(const tk_tokenizer *t);
 void tok_merge(const tk_tokenizer *t, int64_t i, const char **a, size_t *alen, const char **b, size_t *blen);
-const char *tok_model_name(const tk_tokenizer *t);    /* "gpt2" | "llama" */
-const char *tok_pre_name(const tk_tokenizer *t);      /* "qwen2" | "llama-bpe" | "gpt2" | ... (GGUF tokenizer.ggml.pre) */
+const char *tok_model_name(const tk_tokenizer *t); /* "gpt2" | "llama" */
+const char *
+tok_pre_name(const tk_tokenizer *t); /* "qwen2" | "llama-bpe" | "gpt2" | ... (GGUF tokenizer.ggml.pre) */
 const char *tok_chat_template(const tk_tokenizer *t); /* raw template text or NULL */
 
 /* Streaming detokenizer (one per request, one thread). push/flush write at most
@@ -62,7 +64,7 @@ const char *tok_chat_template(const tk_tokenizer *t); /* raw template text or NU
 typedef struct tok_stream tok_stream;
 tk_status tok_stream_init(const tk_tokenizer *t, bool show_special, tok_stream **out);
 void tok_stream_free(tok_stream *s);
-size_t tok_stream_bound(const tk_tokenizer *t);                            /* max bytes one push/flush can write */
+size_t tok_stream_bound(const tk_tokenizer *t); /* max bytes one push/flush can write */
 size_t tok_stream_push(tok_stream *s, int32_t id, char *out, size_t cap); /* complete UTF-8 only */
 size_t tok_stream_flush(tok_stream *s, char *out, size_t cap);
 

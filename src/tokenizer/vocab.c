@@ -19,7 +19,8 @@ static uint64_t pow2_at_least(uint64_t n) {
 tk_status tok_alloc(tok_kind kind, int32_t n_vocab, tk_tokenizer **out) {
     *out = NULL;
     if (n_vocab <= 0 || n_vocab > TOK_MAX_VOCAB)
-        return tk_fail(TK_ERR_FORMAT, "tokenizer: vocabulary size %d outside 1..%d", (int)n_vocab, TOK_MAX_VOCAB);
+        return tk_fail(TK_ERR_FORMAT, "tokenizer: vocabulary size %d outside 1..%d", (int)n_vocab,
+                       TOK_MAX_VOCAB);
     tk_tokenizer *t = tk_calloc(1, sizeof *t);
     if (!t) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
     t->kind = kind;
@@ -57,13 +58,16 @@ static inline const char *piece_at(const tk_tokenizer *t, int32_t id, size_t *le
     return t->piece_buf + t->piece_off[id];
 }
 
-tk_status tok_set_pieces(tk_tokenizer *t, const char *const *pieces, const size_t *lens, const uint8_t *types) {
+tk_status tok_set_pieces(tk_tokenizer *t, const char *const *pieces, const size_t *lens,
+                         const uint8_t *types) {
     uint64_t total = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         if (lens[i] > TOK_MAX_PIECE)
-            return tk_fail(TK_ERR_FORMAT, "tokenizer: token %d is %zu bytes (limit %d)", (int)i, lens[i], TOK_MAX_PIECE);
+            return tk_fail(TK_ERR_FORMAT, "tokenizer: token %d is %zu bytes (limit %d)", (int)i, lens[i],
+                           TOK_MAX_PIECE);
         if (types[i] < TOK_TYPE_NORMAL || types[i] > TOK_TYPE_BYTE)
-            return tk_fail(TK_ERR_FORMAT, "tokenizer: token %d has type %d, expected 1..6", (int)i, (int)types[i]);
+            return tk_fail(TK_ERR_FORMAT, "tokenizer: token %d has type %d, expected 1..6", (int)i,
+                           (int)types[i]);
         total += lens[i];
     }
     t->piece_buf = tk_malloc(total + 1);
@@ -71,7 +75,8 @@ tk_status tok_set_pieces(tk_tokenizer *t, const char *const *pieces, const size_
     t->type = tk_malloc((size_t)t->n_vocab);
     t->map_cap = pow2_at_least((uint64_t)t->n_vocab * 2);
     t->map = tk_malloc(t->map_cap * sizeof *t->map);
-    if (!t->piece_buf || !t->piece_off || !t->type || !t->map) return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
+    if (!t->piece_buf || !t->piece_off || !t->type || !t->map)
+        return tk_fail(TK_ERR_NOMEM, "tokenizer: out of memory");
     memset(t->map, 0xff, t->map_cap * sizeof *t->map);
     uint64_t off = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) {
@@ -115,9 +120,10 @@ int32_t tok_find(const tk_tokenizer *t, const char *s, size_t len) {
     }
 }
 
-tk_status tok_set_merges(tk_tokenizer *t, int64_t n, const char *const *l, const size_t *llen, const char *const *r,
-                         const size_t *rlen) {
-    if (n < 0 || n > (int64_t)TOK_MAX_VOCAB * 4) return tk_fail(TK_ERR_FORMAT, "tokenizer: %lld merges", (long long)n);
+tk_status tok_set_merges(tk_tokenizer *t, int64_t n, const char *const *l, const size_t *llen,
+                         const char *const *r, const size_t *rlen) {
+    if (n < 0 || n > (int64_t)TOK_MAX_VOCAB * 4)
+        return tk_fail(TK_ERR_FORMAT, "tokenizer: %lld merges", (long long)n);
     t->n_merges = n;
     if (n == 0) return TK_OK;
     t->merge_l = tk_malloc((size_t)n * sizeof(int32_t));
@@ -142,9 +148,10 @@ tk_status tok_set_merges(tk_tokenizer *t, int64_t n, const char *const *l, const
         int32_t c = tok_find(t, cat, llen[i] + rlen[i]);
         if (c < 0) {
             tk_free(cat);
-            return tk_fail(TK_ERR_FORMAT, "tokenizer: merge %lld ('%.*s' + '%.*s') makes a token not in the vocabulary",
-                           (long long)i, (int)(llen[i] > 64 ? 64 : llen[i]), l[i], (int)(rlen[i] > 64 ? 64 : rlen[i]),
-                           r[i]);
+            return tk_fail(TK_ERR_FORMAT,
+                           "tokenizer: merge %lld ('%.*s' + '%.*s') makes a token not in the vocabulary",
+                           (long long)i, (int)(llen[i] > 64 ? 64 : llen[i]), l[i],
+                           (int)(rlen[i] > 64 ? 64 : rlen[i]), r[i]);
         }
         t->merge_l[i] = a;
         t->merge_r[i] = b;
@@ -196,7 +203,8 @@ static tk_status build_raw_map(tk_tokenizer *t) {
 
 tk_status tok_add_added(tk_tokenizer *t, int32_t id, bool special) {
     if (id < 0 || id >= t->n_vocab)
-        return tk_fail(TK_ERR_FORMAT, "tokenizer: added token id %d outside 0..%d", (int)id, (int)t->n_vocab - 1);
+        return tk_fail(TK_ERR_FORMAT, "tokenizer: added token id %d outside 0..%d", (int)id,
+                       (int)t->n_vocab - 1);
     size_t n;
     const char *p = piece_at(t, id, &n);
     if (n == 0) return TK_OK;
@@ -256,7 +264,8 @@ static int put_utf8(uint32_t cp, char *o) {
 static int cmp_added(const void *pa, const void *pb, void *ctx) {
     const tk_tokenizer *t = ctx;
     const tok_added *a = pa, *b = pb;
-    uint64_t la = t->piece_off[a->id + 1] - t->piece_off[a->id], lb = t->piece_off[b->id + 1] - t->piece_off[b->id];
+    uint64_t la = t->piece_off[a->id + 1] - t->piece_off[a->id],
+             lb = t->piece_off[b->id + 1] - t->piece_off[b->id];
     if (la != lb) return la > lb ? -1 : 1; /* longest first: HF's leftmost-longest match */
     return a->id < b->id ? -1 : a->id > b->id;
 }
@@ -276,7 +285,8 @@ static tk_status build_nfc_inert(tk_tokenizer *t) {
         const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
         bool canon_decomp = p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0;
         bool second = p->comb_index != UINT16_MAX && p->comb_index >= 0x8000;
-        if (p->combining_class == 0 && !canon_decomp && !second) t->nfc_inert[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+        if (p->combining_class == 0 && !canon_decomp && !second)
+            t->nfc_inert[cp >> 3] |= (uint8_t)(1u << (cp & 7));
     }
     return TK_OK;
 }
@@ -300,8 +310,9 @@ static size_t decode_bpe_piece(const int16_t *cp_byte, const char *p, size_t n, 
     return k;
 }
 
-static const char *const EOG_NAMES[] = {"<|im_end|>",  "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
-                                        "</s>",        "<|end|>",       "<end_of_turn>", "<|return|>"};
+static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>",   "<|eot_id|>",
+                                        "<|eom_id|>", "<|end_of_text|>", "</s>",
+                                        "<|end|>",    "<end_of_turn>",   "<|return|>"};
 
 tk_status tok_finish(tk_tokenizer *t) {
     int16_t cp_byte[0x144];
@@ -312,7 +323,9 @@ tk_status tok_finish(tk_tokenizer *t) {
             uint32_t cp = byte_to_cp(b);
             cp_byte[cp] = (int16_t)b;
             int32_t id = tok_find(t, u, (size_t)put_utf8(cp, u));
-            if (id < 0) return tk_fail(TK_ERR_FORMAT, "tokenizer: byte-level vocabulary has no token for byte 0x%02x", b);
+            if (id < 0)
+                return tk_fail(TK_ERR_FORMAT, "tokenizer: byte-level vocabulary has no token for byte 0x%02x",
+                               b);
             t->byte_tok[b] = id;
         }
     } else {
@@ -341,7 +354,8 @@ tk_status tok_finish(tk_tokenizer *t) {
         char *o = t->dec_buf + off;
         size_t k = 0;
         int ty = t->type[i];
-        if (ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER || ty == TOK_TYPE_UNKNOWN || ty == TOK_TYPE_UNUSED) {
+        if (ty == TOK_TYPE_CONTROL || ty == TOK_TYPE_USER || ty == TOK_TYPE_UNKNOWN ||
+            ty == TOK_TYPE_UNUSED) {
             memcpy(o, p, n); /* added tokens are stored as plain text */
             k = n;
         } else if (t->kind == TOK_KIND_BPE) {
@@ -378,7 +392,8 @@ tk_status tok_finish(tk_tokenizer *t) {
     if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
     for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
         int32_t id = tok_find(t, EOG_NAMES[k], strlen(EOG_NAMES[k]));
-        if (id < 0 || id == t->eos || !(is_hidden_type(t->type[id]) || t->type[id] == TOK_TYPE_USER)) continue;
+        if (id < 0 || id == t->eos || !(is_hidden_type(t->type[id]) || t->type[id] == TOK_TYPE_USER))
+            continue;
         if (t->n_eog < TOK_MAX_EOG) t->eog[t->n_eog++] = id;
     }
     if (t->kind == TOK_KIND_BPE) {
@@ -420,7 +435,9 @@ const char *tok_piece(const tk_tokenizer *t, int32_t id, size_t *len) {
     return p;
 }
 
-int tok_token_type(const tk_tokenizer *t, int32_t id) { return (id < 0 || id >= t->n_vocab) ? 0 : t->type[id]; }
+int tok_token_type(const tk_tokenizer *t, int32_t id) {
+    return (id < 0 || id >= t->n_vocab) ? 0 : t->type[id];
+}
 int64_t tok_n_merges(const tk_tokenizer *t) { return t->n_merges; }
 
 void tok_merge(const tk_tokenizer *t, int64_t i, const char **a, size_t *alen, const char **b, size_t *blen) {

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "backend/backend.h"
@@ -45,8 +46,8 @@ static int setup(void **state) {
     if (stat(path, &sb) != 0) {
         char part[600];
         snprintf(part, sizeof part, "%s.%d", path, (int)getpid());
-        snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --dtype f32 -o '%s' >/dev/null && mv '%s' '%s'", cli, part,
-                 part, path);
+        snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --dtype f32 -o '%s' >/dev/null && mv '%s' '%s'",
+                 cli, part, part, path);
         if (system(cmd) != 0) {
             fprintf(stderr, "synth failed: %s\n", cmd);
             return -1;
@@ -68,7 +69,7 @@ static int teardown(void **state) {
 
 /* ---- batch invariance ---------------------------------------------------------------- */
 
-#define NREQ 32
+#define NREQ   32
 #define MAXOUT 24
 typedef struct rec {
     int32_t out[MAXOUT];
@@ -157,8 +158,8 @@ static uint64_t run_together(const work *w, int n, int bs, int max_seqs) {
         assert_int_equal(r[i].reason, TK_FINISH_LENGTH);
         if (r[i].n_out != w->n_solo[i] || memcmp(r[i].out, w->solo[i], (size_t)w->n_solo[i] * 4) != 0) {
             bad++;
-            print_error("request %d (prompt %d) differs from its solo run (n=%d bs=%d seqs=%d)\n", i, w->n_prompt[i],
-                        n, bs, max_seqs);
+            print_error("request %d (prompt %d) differs from its solo run (n=%d bs=%d seqs=%d)\n", i,
+                        w->n_prompt[i], n, bs, max_seqs);
         }
     }
     assert_int_equal(bad, 0);
@@ -208,8 +209,15 @@ typedef struct kvrun {
 } kvrun;
 
 static void kvrun_init(kvrun *k, const kvrun *pool_of, tk_kv_type t, tk_kv_scale s, int ctx) {
-    backend_cpu_opts o = {.n_threads = 2, .block_size = 16, .kv_type = t, .kv_scale = s, .n_blocks = ctx / 16,
-                          .max_tokens = 64, .max_seqs = 1, .max_ctx = ctx, .share_pool = pool_of ? &pool_of->be : NULL};
+    backend_cpu_opts o = {.n_threads = 2,
+                          .block_size = 16,
+                          .kv_type = t,
+                          .kv_scale = s,
+                          .n_blocks = ctx / 16,
+                          .max_tokens = 64,
+                          .max_seqs = 1,
+                          .max_ctx = ctx,
+                          .share_pool = pool_of ? &pool_of->be : NULL};
     if (backend_cpu_create(g_model, &o, &k->be) != TK_OK) fail_msg("%s", tk_last_error());
     assert_int_equal(runner_init(&k->be, &k->r), TK_OK);
 }

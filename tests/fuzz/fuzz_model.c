@@ -17,7 +17,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_dir[256];   /* the HF directory, made once per process */
+static char g_dir[256];    /* the HF directory, made once per process */
 static char g_config[300]; /* its config.json */
 
 static void remove_dir(void) {
@@ -35,8 +35,14 @@ static int make_dir(void) {
     if (!mkdtemp(g_dir)) return -1;
     atexit(remove_dir);
     snprintf(g_config, sizeof g_config, "%s/config.json", g_dir);
-    tk_hparams hp = {.arch = TK_ARCH_LLAMA, .n_layer = 1, .n_embd = 16, .n_ff = 32, .n_head = 2, .n_head_kv = 1,
-                     .head_dim = 8, .n_vocab = 32};
+    tk_hparams hp = {.arch = TK_ARCH_LLAMA,
+                     .n_layer = 1,
+                     .n_embd = 16,
+                     .n_ff = 32,
+                     .n_head = 2,
+                     .n_head_kv = 1,
+                     .head_dim = 8,
+                     .n_vocab = 32};
     static float zeros[32 * 32];
     static char names[TK_ROLE_COUNT][96];
     tk_tensor ts[TK_ROLE_COUNT];
@@ -47,8 +53,12 @@ static int make_dir(void) {
             continue;
         int64_t ne[4];
         arch_tensor_shape(&hp, (tk_role)r, ne);
-        ts[n] = (tk_tensor){.name = names[n], .type = TK_DTYPE_F32, .n_dims = ne[1] > 1 ? 2 : 1,
-                            .ne = {ne[0], ne[1], 1, 1}, .data = zeros, .nbytes = (uint64_t)(ne[0] * ne[1] * 4)};
+        ts[n] = (tk_tensor){.name = names[n],
+                            .type = TK_DTYPE_F32,
+                            .n_dims = ne[1] > 1 ? 2 : 1,
+                            .ne = {ne[0], ne[1], 1, 1},
+                            .data = zeros,
+                            .nbytes = (uint64_t)(ne[0] * ne[1] * 4)};
         n++;
     }
     char p[300];

@@ -15,7 +15,8 @@ static void roundtrip(const tk_tokenizer *t, const char *text, size_t len, bool 
     size_t cap = tok_encode_bound(t, len), n = 0;
     int32_t *ids = malloc((cap ? cap : 1) * sizeof *ids);
     if (!ids) return;
-    if (tok_encode(t, text, len, true, special, ids, cap, &n) != TK_OK) __builtin_trap(); /* sized by the bound */
+    if (tok_encode(t, text, len, true, special, ids, cap, &n) != TK_OK)
+        __builtin_trap(); /* sized by the bound */
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= tok_n_vocab(t)) __builtin_trap();
     tok_stream *s;
@@ -53,8 +54,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         size_t tail = size < 256 ? size : 256; /* the input's own bytes as text */
         roundtrip(t, (const char *)data + size - tail, tail, true);
-        const tk_chat_message msgs[] = {{"system", "sys <|im_end|>"}, {"user", "hi <|endoftext|>"},
-                                        {"assistant", "<think>\nr\n</think>\n\na"}, {"tool", "r"}};
+        const tk_chat_message msgs[] = {{"system", "sys <|im_end|>"},
+                                        {"user", "hi <|endoftext|>"},
+                                        {"assistant", "<think>\nr\n</think>\n\na"},
+                                        {"tool", "r"}};
         int32_t *ids = NULL;
         size_t n = 0;
         if (tok_chat_encode(t, msgs, 4, true, true, &ids, &n) == TK_OK)

@@ -16,7 +16,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (gguf_open_mem(data, size, &f) != TK_OK) return 0;
     tk_tokenizer *t = NULL;
     if (tok_load_gguf(f, &t) == TK_OK) {
-        static const char *const texts[] = {"hello world", " <s>hello</s> \xe2\x96\x81", "\xff\xc3\xa9 12 'll\n"};
+        static const char *const texts[] = {"hello world", " <s>hello</s> \xe2\x96\x81",
+                                            "\xff\xc3\xa9 12 'll\n"};
         for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
             size_t len = strlen(texts[k]), cap = tok_encode_bound(t, len), n = 0;
             int32_t *ids = malloc((cap ? cap : 1) * sizeof *ids);

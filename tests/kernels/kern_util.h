@@ -108,7 +108,8 @@ static inline void kt_q8_0_x8_matrix(kt_rng *r, int64_t rows, int64_t k, char **
 static inline void kt_x8_case(tk_gemv_fn fn, kt_rng *r, int n_tok, bool exact, const char *what) {
     const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
     int64_t k = 32 * kt_int(r, 1, 12), rows = 8 * kt_int(r, 1, 4);
-    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows), ldy = rows + kt_int(r, 0, 3);
+    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
+            ldy = rows + kt_int(r, 0, 3);
     size_t xb = kern_act_row_bytes(TK_DTYPE_Q8_0, k) + (size_t)kt_int(r, 0, 3) * 2;
     char *wq, *w8, *xq = malloc(xb * (size_t)n_tok);
     kt_q8_0_x8_matrix(r, rows, k, &wq, &w8);
@@ -175,13 +176,16 @@ static inline void kt_check_invariance_x8(tk_gemv_fn fn, kt_rng *r, const char *
 /* An interleaved BF16 gemv (4-row layout) against a row-order one: random
  * rows (a multiple of 4), k a multiple of 16, ragged [r0, r1), NaN-filled y;
  * the results must be the same bits (the layouts differ only in addresses). */
-static inline void kt_bf16_x4_case(tk_gemv_fn x4, tk_gemv_fn rows_fn, kt_rng *r, int n_tok, const char *what) {
+static inline void kt_bf16_x4_case(tk_gemv_fn x4, tk_gemv_fn rows_fn, kt_rng *r, int n_tok,
+                                   const char *what) {
     int64_t k = 16 * kt_int(r, 1, 40), rows = 4 * kt_int(r, 1, 6);
-    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows), ldy = rows + kt_int(r, 0, 3);
+    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
+            ldy = rows + kt_int(r, 0, 3);
     size_t xs = (size_t)k * sizeof(float) + (size_t)kt_int(r, 0, 3) * 4;
     float *f = malloc((size_t)k * sizeof *f), *x = malloc(xs * (size_t)n_tok);
     uint16_t *w = malloc((size_t)(rows * k) * 2), *w4 = malloc((size_t)(rows * k) * 2);
-    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y), *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
+    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
+          *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
     for (int64_t i = 0; i < rows; i++) {
         kt_fill(r, f, k, 0.5f);
         for (int64_t j = 0; j < k; j++) w[i * k + j] = tk_f32_to_bf16(f[j]);
@@ -193,8 +197,8 @@ static inline void kt_bf16_x4_case(tk_gemv_fn x4, tk_gemv_fn rows_fn, kt_rng *r,
     x4(k, w4, r0, r1, x, xs, n_tok, y, ldy);
     for (int64_t i = 0; i < ldy * n_tok; i++)
         if (memcmp(&y[i], &want[i], sizeof *y) && !(isnan(y[i]) && isnan(want[i])))
-            fail_msg("%s bf16 x4: k %lld rows [%lld,%lld) n_tok %d: output %lld %.9g != row layout %.9g", what,
-                     (long long)k, (long long)r0, (long long)r1, n_tok, (long long)i, y[i], want[i]);
+            fail_msg("%s bf16 x4: k %lld rows [%lld,%lld) n_tok %d: output %lld %.9g != row layout %.9g",
+                     what, (long long)k, (long long)r0, (long long)r1, n_tok, (long long)i, y[i], want[i]);
     free(f);
     free(x);
     free(w);

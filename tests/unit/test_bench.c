@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "bench/bench.h"
@@ -272,7 +273,8 @@ static void make_result(bench_result *r) {
             assert_non_null(p->rep);
             make_level(&p->rep[0], 3);
             if (s == 1) { /* halve every latency, double every rate */
-                for (int k = 0; k < BM_COUNT; k++) p->rep[0].m[k] *= (k >= BM_OUT_TOK_S && k <= BM_REQ_S) ? 2 : 0.5;
+                for (int k = 0; k < BM_COUNT; k++)
+                    p->rep[0].m[k] *= (k >= BM_OUT_TOK_S && k <= BM_REQ_S) ? 2 : 0.5;
             }
             bench_point_summarize(p);
         }
@@ -338,11 +340,13 @@ static void test_bench_json_report(void **state) {
     cJSON *series = cJSON_GetObjectItem(root, "series");
     assert_int_equal(cJSON_GetArraySize(series), 2);
     cJSON *s1 = cJSON_GetArrayItem(series, 1);
-    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(s1, "engine"), "kv_type")->valuestring, "int8");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(s1, "engine"), "kv_type")->valuestring,
+                        "int8");
     cJSON *p0 = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(series, 0), "points"), 0);
     cJSON *run = cJSON_GetArrayItem(cJSON_GetObjectItem(p0, "runs"), 0);
     cJSON *metrics = cJSON_GetObjectItem(run, "metrics");
-    for (int k = 0; k < BM_COUNT; k++) assert_non_null(cJSON_GetObjectItem(metrics, bench_metric_name((bench_metric)k)));
+    for (int k = 0; k < BM_COUNT; k++)
+        assert_non_null(cJSON_GetObjectItem(metrics, bench_metric_name((bench_metric)k)));
     assert_near(cJSON_GetObjectItem(metrics, "tpot_mean_ms")->valuedouble, 87.5, 1e-6);
     cJSON *reqs = cJSON_GetObjectItem(run, "requests");
     assert_int_equal(cJSON_GetArraySize(reqs), 2);
@@ -352,7 +356,8 @@ static void test_bench_json_report(void **state) {
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(run, "decode_steps")), 2);
     cJSON *ab = cJSON_GetObjectItem(root, "ablation");
     assert_int_equal(cJSON_GetArraySize(ab), 2);
-    assert_near(cJSON_GetObjectItem(cJSON_GetArrayItem(ab, 1), "output_tok_s_hi_speedup")->valuedouble, 2, 1e-9);
+    assert_near(cJSON_GetObjectItem(cJSON_GetArrayItem(ab, 1), "output_tok_s_hi_speedup")->valuedouble, 2,
+                1e-9);
     cJSON_Delete(root);
     free(text);
     unlink(path);
@@ -429,12 +434,12 @@ static void test_bench_probe_sane(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bench_percentile_numpy),  cmocka_unit_test(test_bench_summary_nan_and_empty),
-        cmocka_unit_test(test_bench_level_metrics),     cmocka_unit_test(test_bench_single_token_has_no_tpot),
-        cmocka_unit_test(test_bench_point_median),      cmocka_unit_test(test_bench_metric_names),
-        cmocka_unit_test(test_bench_ablation_ratios),   cmocka_unit_test(test_bench_json_report),
-        cmocka_unit_test(test_bench_csv_and_markdown),  cmocka_unit_test(test_bench_plot),
-        cmocka_unit_test(test_bench_probe_sane),        cmocka_unit_test(test_bench_window_gaps),
+        cmocka_unit_test(test_bench_percentile_numpy), cmocka_unit_test(test_bench_summary_nan_and_empty),
+        cmocka_unit_test(test_bench_level_metrics),    cmocka_unit_test(test_bench_single_token_has_no_tpot),
+        cmocka_unit_test(test_bench_point_median),     cmocka_unit_test(test_bench_metric_names),
+        cmocka_unit_test(test_bench_ablation_ratios),  cmocka_unit_test(test_bench_json_report),
+        cmocka_unit_test(test_bench_csv_and_markdown), cmocka_unit_test(test_bench_plot),
+        cmocka_unit_test(test_bench_probe_sane),       cmocka_unit_test(test_bench_window_gaps),
         cmocka_unit_test(test_bench_bg_finalize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -56,7 +57,11 @@ static void test_core_checked(void **state) {
     assert_false(tk_range_ok(5, UINT64_MAX, 10));
 }
 
-typedef struct { tk_pool *p; long sum[8]; int rounds; } pool_ctx;
+typedef struct {
+    tk_pool *p;
+    long sum[8];
+    int rounds;
+} pool_ctx;
 
 static void pool_fn(void *arg, int ith, int nth) {
     pool_ctx *c = arg;

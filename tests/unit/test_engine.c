@@ -5,13 +5,14 @@
  * batch invariance here tests the engine's bookkeeping exactly. */
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -19,17 +20,17 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 
-#define FV 97       /* vocabulary */
+#define FV      97 /* vocabulary */
 #define FBS_MAX 256
 
 typedef struct fake {
     int bs, n_blocks, n_free;
-    int *free_ids;   /* (n_blocks) */
-    uint8_t *used;   /* (n_blocks) */
-    int32_t *store;  /* (n_blocks, bs) token written at each slot, -1 if none */
+    int *free_ids;  /* (n_blocks) */
+    uint8_t *used;  /* (n_blocks) */
+    int32_t *store; /* (n_blocks, bs) token written at each slot, -1 if none */
     uint64_t steps;
     int max_seqs_seen;
-    bool fail;       /* a bad batch was seen */
+    bool fail;           /* a bad batch was seen */
     _Atomic int slow_us; /* sleep per step, to hold requests live */
     _Atomic int tok_us;  /* sleep per token of a step: a machine whose steps cost time */
     int max_tok_seen;    /* most tokens in one step */
@@ -46,7 +47,8 @@ static int f_alloc(void *c) {
 }
 static void f_free(void *c, int b) {
     fake *f = c;
-    if (b < 0 || b >= f->n_blocks || !f->used[b]) f->fail = true;
+    if (b < 0 || b >= f->n_blocks || !f->used[b])
+        f->fail = true;
     else {
         f->used[b] = 0;
         f->free_ids[f->n_free++] = b;
@@ -115,11 +117,20 @@ static tk_engine *mk_engine(int bs, int n_blocks, const tk_engine_opts *o_in) {
     f->used = tk_calloc((size_t)n_blocks, 1);
     f->store = tk_calloc((size_t)n_blocks * (size_t)bs, sizeof *f->store);
     for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
-    backend be = {.ctx = f, .n_vocab = FV, .n_blocks = n_blocks, .kv_bytes_per_token = 4,
-                         .weight_dtype = "fake", .n_threads = 1, .block_alloc = f_alloc, .block_free = f_free,
-                         .blocks_free = f_n_free, .step = f_step, .destroy = NULL};
+    backend be = {.ctx = f,
+                  .n_vocab = FV,
+                  .n_blocks = n_blocks,
+                  .kv_bytes_per_token = 4,
+                  .weight_dtype = "fake",
+                  .n_threads = 1,
+                  .block_alloc = f_alloc,
+                  .block_free = f_free,
+                  .blocks_free = f_n_free,
+                  .step = f_step,
+                  .destroy = NULL};
     tk_engine_opts o;
-    if (o_in) o = *o_in;
+    if (o_in)
+        o = *o_in;
     else {
         tk_engine_opts_default(&o);
         o.ctx = 256;
@@ -282,8 +293,14 @@ static void test_engine_rejects_bad_requests(void **state) {
 
     /* Options: a pool too small for one context names both numbers; a budget below max_batch. */
     fake *g = tk_calloc(1, sizeof *g);
-    backend be = {.ctx = g, .n_vocab = FV, .n_blocks = 3, .block_alloc = f_alloc, .block_free = f_free,
-                         .blocks_free = f_n_free, .step = f_step, .destroy = f_destroy};
+    backend be = {.ctx = g,
+                  .n_vocab = FV,
+                  .n_blocks = 3,
+                  .block_alloc = f_alloc,
+                  .block_free = f_free,
+                  .blocks_free = f_n_free,
+                  .step = f_step,
+                  .destroy = f_destroy};
     tk_engine_opts_default(&o);
     o.ctx = 64;
     o.block_size = 16;
@@ -319,9 +336,9 @@ static void test_engine_step_budget_options(void **state) {
         bool adaptive;
         int cap;
     } cases[] = {
-        {0, 0, true, 1024},  /* the default: automatic target, default cap */
-        {48, 0, false, 48},  /* --step-tokens 48: fixed */
-        {48, 20, true, 48},  /* --step-tokens 48 --step-ms 20: time-based, capped at 48 */
+        {0, 0, true, 1024}, /* the default: automatic target, default cap */
+        {48, 0, false, 48}, /* --step-tokens 48: fixed */
+        {48, 20, true, 48}, /* --step-tokens 48 --step-ms 20: time-based, capped at 48 */
         {0, 250, true, 1024},
     };
     assert_int_equal(engine_default_step_tokens(32), 1024);
@@ -491,8 +508,9 @@ static void test_engine_time_budget_invariance(void **state) {
     }
     tk_engine_stats st;
     tk_engine_stats_get(e, &st);
-    print_message("time budget: %llu steps, most tokens in a step %d, prefill %.3f ms/token, decode %.3f ms/token\n",
-                  (unsigned long long)st.steps, f->max_tok_seen, st.prefill_ms_per_token, st.decode_ms_per_token);
+    print_message(
+        "time budget: %llu steps, most tokens in a step %d, prefill %.3f ms/token, decode %.3f ms/token\n",
+        (unsigned long long)st.steps, f->max_tok_seen, st.prefill_ms_per_token, st.decode_ms_per_token);
     assert_true(st.step_adaptive);
     assert_true(st.step_target_ms_last == 5);
     assert_true(st.prefill_ms_per_token > 0.05); /* a sleep is never shorter than asked */

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include <cmocka.h>
 
 #include "core/error.h"
@@ -12,7 +13,7 @@
 #include "model/forward.h"
 #include "test_model_fixture.h"
 
-#define BS 16
+#define BS      16
 #define MAX_POS 64
 
 /* A harness: one model, one KV pool, one thread pool, one forward context. */
@@ -28,8 +29,13 @@ typedef struct harness {
 static void h_init(harness *h, tk_model *m, int nth, bool unfused, tk_kv_type kvt) {
     memset(h, 0, sizeof *h);
     h->m = m;
-    tk_kv_opts ko = {.n_layer = m->hp.n_layer, .n_head_kv = m->hp.n_head_kv, .head_dim = m->hp.head_dim,
-                     .block_size = BS, .n_blocks = 8 * MAX_POS / BS, .type = kvt, .scale = TK_KV_SCALE_HEAD};
+    tk_kv_opts ko = {.n_layer = m->hp.n_layer,
+                     .n_head_kv = m->hp.n_head_kv,
+                     .head_dim = m->hp.head_dim,
+                     .block_size = BS,
+                     .n_blocks = 8 * MAX_POS / BS,
+                     .type = kvt,
+                     .scale = TK_KV_SCALE_HEAD};
     assert_int_equal(kv_init(&ko, &h->kv), TK_OK);
     assert_int_equal(pool_init(nth, false, &h->pool), TK_OK);
     fwd_opts fo = {.max_tokens = 64, .max_seqs = 8, .max_ctx = MAX_POS, .unfused = unfused};
@@ -46,7 +52,8 @@ static void h_free(harness *h) {
 
 /* One step: sequence ids seqs[i] get n[i] tokens from toks (in order); logits
  * of every sequence's last token land in out (n_seq x n_vocab). */
-static void h_step(harness *h, int n_seq, const int *seqs, const int32_t *n, const int32_t *toks, float *out) {
+static void h_step(harness *h, int n_seq, const int *seqs, const int32_t *n, const int32_t *toks,
+                   float *out) {
     int32_t pos0[8];
     const int32_t *bts[8];
     int32_t want[8];
@@ -57,7 +64,8 @@ static void h_step(harness *h, int n_seq, const int *seqs, const int32_t *n, con
         want[i] = 1;
         n_tok += n[i];
     }
-    tk_batch b = {.n_seq = n_seq, .n_tok = n_tok, .tokens = toks, .n = n, .pos0 = pos0, .bt = bts, .n_logits = want};
+    tk_batch b = {
+        .n_seq = n_seq, .n_tok = n_tok, .tokens = toks, .n = n, .pos0 = pos0, .bt = bts, .n_logits = want};
     assert_int_equal(fwd_step(h->f, &b, out), TK_OK);
     for (int i = 0; i < n_seq; i++) h->len[seqs[i]] += n[i];
 }
@@ -335,7 +343,8 @@ static void test_forward_batch_checks(void **state) {
     int32_t tok = 300, n = 1, pos0 = 0;
     const int32_t *bt[1] = {h.bt[0]};
     int32_t want = 1;
-    tk_batch b = {.n_seq = 1, .n_tok = 1, .tokens = &tok, .n = &n, .pos0 = &pos0, .bt = bt, .n_logits = &want};
+    tk_batch b = {
+        .n_seq = 1, .n_tok = 1, .tokens = &tok, .n = &n, .pos0 = &pos0, .bt = bt, .n_logits = &want};
     assert_int_equal(fwd_step(h.f, &b, lg), TK_ERR_RANGE);
     assert_non_null(strstr(tk_last_error(), "token id 300"));
     tok = 5;
@@ -352,7 +361,8 @@ static void test_forward_batch_checks(void **state) {
     assert_int_equal(fwd_step(h.f, &b, lg), TK_OK);
     assert_true(fwd_last_bytes(h.f) > model_decode_bytes(m) - 1000);
     /* a KV pool of another shape is refused at init */
-    tk_kv_opts ko = {.n_layer = 3, .n_head_kv = 2, .head_dim = 32, .block_size = 16, .n_blocks = 4, .type = TK_KV_F16};
+    tk_kv_opts ko = {
+        .n_layer = 3, .n_head_kv = 2, .head_dim = 32, .block_size = 16, .n_blocks = 4, .type = TK_KV_F16};
     tk_kv *kv;
     fwd_ctx *f;
     assert_int_equal(kv_init(&ko, &kv), TK_OK);
@@ -367,10 +377,14 @@ static void test_forward_batch_checks(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_forward_matches_reference),  cmocka_unit_test(test_forward_batch_invariance),
-        cmocka_unit_test(test_forward_thread_invariance),  cmocka_unit_test(test_forward_fused_matches_unfused),
-        cmocka_unit_test(test_forward_chunked_prefill),    cmocka_unit_test(test_forward_llama_unpermute),
-        cmocka_unit_test(test_forward_repack),             cmocka_unit_test(test_forward_batch_checks),
+        cmocka_unit_test(test_forward_matches_reference),
+        cmocka_unit_test(test_forward_batch_invariance),
+        cmocka_unit_test(test_forward_thread_invariance),
+        cmocka_unit_test(test_forward_fused_matches_unfused),
+        cmocka_unit_test(test_forward_chunked_prefill),
+        cmocka_unit_test(test_forward_llama_unpermute),
+        cmocka_unit_test(test_forward_repack),
+        cmocka_unit_test(test_forward_batch_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,7 +59,8 @@ static void tokenizer_seed(const char *path, const char *data, size_t len) {
 static void tokenizer_gguf_seed(const char *path, const char *data, size_t len) {
     gguf_file *f;
     tk_tokenizer *t;
-    if (gguf_open_mem(data, len, &f) != TK_OK || tok_load_gguf(f, &t) != TK_OK) fail_msg("%s: %s", path, tk_last_error());
+    if (gguf_open_mem(data, len, &f) != TK_OK || tok_load_gguf(f, &t) != TK_OK)
+        fail_msg("%s: %s", path, tk_last_error());
     tok_free(t);
     gguf_close(f);
 }

@@ -1,8 +1,8 @@
 /* GGUF reader and writer: a round trip through both, and a corpus of bad files
  * built here (one valid file, then one mutation each) that checks the exact
  * status and that the message names the field. */
-#include <math.h>
 #include <dirent.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -66,8 +67,8 @@ typedef struct spec {
     uint64_t kv_count;
     tinfo t[4];
     int nt;
-    uint32_t align;     /* for placing the data section */
-    uint64_t data_len;  /* bytes of data section */
+    uint32_t align;    /* for placing the data section */
+    uint64_t data_len; /* bytes of data section */
 } spec;
 
 static void kv_str(spec *s, const char *k, const char *v) {
@@ -122,14 +123,15 @@ static void expect_bytes(const uint8_t *p, size_t n, tk_status want_st, const ch
     gguf_file *f = (gguf_file *)1;
     tk_status st = gguf_open_mem(p, n, &f);
     if (st != want_st || (want && !strstr(tk_last_error(), want)))
-        print_error("got %s \"%s\", want %s containing \"%s\"\n", tk_status_str(st), tk_last_error(), tk_status_str(want_st),
-                    want ? want : "");
+        print_error("got %s \"%s\", want %s containing \"%s\"\n", tk_status_str(st), tk_last_error(),
+                    tk_status_str(want_st), want ? want : "");
     assert_int_equal(st, want_st);
     if (want) assert_non_null(strstr(tk_last_error(), want));
     if (st == TK_OK) {
         assert_non_null(f);
         gguf_close(f);
-    } else assert_null(f);
+    } else
+        assert_null(f);
 }
 
 static void expect(spec *s, tk_status want_st, const char *want) {
@@ -407,7 +409,8 @@ static void nested(buf *b, int depth) {
         b_u32(b, GGUF_T_STRING);
         b_u64(b, 1);
         b_str(b, "leaf");
-    } else nested(b, depth - 1);
+    } else
+        nested(b, depth - 1);
 }
 
 static void test_gguf_nested_arrays(void **state) {
@@ -543,7 +546,7 @@ static uint64_t rng_next(uint64_t *s) {
 }
 
 #define N_TT 7
-static const tk_dtype TTYPES[N_TT] = {TK_DTYPE_F32, TK_DTYPE_F16, TK_DTYPE_BF16, TK_DTYPE_Q8_0,
+static const tk_dtype TTYPES[N_TT] = {TK_DTYPE_F32,  TK_DTYPE_F16,  TK_DTYPE_BF16, TK_DTYPE_Q8_0,
                                       TK_DTYPE_Q4_0, TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
 
 static void roundtrip(uint32_t align) {
@@ -571,11 +574,16 @@ static void roundtrip(uint32_t align) {
     static const uint64_t a_u64[] = {UINT64_MAX, 0};
     static const int64_t a_i64[] = {INT64_MIN, -1, INT64_MAX};
     static const double a_f64[] = {3.141592653589793, -1e-300};
-    struct { const char *k; gguf_vtype t; const void *d; uint64_t n; } arrs[] = {
-        {"a.u8", GGUF_T_U8, a_u8, 3},      {"a.i8", GGUF_T_I8, a_i8, 3},       {"a.u16", GGUF_T_U16, a_u16, 2},
-        {"a.i16", GGUF_T_I16, a_i16, 2},   {"a.u32", GGUF_T_U32, a_u32, 3},    {"a.i32", GGUF_T_I32, a_i32, 2},
-        {"a.f32", GGUF_T_F32, a_f32, 3},   {"a.bool", GGUF_T_BOOL, a_bool, 3}, {"a.u64", GGUF_T_U64, a_u64, 2},
-        {"a.i64", GGUF_T_I64, a_i64, 3},   {"a.f64", GGUF_T_F64, a_f64, 2},    {"a.none", GGUF_T_U32, NULL, 0},
+    struct {
+        const char *k;
+        gguf_vtype t;
+        const void *d;
+        uint64_t n;
+    } arrs[] = {
+        {"a.u8", GGUF_T_U8, a_u8, 3},    {"a.i8", GGUF_T_I8, a_i8, 3},       {"a.u16", GGUF_T_U16, a_u16, 2},
+        {"a.i16", GGUF_T_I16, a_i16, 2}, {"a.u32", GGUF_T_U32, a_u32, 3},    {"a.i32", GGUF_T_I32, a_i32, 2},
+        {"a.f32", GGUF_T_F32, a_f32, 3}, {"a.bool", GGUF_T_BOOL, a_bool, 3}, {"a.u64", GGUF_T_U64, a_u64, 2},
+        {"a.i64", GGUF_T_I64, a_i64, 3}, {"a.f64", GGUF_T_F64, a_f64, 2},    {"a.none", GGUF_T_U32, NULL, 0},
     };
     for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++)
         assert_int_equal(gguf_w_arr(w, arrs[i].k, arrs[i].t, arrs[i].d, arrs[i].n), TK_OK);
@@ -648,7 +656,14 @@ static void roundtrip(uint32_t align) {
         const gguf_kv *kv;
         assert_int_equal(gguf_require_arr(f, arrs[a].k, arrs[a].t, &kv), TK_OK);
         assert_int_equal(kv->arr_n, arrs[a].n);
-        if (arrs[a].n) assert_memory_equal(kv->arr_data, arrs[a].d, arrs[a].n * (arrs[a].t == GGUF_T_U8 || arrs[a].t == GGUF_T_I8 || arrs[a].t == GGUF_T_BOOL ? 1 : arrs[a].t == GGUF_T_U16 || arrs[a].t == GGUF_T_I16 ? 2 : arrs[a].t == GGUF_T_U64 || arrs[a].t == GGUF_T_I64 || arrs[a].t == GGUF_T_F64 ? 8 : 4));
+        if (arrs[a].n)
+            assert_memory_equal(
+                kv->arr_data, arrs[a].d,
+                arrs[a].n * (arrs[a].t == GGUF_T_U8 || arrs[a].t == GGUF_T_I8 || arrs[a].t == GGUF_T_BOOL ? 1
+                             : arrs[a].t == GGUF_T_U16 || arrs[a].t == GGUF_T_I16                         ? 2
+                             : arrs[a].t == GGUF_T_U64 || arrs[a].t == GGUF_T_I64 || arrs[a].t == GGUF_T_F64
+                                 ? 8
+                                 : 4));
         assert_int_equal(gguf_arr_i64(kv, arrs[a].n, &i64), TK_ERR_RANGE);
     }
     const gguf_kv *kv;
@@ -791,14 +806,22 @@ static void test_gguf_seeds(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gguf_seeds),
-        cmocka_unit_test(test_gguf_valid_base),       cmocka_unit_test(test_gguf_bad_header),
-        cmocka_unit_test(test_gguf_bad_counts),       cmocka_unit_test(test_gguf_bad_strings),
-        cmocka_unit_test(test_gguf_bad_keys),         cmocka_unit_test(test_gguf_bad_alignment),
-        cmocka_unit_test(test_gguf_bad_tensor_shape), cmocka_unit_test(test_gguf_bad_tensor_type),
-        cmocka_unit_test(test_gguf_bad_offsets),      cmocka_unit_test(test_gguf_bad_names),
-        cmocka_unit_test(test_gguf_nested_arrays),    cmocka_unit_test(test_gguf_truncations),
-        cmocka_unit_test(test_gguf_getters),          cmocka_unit_test(test_gguf_roundtrip_align32),
-        cmocka_unit_test(test_gguf_roundtrip_align64), cmocka_unit_test(test_gguf_open_errors),
+        cmocka_unit_test(test_gguf_valid_base),
+        cmocka_unit_test(test_gguf_bad_header),
+        cmocka_unit_test(test_gguf_bad_counts),
+        cmocka_unit_test(test_gguf_bad_strings),
+        cmocka_unit_test(test_gguf_bad_keys),
+        cmocka_unit_test(test_gguf_bad_alignment),
+        cmocka_unit_test(test_gguf_bad_tensor_shape),
+        cmocka_unit_test(test_gguf_bad_tensor_type),
+        cmocka_unit_test(test_gguf_bad_offsets),
+        cmocka_unit_test(test_gguf_bad_names),
+        cmocka_unit_test(test_gguf_nested_arrays),
+        cmocka_unit_test(test_gguf_truncations),
+        cmocka_unit_test(test_gguf_getters),
+        cmocka_unit_test(test_gguf_roundtrip_align32),
+        cmocka_unit_test(test_gguf_roundtrip_align64),
+        cmocka_unit_test(test_gguf_open_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -58,21 +59,32 @@ static void put_shard(const char *name, const char *t1, const char *t2) {
     char p[700];
     snprintf(p, sizeof p, "%s/%s", g_dir, name);
     tk_tensor ts[2] = {
-        {.name = t1, .type = TK_DTYPE_F32, .n_dims = 2, .ne = {3, 2, 1, 1}, .data = g_a, .nbytes = sizeof g_a},
-        {.name = t2, .type = TK_DTYPE_F32, .n_dims = 1, .ne = {2, 1, 1, 1}, .data = g_b, .nbytes = sizeof g_b},
+        {.name = t1,
+         .type = TK_DTYPE_F32,
+         .n_dims = 2,
+         .ne = {3, 2, 1, 1},
+         .data = g_a,
+         .nbytes = sizeof g_a},
+        {.name = t2,
+         .type = TK_DTYPE_F32,
+         .n_dims = 1,
+         .ne = {2, 1, 1, 1},
+         .data = g_b,
+         .nbytes = sizeof g_b},
     };
     const char *meta[] = {"format", "pt", NULL};
     assert_int_equal(st_write(p, ts, t2 ? 2 : 1, meta), TK_OK);
 }
 
-static const char *CONFIG = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"model_type\":\"qwen3\"}";
+static const char *CONFIG =
+    "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64,\"model_type\":\"qwen3\"}";
 
 static void expect_open(tk_status want_st, const char *want) {
     hf_ckpt *h = (hf_ckpt *)1;
     tk_status st = hf_open(g_dir, &h);
     if (st != want_st || (want && !strstr(tk_last_error(), want)))
-        print_error("got %s \"%s\", want %s containing \"%s\"\n", tk_status_str(st), tk_last_error(), tk_status_str(want_st),
-                    want ? want : "");
+        print_error("got %s \"%s\", want %s containing \"%s\"\n", tk_status_str(st), tk_last_error(),
+                    tk_status_str(want_st), want ? want : "");
     assert_int_equal(st, want_st);
     if (want) assert_non_null(strstr(tk_last_error(), want));
     if (st == TK_OK) {
@@ -127,11 +139,18 @@ static void test_hf_sharded(void **state) {
     put_shard("model-00001-of-00002.safetensors", "a.weight", "b.weight");
     char p[700];
     snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", g_dir);
-    tk_tensor c = {.name = "c.weight", .type = TK_DTYPE_F32, .n_dims = 1, .ne = {3, 1, 1, 1}, .data = g_c, .nbytes = sizeof g_c};
+    tk_tensor c = {.name = "c.weight",
+                   .type = TK_DTYPE_F32,
+                   .n_dims = 1,
+                   .ne = {3, 1, 1, 1},
+                   .data = g_c,
+                   .nbytes = sizeof g_c};
     assert_int_equal(st_write(p, &c, 1, NULL), TK_OK);
-    put_file("model.safetensors.index.json",
-             "{\"metadata\":{\"total_size\":44},\"weight_map\":{\"a.weight\":\"model-00001-of-00002.safetensors\","
-             "\"c.weight\":\"model-00002-of-00002.safetensors\",\"b.weight\":\"model-00001-of-00002.safetensors\"}}");
+    put_file(
+        "model.safetensors.index.json",
+        "{\"metadata\":{\"total_size\":44},\"weight_map\":{\"a.weight\":\"model-00001-of-00002.safetensors\","
+        "\"c.weight\":\"model-00002-of-00002.safetensors\",\"b.weight\":\"model-00001-of-00002.safetensors\"}"
+        "}");
     hf_ckpt *h;
     assert_int_equal(hf_open(g_dir, &h), TK_OK);
     assert_int_equal(hf_n_shards(h), 2);
@@ -146,9 +165,12 @@ static void test_hf_sharded(void **state) {
     put_file("model.safetensors.index.json",
              "{\"weight_map\":{\"a.weight\":\"model-00001-of-00002.safetensors\","
              "\"d.weight\":\"model-00002-of-00002.safetensors\"}}");
-    expect_open(TK_ERR_FORMAT, "tensor 'd.weight' is listed in the index but missing from shard 'model-00002-of-00002.safetensors'");
+    expect_open(
+        TK_ERR_FORMAT,
+        "tensor 'd.weight' is listed in the index but missing from shard 'model-00002-of-00002.safetensors'");
     /* a shard that does not exist */
-    put_file("model.safetensors.index.json", "{\"weight_map\":{\"a.weight\":\"model-00009-of-00009.safetensors\"}}");
+    put_file("model.safetensors.index.json",
+             "{\"weight_map\":{\"a.weight\":\"model-00009-of-00009.safetensors\"}}");
     expect_open(TK_ERR_IO, "model-00009-of-00009.safetensors");
     /* the same tensor in two shards */
     put_shard("model-00002-of-00002.safetensors", "z.weight", "a.weight");
@@ -164,10 +186,22 @@ static void test_hf_bad_shard_names(void **state) {
     mkdir_fresh("names");
     put_file("config.json", CONFIG);
     put_shard("model.safetensors", "a.weight", NULL);
-    static const char *bad[] = {"../model.safetensors", "/etc/passwd", "sub/model.safetensors", "a\\\\b.safetensors",
-                                "..", ".", "/", ""};
-    static const char *want[] = {"'../model.safetensors'", "'/etc/passwd'", "'sub/model.safetensors'", "'a\\b.safetensors'",
-                                 "'..'", "'.'", "'/'", "shard name is empty"};
+    static const char *bad[] = {"../model.safetensors",
+                                "/etc/passwd",
+                                "sub/model.safetensors",
+                                "a\\\\b.safetensors",
+                                "..",
+                                ".",
+                                "/",
+                                ""};
+    static const char *want[] = {"'../model.safetensors'",
+                                 "'/etc/passwd'",
+                                 "'sub/model.safetensors'",
+                                 "'a\\b.safetensors'",
+                                 "'..'",
+                                 "'.'",
+                                 "'/'",
+                                 "shard name is empty"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char idx[512];
         snprintf(idx, sizeof idx, "{\"weight_map\":{\"a.weight\":\"%s\"}}", bad[i]);

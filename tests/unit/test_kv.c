@@ -830,18 +830,12 @@ static void test_kv_attention_isa_agree(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kv_pool_accounting),
-        cmocka_unit_test(test_kv_block_refs_and_copy),
-        cmocka_unit_test(test_kv_opts_validation),
-        cmocka_unit_test(test_kv_bytes_per_token),
-        cmocka_unit_test(test_kv_roundtrip_float),
-        cmocka_unit_test(test_kv_roundtrip_int8_token),
-        cmocka_unit_test(test_kv_int8_head_rescale),
-        cmocka_unit_test(test_kv_int8_head_vs_token_error),
-        cmocka_unit_test(test_kv_attention_vs_f64),
-        cmocka_unit_test(test_kv_attention_gqa),
-        cmocka_unit_test(test_kv_attention_invariance),
-        cmocka_unit_test(test_kv_write_heads),
+        cmocka_unit_test(test_kv_pool_accounting),      cmocka_unit_test(test_kv_block_refs_and_copy),
+        cmocka_unit_test(test_kv_opts_validation),      cmocka_unit_test(test_kv_bytes_per_token),
+        cmocka_unit_test(test_kv_roundtrip_float),      cmocka_unit_test(test_kv_roundtrip_int8_token),
+        cmocka_unit_test(test_kv_int8_head_rescale),    cmocka_unit_test(test_kv_int8_head_vs_token_error),
+        cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
+        cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_write_heads),
         cmocka_unit_test(test_kv_attention_isa_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
@@ -18,12 +19,12 @@
 #include "model/forward.h"
 #include "test_model_fixture.h"
 
-#define expect_err(call, st, needle)                                                                               \
-    do {                                                                                                           \
-        tk_status s_ = (call);                                                                                     \
-        if (s_ != (st) || !strstr(tk_last_error(), (needle)))                                                      \
-            fail_msg("got %s '%s', wanted %s containing '%s'", tk_status_str(s_), tk_last_error(),                \
-                     tk_status_str(st), (needle));                                                                 \
+#define expect_err(call, st, needle)                                                                         \
+    do {                                                                                                     \
+        tk_status s_ = (call);                                                                               \
+        if (s_ != (st) || !strstr(tk_last_error(), (needle)))                                                \
+            fail_msg("got %s '%s', wanted %s containing '%s'", tk_status_str(s_), tk_last_error(),           \
+                     tk_status_str(st), (needle));                                                           \
     } while (0)
 
 static void test_model_loads_every_arch(void **state) {
@@ -51,8 +52,8 @@ static void test_model_loads_every_arch(void **state) {
         /* f32 everywhere: one decode token reads every weight but the embedding matrix, plus one row */
         uint64_t emb = (uint64_t)(D * V * 4), row = (uint64_t)D * 4;
         uint64_t out_bytes = (uint64_t)(D * V * 4);
-        assert_int_equal(info.decode_bytes, (uint64_t)want * 4 - emb - (info.tied_embeddings ? 0 : out_bytes) +
-                                                out_bytes + row);
+        assert_int_equal(info.decode_bytes,
+                         (uint64_t)want * 4 - emb - (info.tied_embeddings ? 0 : out_bytes) + out_bytes + row);
         assert_int_equal(info.kv_bytes_per_token, 2ull * 4 * 2 * info.head_dim * 2);
         assert_null(model_tokenizer(m));
         tk_model_free(m);
@@ -70,7 +71,8 @@ static void test_model_bad_hparams(void **state) {
     hp = base, hp.n_layer = 5000;
     expect_err(arch_hparams_validate(&hp), TK_ERR_FORMAT, "block_count 5000");
     hp = base, hp.n_head_kv = 3;
-    expect_err(arch_hparams_validate(&hp), TK_ERR_FORMAT, "head_count 4 is not a multiple of head_count_kv 3");
+    expect_err(arch_hparams_validate(&hp), TK_ERR_FORMAT,
+               "head_count 4 is not a multiple of head_count_kv 3");
     hp = base, hp.head_dim = 15;
     expect_err(arch_hparams_validate(&hp), TK_ERR_FORMAT, "head_dim 15 is odd");
     hp = base, hp.head_dim = 0;
@@ -95,7 +97,8 @@ static void test_model_tensor_errors(void **state) {
     tk_model *m = (tk_model *)0x1;
     fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_F32, TK_NAMING_HF);
     fx_remove(&fx, "model.layers.2.self_attn.k_proj.weight");
-    expect_err(fx_open(&fx, NULL, &m), TK_ERR_FORMAT, "missing tensor model.layers.2.self_attn.k_proj.weight");
+    expect_err(fx_open(&fx, NULL, &m), TK_ERR_FORMAT,
+               "missing tensor model.layers.2.self_attn.k_proj.weight");
     assert_null(m);
     fx_free(&fx);
 
@@ -107,7 +110,8 @@ static void test_model_tensor_errors(void **state) {
 
     fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_F32, TK_NAMING_HF);
     fx_remove(&fx, "model.layers.0.self_attn.q_norm.weight");
-    expect_err(fx_open(&fx, NULL, &m), TK_ERR_FORMAT, "missing tensor model.layers.0.self_attn.q_norm.weight");
+    expect_err(fx_open(&fx, NULL, &m), TK_ERR_FORMAT,
+               "missing tensor model.layers.0.self_attn.q_norm.weight");
     fx_free(&fx);
 
     /* a norm stored quantized */
@@ -115,7 +119,8 @@ static void test_model_tensor_errors(void **state) {
     tk_tensor *n = fx_get(&fx, "blk.3.ffn_norm.weight");
     n->type = TK_DTYPE_Q8_0;
     n->nbytes = 68;
-    expect_err(fx_open(&fx, NULL, &m), TK_ERR_FORMAT, "blk.3.ffn_norm.weight has type q8_0 (expected f32, f16 or bf16)");
+    expect_err(fx_open(&fx, NULL, &m), TK_ERR_FORMAT,
+               "blk.3.ffn_norm.weight has type q8_0 (expected f32, f16 or bf16)");
     fx_free(&fx);
 
     /* qwen2 requires its biases; untied models their output matrix */
@@ -155,11 +160,11 @@ static void test_model_unpermute_rows(void **state) {
 /* ---- GGUF files ------------------------------------------------------------------ */
 
 typedef struct gguf_tweak {
-    const char *arch;  /* general.architecture override */
-    int block_count;   /* 0: the real one; -1: write 0 */
-    int bos;           /* -1: none */
+    const char *arch; /* general.architecture override */
+    int block_count;  /* 0: the real one; -1: write 0 */
+    int bos;          /* -1: none */
     bool vocab_key;
-    int ctx;           /* context_length: 0 the real one; -1 write 0; -2 leave the key out */
+    int ctx;               /* context_length: 0 the real one; -1 write 0; -2 leave the key out */
     const char *rope_type; /* rope.scaling.type, written when set */
     float rope_factor;     /* rope.scaling.factor, written when > 0 */
 } gguf_tweak;
@@ -172,8 +177,8 @@ static void write_gguf(fx_model *fx, const char *path, const gguf_tweak *tw) {
     assert_int_equal(gguf_writer_init(0, &w), TK_OK);
     assert_int_equal(gguf_w_str(w, "general.architecture", a), TK_OK);
     assert_int_equal(gguf_w_str(w, "general.name", "fixture"), TK_OK);
-#define KU32(suffix, v)                                                                                            \
-    snprintf(k, sizeof k, "%s." suffix, a);                                                                        \
+#define KU32(suffix, v)                                                                                      \
+    snprintf(k, sizeof k, "%s." suffix, a);                                                                  \
     assert_int_equal(gguf_w_u32(w, k, (uint32_t)(v)), TK_OK)
     KU32("block_count", tw && tw->block_count ? (tw->block_count < 0 ? 0 : tw->block_count) : hp->n_layer);
     if (!tw || tw->ctx != -2) {
@@ -201,13 +206,16 @@ static void write_gguf(fx_model *fx, const char *path, const gguf_tweak *tw) {
         snprintf(k, sizeof k, "%s.rope.scaling.factor", a);
         assert_int_equal(gguf_w_f32(w, k, tw->rope_factor), TK_OK);
     }
-    if (tw && tw->bos >= 0) assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)tw->bos), TK_OK);
-    else if (!tw) assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)hp->bos_id), TK_OK);
+    if (tw && tw->bos >= 0)
+        assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)tw->bos), TK_OK);
+    else if (!tw)
+        assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)hp->bos_id), TK_OK);
     for (int i = 0; i < fx->n; i++)
         if (gguf_w_tensor_info(w, fx->t[i].name, fx->t[i].type, fx->t[i].n_dims, fx->t[i].ne) != TK_OK)
             fail_msg("%s", tk_last_error());
     assert_int_equal(gguf_w_begin(w, path), TK_OK);
-    for (int i = 0; i < fx->n; i++) assert_int_equal(gguf_w_tensor_data(w, fx->t[i].data, fx->t[i].nbytes), TK_OK);
+    for (int i = 0; i < fx->n; i++)
+        assert_int_equal(gguf_w_tensor_data(w, fx->t[i].data, fx->t[i].nbytes), TK_OK);
     assert_int_equal(gguf_w_finish(w), TK_OK);
     gguf_writer_free(w);
 }
@@ -218,8 +226,12 @@ static void tmp_path(char *buf, size_t n, const char *name) {
 }
 
 static void logits_of(tk_model *m, float *out) {
-    tk_kv_opts ko = {.n_layer = m->hp.n_layer, .n_head_kv = m->hp.n_head_kv, .head_dim = m->hp.head_dim,
-                     .block_size = 16, .n_blocks = 2, .type = TK_KV_F16};
+    tk_kv_opts ko = {.n_layer = m->hp.n_layer,
+                     .n_head_kv = m->hp.n_head_kv,
+                     .head_dim = m->hp.head_dim,
+                     .block_size = 16,
+                     .n_blocks = 2,
+                     .type = TK_KV_F16};
     tk_kv *kv;
     tk_pool *pool;
     fwd_ctx *f;
@@ -230,7 +242,8 @@ static void logits_of(tk_model *m, float *out) {
     int32_t toks[6] = {3, 1, 4, 1, 5, 9}, n = 6, pos0 = 0, bt[2] = {kv_block_alloc(kv), kv_block_alloc(kv)};
     const int32_t *bts[1] = {bt};
     int32_t want = 1;
-    tk_batch b = {.n_seq = 1, .n_tok = 6, .tokens = toks, .n = &n, .pos0 = &pos0, .bt = bts, .n_logits = &want};
+    tk_batch b = {
+        .n_seq = 1, .n_tok = 6, .tokens = toks, .n = &n, .pos0 = &pos0, .bt = bts, .n_logits = &want};
     assert_int_equal(fwd_step(f, &b, out), TK_OK);
     fwd_free(f);
     pool_free(pool);
@@ -281,13 +294,13 @@ static void test_model_gguf_roundtrip(void **state) {
 }
 
 /* tk_model_open's message names the path exactly once. */
-#define expect_open_err(path, st, needle)                                                                          \
-    do {                                                                                                           \
-        tk_model *m_ = (tk_model *)0x1;                                                                            \
-        expect_err(tk_model_open((path), NULL, &m_), st, needle);                                                  \
-        assert_null(m_);                                                                                           \
-        const char *at_ = strstr(tk_last_error(), (path));                                                         \
-        if (!at_ || strstr(at_ + 1, (path))) fail_msg("'%s' should name %s once", tk_last_error(), (path));       \
+#define expect_open_err(path, st, needle)                                                                    \
+    do {                                                                                                     \
+        tk_model *m_ = (tk_model *)0x1;                                                                      \
+        expect_err(tk_model_open((path), NULL, &m_), st, needle);                                            \
+        assert_null(m_);                                                                                     \
+        const char *at_ = strstr(tk_last_error(), (path));                                                   \
+        if (!at_ || strstr(at_ + 1, (path))) fail_msg("'%s' should name %s once", tk_last_error(), (path));  \
     } while (0)
 
 static void test_model_gguf_errors(void **state) {
@@ -347,10 +360,12 @@ static void test_model_gguf_limits(void **state) {
     tk_model_free(m);
     tw = (gguf_tweak){.bos = -1, .rope_type = "llama3", .rope_factor = 8};
     write_gguf(&fx, path, &tw);
-    expect_open_err(path, TK_ERR_FORMAT, "qwen2.rope.scaling.type is llama3 but the rope_freqs.weight tensor is missing");
+    expect_open_err(path, TK_ERR_FORMAT,
+                    "qwen2.rope.scaling.type is llama3 but the rope_freqs.weight tensor is missing");
     tw = (gguf_tweak){.bos = -1, .rope_type = "linear"};
     write_gguf(&fx, path, &tw);
-    expect_open_err(path, TK_ERR_FORMAT, "qwen2.rope.scaling.type is linear but qwen2.rope.scaling.factor is missing");
+    expect_open_err(path, TK_ERR_FORMAT,
+                    "qwen2.rope.scaling.type is linear but qwen2.rope.scaling.factor is missing");
     tw = (gguf_tweak){.bos = -1, .rope_type = "linear", .rope_factor = 4};
     write_gguf(&fx, path, &tw);
     if (tk_model_open(path, NULL, &m) != TK_OK) fail_msg("%s", tk_last_error());
@@ -378,7 +393,8 @@ static void test_model_hf_dir_matches_gguf(void **state) {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs("{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":64,"
-          "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":128,"
+          "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":"
+          "128,"
           "\"vocab_size\":300,\"rms_norm_eps\":1e-06,\"rope_theta\":10000.0,\"tie_word_embeddings\":false,"
           "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
           "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192},\"bos_token_id\":1,"
@@ -416,11 +432,12 @@ static void test_model_hf_dir_matches_gguf(void **state) {
 static void test_model_hf_config(void **state) {
     (void)state;
     tk_hparams hp;
-    const char *qwen3 = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"hidden_size\":1024,"
-                        "\"num_hidden_layers\":28,\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":128,"
-                        "\"intermediate_size\":3072,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000,\"rope_scaling\":null,"
-                        "\"tie_word_embeddings\":true,\"vocab_size\":151936,\"max_position_embeddings\":40960,"
-                        "\"bos_token_id\":151643,\"eos_token_id\":151645}";
+    const char *qwen3 =
+        "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"hidden_size\":1024,"
+        "\"num_hidden_layers\":28,\"num_attention_heads\":16,\"num_key_value_heads\":8,\"head_dim\":128,"
+        "\"intermediate_size\":3072,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000,\"rope_scaling\":null,"
+        "\"tie_word_embeddings\":true,\"vocab_size\":151936,\"max_position_embeddings\":40960,"
+        "\"bos_token_id\":151643,\"eos_token_id\":151645}";
     assert_int_equal(arch_hparams_hf_json(qwen3, strlen(qwen3), &hp), TK_OK);
     assert_int_equal(hp.arch, TK_ARCH_QWEN3);
     assert_int_equal(hp.n_layer, 28);
@@ -431,12 +448,13 @@ static void test_model_hf_config(void **state) {
     assert_int_equal(hp.eos_id, 151645);
     assert_true(hp.rope_theta == 1e6f);
 
-    const char *llama = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":2048,\"num_hidden_layers\":16,"
-                        "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"intermediate_size\":8192,"
-                        "\"rms_norm_eps\":1e-05,\"rope_theta\":500000.0,\"vocab_size\":128256,"
-                        "\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
-                        "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},"
-                        "\"eos_token_id\":[128001,128008,128009],\"bos_token_id\":128000}";
+    const char *llama =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":2048,\"num_hidden_layers\":16,"
+        "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"intermediate_size\":8192,"
+        "\"rms_norm_eps\":1e-05,\"rope_theta\":500000.0,\"vocab_size\":128256,"
+        "\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+        "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},"
+        "\"eos_token_id\":[128001,128008,128009],\"bos_token_id\":128000}";
     assert_int_equal(arch_hparams_hf_json(llama, strlen(llama), &hp), TK_OK);
     assert_int_equal(hp.arch, TK_ARCH_LLAMA);
     assert_int_equal(hp.head_dim, 64);
@@ -449,19 +467,22 @@ static void test_model_hf_config(void **state) {
     expect_err(arch_hparams_hf_json(mistral, strlen(mistral), &hp), TK_ERR_UNSUPPORTED, "'mistral'");
     const char *nohidden = "{\"model_type\":\"qwen2\",\"num_hidden_layers\":2}";
     expect_err(arch_hparams_hf_json(nohidden, strlen(nohidden), &hp), TK_ERR_FORMAT, "lacks hidden_size");
-    const char *badeos = "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":"
-                         "128,\"num_attention_heads\":4,\"vocab_size\":300,\"eos_token_id\":[2,400]}";
+    const char *badeos =
+        "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":"
+        "128,\"num_attention_heads\":4,\"vocab_size\":300,\"eos_token_id\":[2,400]}";
     expect_err(arch_hparams_hf_json(badeos, strlen(badeos), &hp), TK_ERR_RANGE, "eos_token_id entry 400");
-    const char *yarn = "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
-                       "\"num_attention_heads\":4,\"vocab_size\":300,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}";
+    const char *yarn =
+        "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
+        "\"num_attention_heads\":4,\"vocab_size\":300,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4}}";
     expect_err(arch_hparams_hf_json(yarn, strlen(yarn), &hp), TK_ERR_UNSUPPORTED, "'yarn'");
     expect_err(arch_hparams_hf_json("{", 1, &hp), TK_ERR_FORMAT, "not valid JSON");
 }
 
 /* A small qwen2 config.json with key set to the JSON text val (NULL: removed). */
-static const char *HF_BASE = "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":4,"
-                             "\"intermediate_size\":128,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
-                             "\"vocab_size\":300,\"max_position_embeddings\":4096,\"tie_word_embeddings\":false}";
+static const char *HF_BASE =
+    "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+    "\"intermediate_size\":128,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+    "\"vocab_size\":300,\"max_position_embeddings\":4096,\"tie_word_embeddings\":false}";
 
 static char *hf_with(const char *key, const char *val) {
     cJSON *root = cJSON_Parse(HF_BASE);
@@ -481,7 +502,8 @@ static void expect_hf(const char *key, const char *val, tk_status want, const ch
     char *j = hf_with(key, val);
     tk_hparams hp;
     if (want == TK_OK) {
-        if (arch_hparams_hf_json(j, strlen(j), &hp) != TK_OK) fail_msg("%s=%s: %s", key, val, tk_last_error());
+        if (arch_hparams_hf_json(j, strlen(j), &hp) != TK_OK)
+            fail_msg("%s=%s: %s", key, val, tk_last_error());
     } else {
         expect_err(arch_hparams_hf_json(j, strlen(j), &hp), want, needle);
     }
@@ -491,14 +513,16 @@ static void expect_hf(const char *key, const char *val, tk_status want, const ch
 /* Optional keys are checked as written: never silently replaced by a default. */
 static void test_model_hf_config_limits(void **state) {
     (void)state;
-    expect_hf("max_position_embeddings", "0", TK_ERR_FORMAT, "config.json max_position_embeddings 0 out of range [1,");
+    expect_hf("max_position_embeddings", "0", TK_ERR_FORMAT,
+              "config.json max_position_embeddings 0 out of range [1,");
     expect_hf("max_position_embeddings", "-5", TK_ERR_FORMAT, "max_position_embeddings -5 out of range");
-    expect_hf("max_position_embeddings", "8", TK_OK, NULL); /* tiny but legal */
+    expect_hf("max_position_embeddings", "8", TK_OK, NULL);  /* tiny but legal */
     expect_hf("max_position_embeddings", NULL, TK_OK, NULL); /* not stated */
     expect_hf("head_dim", "-4", TK_ERR_FORMAT, "config.json head_dim -4 out of range [1, 1024]");
     expect_hf("head_dim", "0", TK_ERR_FORMAT, "config.json head_dim 0 out of range");
     expect_hf("head_dim", "null", TK_OK, NULL);
-    expect_hf("num_key_value_heads", "-2", TK_ERR_FORMAT, "config.json num_key_value_heads -2 out of range [1, 1024]");
+    expect_hf("num_key_value_heads", "-2", TK_ERR_FORMAT,
+              "config.json num_key_value_heads -2 out of range [1, 1024]");
     expect_hf("num_key_value_heads", "0", TK_ERR_FORMAT, "num_key_value_heads 0 out of range");
     expect_hf("num_key_value_heads", "2.5", TK_ERR_FORMAT, "num_key_value_heads is not an integer");
     expect_hf("tie_word_embeddings", "\"yes\"", TK_ERR_FORMAT, "tie_word_embeddings is not true or false");
@@ -525,7 +549,8 @@ static void test_model_hf_config_limits(void **state) {
               "{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
               "\"original_max_position_embeddings\":8192}",
               TK_OK, NULL);
-    expect_hf("rope_scaling", "{\"type\":\"linear\"}", TK_ERR_FORMAT, "rope_scaling of type linear lacks factor");
+    expect_hf("rope_scaling", "{\"type\":\"linear\"}", TK_ERR_FORMAT,
+              "rope_scaling of type linear lacks factor");
     expect_hf("rope_scaling", "{\"type\":\"linear\",\"factor\":2}", TK_OK, NULL);
     expect_hf("rope_scaling", "[1]", TK_ERR_FORMAT, "rope_scaling is not an object");
 }
@@ -542,7 +567,11 @@ static void test_model_hf_dir_errors(void **state) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (st_write(path, fx.t, fx.n, NULL) != TK_OK) fail_msg("%s", tk_last_error());
     snprintf(path, sizeof path, "%s/config.json", dir);
-    static const struct { const char *key, *val; tk_status st; const char *needle; } cases[] = {
+    static const struct {
+        const char *key, *val;
+        tk_status st;
+        const char *needle;
+    } cases[] = {
         {"max_position_embeddings", "0", TK_ERR_FORMAT, "max_position_embeddings 0 out of range"},
         {"head_dim", "-4", TK_ERR_FORMAT, "head_dim -4 out of range"},
         {"tie_word_embeddings", "\"yes\"", TK_ERR_FORMAT, "tie_word_embeddings is not true or false"},

@@ -35,7 +35,9 @@ static inline uint64_t fx_rng_next(uint64_t *s) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static inline float fx_uniform(uint64_t *s) { return (float)((double)(fx_rng_next(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+static inline float fx_uniform(uint64_t *s) {
+    return (float)((double)(fx_rng_next(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
 
 static inline void fx_hparams(tk_hparams *hp, tk_arch arch) {
     memset(hp, 0, sizeof *hp);
@@ -98,7 +100,8 @@ static inline void fx_store_rows(tk_dtype type, const float *v, int64_t rows, in
 }
 
 /* Add one tensor with explicit shape and float values (converted to type). */
-static inline tk_tensor *fx_add(fx_model *fx, const char *name, tk_dtype type, const int64_t ne[4], const float *v) {
+static inline tk_tensor *fx_add(fx_model *fx, const char *name, tk_dtype type, const int64_t ne[4],
+                                const float *v) {
     int i = fx->n++;
     tk_tensor *t = &fx->t[i];
     snprintf(fx->names[i], sizeof fx->names[i], "%s", name);
@@ -137,7 +140,9 @@ static inline void fx_role(fx_model *fx, tk_role role, int layer, tk_dtype wtype
     uint64_t seed = 0x1234u + (uint64_t)role * 1000003u + (uint64_t)layer * 7919u;
     bool norm = role == TK_ROLE_ATTN_NORM || role == TK_ROLE_FFN_NORM || role == TK_ROLE_OUTPUT_NORM ||
                 role == TK_ROLE_Q_NORM || role == TK_ROLE_K_NORM;
-    float scale = arch_role_is_matmul(role) ? 1.5f / sqrtf((float)ne[0]) : role == TK_ROLE_TOK_EMBD ? 1.0f : 0.2f;
+    float scale = arch_role_is_matmul(role)  ? 1.5f / sqrtf((float)ne[0])
+                  : role == TK_ROLE_TOK_EMBD ? 1.0f
+                                             : 0.2f;
     for (int64_t i = 0; i < n; i++) v[i] = (norm ? 1.0f : 0.0f) + scale * fx_uniform(&seed);
     tk_dtype type = arch_role_is_matmul(role) || role == TK_ROLE_TOK_EMBD ? wtype : TK_DTYPE_F32;
     if (role == TK_ROLE_ROPE_FREQS)
@@ -157,7 +162,8 @@ static inline void fx_build(fx_model *fx, tk_arch arch, tk_dtype wtype, tk_namin
     fx->permuted = naming == TK_NAMING_GGUF && arch == TK_ARCH_LLAMA;
     for (int l = 0; l < fx->hp.n_layer; l++)
         for (int r = 0; r < TK_ROLE_LAYER_COUNT; r++) {
-            if (!fx->hp.qkv_bias && (r == TK_ROLE_Q_BIAS || r == TK_ROLE_K_BIAS || r == TK_ROLE_V_BIAS)) continue;
+            if (!fx->hp.qkv_bias && (r == TK_ROLE_Q_BIAS || r == TK_ROLE_K_BIAS || r == TK_ROLE_V_BIAS))
+                continue;
             if (!fx->hp.qk_norm && (r == TK_ROLE_Q_NORM || r == TK_ROLE_K_NORM)) continue;
             fx_role(fx, (tk_role)r, l, wtype);
         }
@@ -236,13 +242,17 @@ static inline void fx_rmsnorm(const double *x, const float *w, int64_t n, double
 /* Logits (n x n_vocab) at every position of one sequence of n tokens. */
 static inline void fx_reference(const tk_model *m, const int32_t *toks, int n, float *logits) {
     const tk_hparams *hp = &m->hp;
-    int D = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, F = hp->n_ff, V = hp->n_vocab;
+    int D = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, F = hp->n_ff,
+        V = hp->n_vocab;
     int qd = nh * hd, kvd = nkv * hd;
     double *K = calloc((size_t)hp->n_layer * n * kvd, sizeof(double));
     double *Vc = calloc((size_t)hp->n_layer * n * kvd, sizeof(double));
-    double *x = malloc(D * sizeof(double)), *xn = malloc(D * sizeof(double)), *q = malloc(qd * sizeof(double));
-    double *att = malloc(qd * sizeof(double)), *o = malloc(D * sizeof(double)), *g = malloc(F * sizeof(double));
-    double *u = malloc(F * sizeof(double)), *sc = malloc((size_t)n * sizeof(double)), *lg = malloc(V * sizeof(double));
+    double *x = malloc(D * sizeof(double)), *xn = malloc(D * sizeof(double)),
+           *q = malloc(qd * sizeof(double));
+    double *att = malloc(qd * sizeof(double)), *o = malloc(D * sizeof(double)),
+           *g = malloc(F * sizeof(double));
+    double *u = malloc(F * sizeof(double)), *sc = malloc((size_t)n * sizeof(double)),
+           *lg = malloc(V * sizeof(double));
     for (int p = 0; p < n; p++) {
         fx_rows(&m->tok_embd, toks[p], x);
         for (int l = 0; l < hp->n_layer; l++) {
@@ -268,7 +278,8 @@ static inline void fx_reference(const tk_model *m, const int32_t *toks, int n, f
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j <= p; j++) {
                     double s = 0;
-                    for (int i = 0; i < hd; i++) s += q[h * hd + i] * K[((size_t)l * n + j) * kvd + kh * hd + i];
+                    for (int i = 0; i < hd; i++)
+                        s += q[h * hd + i] * K[((size_t)l * n + j) * kvd + kh * hd + i];
                     sc[j] = s / sqrt((double)hd);
                     if (sc[j] > mx) mx = sc[j];
                 }

@@ -195,7 +195,8 @@ static void test_opts_names(void **state) {
     assert_string_equal(names_list(&NAMES_KV_TYPE, ", ", buf, sizeof buf), "f32, f16, bf16, int8");
     assert_string_equal(names_list(&NAMES_KV_TYPE, ",", buf, 6), "f32,f"); /* cut, terminated */
     /* a table kept by the enum itself: the library's tk_weight_type names */
-    assert_string_equal(names_list(&NAMES_WEIGHTS, " ", buf, sizeof buf), "keep f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
+    assert_string_equal(names_list(&NAMES_WEIGHTS, " ", buf, sizeof buf),
+                        "keep f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
     assert_true(names_find(&NAMES_WEIGHTS, "q4_k", &v));
     assert_int_equal(v, TK_WEIGHTS_Q4_K);
     assert_string_equal(names_str(&NAMES_WEIGHTS, TK_WEIGHTS_KEEP), "keep");

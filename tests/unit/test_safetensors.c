@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -32,12 +33,14 @@ static void expect_raw(const uint8_t *p, size_t n, tk_status want_st, const char
     st_file *f = (st_file *)1;
     tk_status st = st_open_mem(p, n, &f);
     if (st != want_st || (want && !strstr(tk_last_error(), want)))
-        print_error("got %s \"%s\", want %s containing \"%s\"\n", tk_status_str(st), tk_last_error(), tk_status_str(want_st),
-                    want ? want : "");
+        print_error("got %s \"%s\", want %s containing \"%s\"\n", tk_status_str(st), tk_last_error(),
+                    tk_status_str(want_st), want ? want : "");
     assert_int_equal(st, want_st);
     if (want) assert_non_null(strstr(tk_last_error(), want));
-    if (st == TK_OK) st_close(f);
-    else assert_null(f);
+    if (st == TK_OK)
+        st_close(f);
+    else
+        assert_null(f);
 }
 
 static void expect(const char *json, size_t data_len, tk_status want_st, const char *want) {
@@ -47,10 +50,10 @@ static void expect(const char *json, size_t data_len, tk_status want_st, const c
     free(p);
 }
 
-#define VALID                                                                                                          \
-    "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"h\\u00e9\"},"                                                    \
-    "\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"                                               \
-    "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[24,30]},"                                               \
+#define VALID                                                                                                \
+    "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"h\\u00e9\"},"                                           \
+    "\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"                                     \
+    "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[24,30]},"                                     \
     "\"h\":{\"dtype\":\"F16\",\"shape\":[1,1,2,1],\"data_offsets\":[30,34]}}"
 
 static void test_safetensors_valid(void **state) {
@@ -139,35 +142,54 @@ static void test_safetensors_bad_header(void **state) {
 static void test_safetensors_bad_entries(void **state) {
     (void)state;
     expect("{\"w\":3}", 0, TK_ERR_FORMAT, "tensor 'w': entry is not an object");
-    expect("{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "tensor 'w': dtype is missing");
-    expect("{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "tensor 'w': shape is missing");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, TK_ERR_FORMAT, "tensor 'w': data_offsets is missing");
-    expect("{\"w\":{\"dtype\":5,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "dtype is not a string");
-    expect("{\"w\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, TK_ERR_UNSUPPORTED, "tensor 'w': dtype I64");
-    expect("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, TK_ERR_UNSUPPORTED, "F8_E4M3");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,12]}}", 12, TK_ERR_FORMAT, "shape is not an array");
+    expect("{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "tensor 'w': dtype is missing");
+    expect("{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "tensor 'w': shape is missing");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, TK_ERR_FORMAT,
+           "tensor 'w': data_offsets is missing");
+    expect("{\"w\":{\"dtype\":5,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "dtype is not a string");
+    expect("{\"w\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, TK_ERR_UNSUPPORTED,
+           "tensor 'w': dtype I64");
+    expect("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, TK_ERR_UNSUPPORTED,
+           "F8_E4M3");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,12]}}", 12, TK_ERR_FORMAT,
+           "shape is not an array");
     expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "shape[0]");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1.5],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "shape[1]");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "shape[0]");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "shape[0]");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}", 4,
-           TK_ERR_FORMAT, "overflows");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, TK_ERR_UNSUPPORTED, "5 dims");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4, TK_ERR_FORMAT, "data_offsets is not a pair");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,\"4\"]}}", 4, TK_ERR_FORMAT, "data_offsets is not a pair");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":{}}}", 4, TK_ERR_FORMAT, "data_offsets is not a pair");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, TK_ERR_FORMAT, "end before begin");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "hold 4 bytes");
-    expect("{\"w\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT, "shape x BF16");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 4, TK_ERR_FORMAT, "outside the 4-byte data section");
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[9007199254740000,9007199254740004]}}", 4, TK_ERR_FORMAT,
-           "outside");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1.5],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "shape[1]");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "shape[0]");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "shape[0]");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}",
+           4, TK_ERR_FORMAT, "overflows");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, TK_ERR_UNSUPPORTED,
+           "5 dims");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4, TK_ERR_FORMAT,
+           "data_offsets is not a pair");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,\"4\"]}}", 4, TK_ERR_FORMAT,
+           "data_offsets is not a pair");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":{}}}", 4, TK_ERR_FORMAT,
+           "data_offsets is not a pair");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, TK_ERR_FORMAT,
+           "end before begin");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "hold 4 bytes");
+    expect("{\"w\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,4]}}", 4, TK_ERR_FORMAT,
+           "shape x BF16");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 4, TK_ERR_FORMAT,
+           "outside the 4-byte data section");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[9007199254740000,9007199254740004]}}",
+           4, TK_ERR_FORMAT, "outside");
 }
 
 static void test_safetensors_bad_layout(void **state) {
     (void)state;
     /* gap at the start, gap between, overlap, data left over, duplicate names */
-    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, TK_ERR_FORMAT, "gap after the start");
+    expect("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, TK_ERR_FORMAT,
+           "gap after the start");
     expect("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
            "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
            12, TK_ERR_FORMAT, "tensor 'b': data_offsets begin at 8, leaving a gap after 'a'");
@@ -220,9 +242,24 @@ static void test_safetensors_roundtrip(void **state) {
     uint16_t bf[5] = {0x3f80, 0x4000, 0xc000, 0x7f80, 1};
     float one = 42;
     tk_tensor ts[4] = {
-        {.name = "model.layers.0.w", .type = TK_DTYPE_F32, .n_dims = 3, .ne = {4, 3, 2, 1}, .data = w, .nbytes = sizeof w},
-        {.name = "h.\xc3\xa9", .type = TK_DTYPE_F16, .n_dims = 2, .ne = {3, 2, 1, 1}, .data = h, .nbytes = sizeof h},
-        {.name = "bf", .type = TK_DTYPE_BF16, .n_dims = 1, .ne = {5, 1, 1, 1}, .data = bf, .nbytes = sizeof bf},
+        {.name = "model.layers.0.w",
+         .type = TK_DTYPE_F32,
+         .n_dims = 3,
+         .ne = {4, 3, 2, 1},
+         .data = w,
+         .nbytes = sizeof w},
+        {.name = "h.\xc3\xa9",
+         .type = TK_DTYPE_F16,
+         .n_dims = 2,
+         .ne = {3, 2, 1, 1},
+         .data = h,
+         .nbytes = sizeof h},
+        {.name = "bf",
+         .type = TK_DTYPE_BF16,
+         .n_dims = 1,
+         .ne = {5, 1, 1, 1},
+         .data = bf,
+         .nbytes = sizeof bf},
         {.name = "s", .type = TK_DTYPE_F32, .n_dims = 4, .ne = {1, 1, 1, 1}, .data = &one, .nbytes = 4},
     };
     const char *meta[] = {"format", "pt", "quote", "a\"b\\c", NULL};
@@ -305,10 +342,10 @@ static void test_safetensors_seeds(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_safetensors_seeds),
-        cmocka_unit_test(test_safetensors_valid),       cmocka_unit_test(test_safetensors_bad_header),
-        cmocka_unit_test(test_safetensors_bad_entries), cmocka_unit_test(test_safetensors_bad_layout),
-        cmocka_unit_test(test_safetensors_truncations), cmocka_unit_test(test_safetensors_roundtrip),
+        cmocka_unit_test(test_safetensors_seeds),      cmocka_unit_test(test_safetensors_valid),
+        cmocka_unit_test(test_safetensors_bad_header), cmocka_unit_test(test_safetensors_bad_entries),
+        cmocka_unit_test(test_safetensors_bad_layout), cmocka_unit_test(test_safetensors_truncations),
+        cmocka_unit_test(test_safetensors_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

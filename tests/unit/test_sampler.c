@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -18,7 +19,8 @@ static void fill_logits(float *l, uint64_t seed) {
     for (int t = 0; t < V; t++) l[t] = (float)(sampler_uniform(seed, (uint64_t)t) * 4.0 - 2.0);
 }
 
-static int32_t sample_once(const tk_sampling *p, const float *src, const int32_t *hist, int nh, tk_token_event *ev) {
+static int32_t sample_once(const tk_sampling *p, const float *src, const int32_t *hist, int nh,
+                           tk_token_event *ev) {
     tk_sampler *s = NULL;
     assert_int_equal(sampler_init(p, V, &s), TK_OK);
     float l[V];
@@ -294,12 +296,9 @@ static void test_sampler_large_vocab_top_p(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sampler_rejects_bad_params),
-        cmocka_unit_test(test_sampler_greedy_and_logprobs),
-        cmocka_unit_test(test_sampler_bias_and_penalties),
-        cmocka_unit_test(test_sampler_seed_reproduces),
-        cmocka_unit_test(test_sampler_truncation),
-        cmocka_unit_test(test_sampler_large_vocab_top_p),
+        cmocka_unit_test(test_sampler_rejects_bad_params), cmocka_unit_test(test_sampler_greedy_and_logprobs),
+        cmocka_unit_test(test_sampler_bias_and_penalties), cmocka_unit_test(test_sampler_seed_reproduces),
+        cmocka_unit_test(test_sampler_truncation),         cmocka_unit_test(test_sampler_large_vocab_top_p),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

