@@ -89,6 +89,7 @@ typedef enum bench_metric {
     BM_STEP_GBS,
     BM_ROOF_PCT,
     BM_DURATION,
+    BM_ERRORS, /* requests that failed (loadgen: by status in bench_level.err; bench: always 0) */
     /* The background streams inside the foreground window (NaN without --background). */
     BM_BG_ITL_P50,
     BM_BG_ITL_P95,
@@ -122,6 +123,25 @@ typedef struct bench_bg {
     stats_summary s_itl, s_tpot; /* seconds; s_tpot over the streams' tpot */
 } bench_bg;
 
+/* Failed requests of a run, by kind: an HTTP status (>= 100), BENCH_ERR_TRANSPORT
+ * (no HTTP answer: refused, reset, timed out) or BENCH_ERR_STREAM (a 200 whose
+ * stream broke, carried an error frame or ended without its [DONE]). */
+#define BENCH_MAX_ERR_KINDS 8
+enum { BENCH_ERR_TRANSPORT = 0, BENCH_ERR_STREAM = 1, BENCH_ERR_OTHER = -1 /* kinds past the table */ };
+typedef struct bench_error_kind {
+    int status;
+    int count;
+    char message[160]; /* the first one seen */
+} bench_error_kind;
+typedef struct bench_errors {
+    int total, n_kinds;
+    bench_error_kind kind[BENCH_MAX_ERR_KINDS];
+} bench_errors;
+/* Count one failure of this status (the last slot collects kinds past the table). */
+void bench_errors_add(bench_errors *e, int status, const char *message);
+/* "401", "transport", "stream" or "other". */
+const char *bench_error_kind_name(int status, char *buf, size_t n);
+
 /* One measured run of a level (one repeat). */
 typedef struct bench_level {
     int concurrency; /* closed-loop level; 0 in rate mode */
@@ -143,6 +163,7 @@ typedef struct bench_level {
     bool out_len_short;                         /* a request produced fewer or more tokens than asked */
     double t_origin;                            /* tk_now_s() of the level's start (absolute) */
     bench_bg bg;                                /* the background streams (mixed load) */
+    bench_errors err;                           /* failed requests (loadgen) */
 } bench_level;
 
 /* A level over its repeats: the median and the min-max of every metric. */
@@ -182,9 +203,20 @@ typedef struct bench_info {
     int probe_threads;
 } bench_info;
 
+/* What tokamak loadgen measured: a server over HTTP, seen from the client
+ * (the engine fields of the series and the roofline stay empty). */
+typedef struct bench_remote {
+    bool on;
+    char url[256];
+    char model[128];
+    char prompts[192]; /* how the prompts were made and counted */
+    double duration_s; /* > 0: each run submitted for this long */
+} bench_remote;
+
 typedef struct bench_result {
     bench_opts opts; /* as run (ctx, max_batch, requests resolved) */
     bench_info info;
+    bench_remote remote;
     int n_series;
     bench_series series[BENCH_MAX_SERIES];
 } bench_result;

@@ -32,6 +32,7 @@ static const char *const METRIC_NAMES[BM_COUNT] = {
     [BM_STEP_GBS] = "decode_read_gb_s",
     [BM_ROOF_PCT] = "roofline_pct",
     [BM_DURATION] = "duration_s",
+    [BM_ERRORS] = "errors",
     [BM_BG_ITL_P50] = "bg_itl_p50_ms",
     [BM_BG_ITL_P95] = "bg_itl_p95_ms",
     [BM_BG_ITL_P99] = "bg_itl_p99_ms",
@@ -98,14 +99,48 @@ tk_status bench_level_finalize(bench_level *l) {
     m[BM_TOTAL_TOK_S] = dur > 0 ? all_tokens / dur : NAN;
     m[BM_REQ_S] = dur > 0 ? done / dur : NAN;
     m[BM_MEAN_OUT_LEN] = n ? out_tokens / (double)n : NAN;
-    m[BM_KV_PEAK_BLOCKS] = l->kv_blocks_peak;
-    m[BM_KV_PEAK_MB] = (double)l->kv_blocks_peak * l->block_size * (double)l->kv_bytes_per_token / 1e6;
+    m[BM_ERRORS] = l->err.total;
+    /* No engine seen (loadgen): no KV figures. */
+    m[BM_KV_PEAK_BLOCKS] = l->block_size > 0 ? l->kv_blocks_peak : NAN;
+    m[BM_KV_PEAK_MB] = l->block_size > 0
+                           ? (double)l->kv_blocks_peak * l->block_size * (double)l->kv_bytes_per_token / 1e6
+                           : NAN;
     /* Aggregate, not a mean of per-step ratios: long steps weigh by their time. */
     double bytes = 0, secs = 0;
     for (size_t i = 0; i < l->n_steps; i++) bytes += (double)l->steps[i].bytes, secs += l->steps[i].time;
     m[BM_STEP_GBS] = secs > 0 ? bytes / secs / 1e9 : NAN;
     m[BM_ROOF_PCT] = secs > 0 && l->read_bw_gbs > 0 ? 100.0 * m[BM_STEP_GBS] / l->read_bw_gbs : NAN;
     return bench_bg_finalize(l);
+}
+
+void bench_errors_add(bench_errors *e, int status, const char *message) {
+    e->total++;
+    int i = 0;
+    while (i < e->n_kinds && e->kind[i].status != status) i++;
+    if (i == e->n_kinds) {
+        if (e->n_kinds == BENCH_MAX_ERR_KINDS) {
+            i = BENCH_MAX_ERR_KINDS - 1; /* the last slot becomes "other" */
+            if (e->kind[i].status != BENCH_ERR_OTHER) {
+                e->kind[i].status = BENCH_ERR_OTHER;
+                snprintf(e->kind[i].message, sizeof e->kind[i].message, "%s",
+                         "more kinds than the table holds");
+            }
+        } else {
+            e->n_kinds++;
+            e->kind[i].status = status;
+            e->kind[i].count = 0;
+            snprintf(e->kind[i].message, sizeof e->kind[i].message, "%s", message ? message : "");
+        }
+    }
+    e->kind[i].count++;
+}
+
+const char *bench_error_kind_name(int status, char *buf, size_t n) {
+    if (status == BENCH_ERR_TRANSPORT) return "transport";
+    if (status == BENCH_ERR_STREAM) return "stream";
+    if (status == BENCH_ERR_OTHER) return "other";
+    snprintf(buf, n, "%d", status);
+    return buf;
 }
 
 size_t bench_window_gaps(const double *tok_t, int n_tok, double w0, double w1, double *gaps, double *mean) {

@@ -104,11 +104,49 @@ static void md_background(const bench_result *r, const bench_series *s, FILE *f)
             r->opts.bg_out);
 }
 
+/* Failed requests of each point, by status, with the first message of each kind. */
+static void md_errors(const bench_series *s, bool rate, FILE *f) {
+    bool any = false;
+    for (int i = 0; i < s->n_points; i++)
+        for (int k = 0; k < s->points[i].n_rep; k++) any |= s->points[i].rep[k].err.total > 0;
+    if (!any) return;
+    fprintf(
+        f, "\n**Errors** (all repeats):\n\n| %s | status | requests | first message |\n|---:|---|---:|---|\n",
+        rate ? "rate (req/s)" : "concurrency");
+    for (int i = 0; i < s->n_points; i++) {
+        const bench_point *p = &s->points[i];
+        bench_errors sum = {0};
+        for (int k = 0; k < p->n_rep; k++) {
+            const bench_errors *e = &p->rep[k].err;
+            for (int j = 0; j < e->n_kinds; j++)
+                for (int c = 0; c < e->kind[j].count; c++)
+                    bench_errors_add(&sum, e->kind[j].status, e->kind[j].message);
+        }
+        for (int j = 0; j < sum.n_kinds; j++) {
+            char buf[16], msg[sizeof sum.kind[j].message];
+            /* A table cell: no pipes or line breaks from a server's message. */
+            snprintf(msg, sizeof msg, "%s", sum.kind[j].message);
+            for (char *c = msg; *c; c++)
+                if (*c == '|' || *c == '\n' || *c == '\r') *c = ' ';
+            if (rate)
+                fprintf(f, "| %g |", p->rate);
+            else
+                fprintf(f, "| %d |", p->concurrency);
+            fprintf(f, " %s | %d | %s |\n", bench_error_kind_name(sum.kind[j].status, buf, sizeof buf),
+                    sum.kind[j].count, msg);
+        }
+    }
+}
+
 static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
     const tk_engine_stats *e = &s->engine;
     char budget[192];
     budget_str(e, budget, sizeof budget);
-    fprintf(f,
+    if (r->remote.on)
+        fprintf(f, "\n## %s\n\nseen from the client: the server's configuration is its own\n\n", s->label);
+    else
+        fprintf(
+            f,
             "\n## %s\n\nweights %s, KV %s%s, %s kernels, %s batching, %s prefill, block %d, step budget %s, "
             "max batch %d, %d threads\n\n",
             s->label, s->weight_dtype[0] ? s->weight_dtype : "?", kv_str(e->kv_type),
@@ -122,10 +160,10 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         f,
         "| %s | TTFT mean | TTFT P50 | TTFT P95 | TTFT P99 | TPOT mean | TPOT P50 | TPOT P95 | TPOT P99 | "
         "ITL P50 | ITL P95 | ITL P99 | E2E mean | E2E P99 | out tok/s | total tok/s | req/s | out len | "
-        "KV peak MB | decode GB/s | roofline %% |\n",
+        "errors | KV peak MB | decode GB/s | roofline %% |\n",
         rate ? "rate (req/s)" : "concurrency");
     fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|--"
-               "-:|---:|---:|\n");
+               "-:|---:|---:|---:|\n");
     bool any_short = false;
     for (int i = 0; i < s->n_points; i++) {
         const bench_point *p = &s->points[i];
@@ -143,21 +181,28 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         md_cell(f, m[BM_REQ_S], 3);
         fprintf(f, " %.1f%s |", m[BM_MEAN_OUT_LEN], p->out_len_short ? " !" : "");
         any_short |= p->out_len_short;
+        md_cell(f, m[BM_ERRORS], 0);
         md_cell(f, m[BM_KV_PEAK_MB], 1);
         md_cell(f, m[BM_STEP_GBS], 2);
         md_cell(f, m[BM_ROOF_PCT], 1);
         fprintf(f, "\n");
     }
-    fprintf(
-        f,
-        "\nLatencies in ms. Roofline: bytes the decode steps read (weights + KV) / their time, as a share of "
-        "the %.1f GB/s read bandwidth probed by this run.\n",
-        r->info.read_bw_gbs);
+    if (r->remote.on)
+        fprintf(f,
+                "\nLatencies in ms, from client-side timestamps: a token arrives with the stream frame that "
+                "carries it; output lengths are the server's usage counts.\n");
+    else
+        fprintf(f,
+                "\nLatencies in ms. Roofline: bytes the decode steps read (weights + KV) / their time, as a "
+                "share "
+                "of the %.1f GB/s read bandwidth probed by this run.\n",
+                r->info.read_bw_gbs);
     if (any_short)
         fprintf(f,
                 "\n**!** some request produced a different number of tokens than --out %d: its level's "
                 "throughput and TPOT are not comparable.\n",
                 r->opts.n_out);
+    md_errors(s, rate, f);
     if (r->opts.n_bg > 0) md_background(r, s, f);
     if (r->opts.repeat > 1) {
         fprintf(f,
@@ -209,10 +254,46 @@ bool report_rung_summary(const bench_result *r, int s, report_rung *o) {
     return true;
 }
 
+/* The load options both tools share. */
+static void md_load_opts(const bench_opts *o, const bench_remote *rm, FILE *f) {
+    fprintf(f, "--in %d --out %d, ", o->n_in, o->n_out);
+    if (rm->duration_s > 0)
+        fprintf(f, "requests for %g s per run", rm->duration_s);
+    else if (o->requests > 0)
+        fprintf(f, "%d requests per level", o->requests);
+    else
+        fprintf(f, "requests per level: %d x concurrency (16 per rate)",
+                o->requests_x > 0 ? o->requests_x : 2);
+    fprintf(f, ", warmup %d, repeat %d, seed %llu", o->warmup, o->repeat, (unsigned long long)o->seed);
+}
+
+static void md_remote_header(const bench_result *r, FILE *f) {
+    const bench_info *in = &r->info;
+    const bench_opts *o = &r->opts;
+    fprintf(f, "# tokamak loadgen\n\n");
+    fprintf(f, "- server: %s, model %s (streaming /v1/completions, temperature 0, ignore_eos)\n",
+            r->remote.url, r->remote.model);
+    fprintf(f, "- prompts: %s\n", r->remote.prompts);
+    fprintf(f, "- client: %s, %d cores\n", in->cpu_brand, in->n_cores);
+    fprintf(f, "- options: ");
+    md_load_opts(o, &r->remote, f);
+    fprintf(f, "\n");
+    if (o->n_bg > 0)
+        fprintf(
+            f, "- mixed load: --background %d streams, --bg-in %d, --bg-out %d (closed when each run ends)\n",
+            o->n_bg, o->bg_in, o->bg_out);
+    fprintf(f, "- commit %s, %s\n", in->git_commit, in->date);
+}
+
 void report_markdown(const bench_result *r, FILE *f) {
     const bench_info *in = &r->info;
     const bench_opts *o = &r->opts;
     const tk_engine_opts *e = &o->engine;
+    if (r->remote.on) {
+        md_remote_header(r, f);
+        for (int i = 0; i < r->n_series; i++) md_series(r, &r->series[i], f);
+        return;
+    }
     fprintf(f, "# tokamak bench%s\n\n", o->ablation ? " --ablation" : "");
     report_probe(in, f);
     fprintf(
@@ -223,12 +304,8 @@ void report_markdown(const bench_result *r, FILE *f) {
         (double)in->weight_bytes / 1e6, (double)in->decode_bytes / 1e6, (double)in->kv_bytes_per_token / 1e3);
     char threads[16] = "auto";
     if (e->n_threads > 0) snprintf(threads, sizeof threads, "%d", e->n_threads);
-    fprintf(f, "- options: --in %d --out %d, ", o->n_in, o->n_out);
-    if (o->requests > 0)
-        fprintf(f, "%d requests per level", o->requests);
-    else
-        fprintf(f, "requests per level: %d x concurrency (16 per rate)",
-                o->requests_x > 0 ? o->requests_x : 2);
+    fprintf(f, "- options: ");
+    md_load_opts(o, &r->remote, f);
     char repack[48] = "";
     if (o->model.repack != TK_WEIGHTS_KEEP && !o->ablation)
         snprintf(repack, sizeof repack, ", weights repacked to %s", tk_weight_type_name(o->model.repack));
@@ -241,12 +318,10 @@ void report_markdown(const bench_result *r, FILE *f) {
         snprintf(step, sizeof step, "--step-tokens %d (fixed)", e->step_tokens);
     else
         snprintf(step, sizeof step, "time-based, automatic target (engine default)");
-    fprintf(f,
-            ", warmup %d, repeat %d, seed %llu; engine: threads %s%s, ctx %d, block %d, max batch %d, "
-            "step budget %s, KV %s%s%s%s%s\n",
-            o->warmup, o->repeat, (unsigned long long)o->seed, threads, e->pin_threads ? " pinned" : "",
-            e->ctx, e->block_size, e->max_batch, step, kv_str(e->kv_type), e->unfused ? ", unfused" : "",
-            e->static_batching ? ", static batching" : "", e->no_chunking ? ", no chunking" : "", repack);
+    fprintf(f, "; engine: threads %s%s, ctx %d, block %d, max batch %d, step budget %s, KV %s%s%s%s%s\n",
+            threads, e->pin_threads ? " pinned" : "", e->ctx, e->block_size, e->max_batch, step,
+            kv_str(e->kv_type), e->unfused ? ", unfused" : "", e->static_batching ? ", static batching" : "",
+            e->no_chunking ? ", no chunking" : "", repack);
     if (o->n_bg > 0)
         fprintf(
             f,
@@ -365,6 +440,16 @@ static cJSON *js_level(const bench_level *l) {
         cJSON_AddItemToArray(reqs, j);
     }
     if (l->bg.n_streams > 0) cJSON_AddItemToObject(o, "background", js_background(&l->bg));
+    cJSON *errs = cJSON_AddArrayToObject(o, "errors");
+    for (int i = 0; i < l->err.n_kinds; i++) {
+        const bench_error_kind *k = &l->err.kind[i];
+        char buf[16];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "status", bench_error_kind_name(k->status, buf, sizeof buf));
+        cJSON_AddNumberToObject(j, "count", k->count);
+        cJSON_AddStringToObject(j, "message", k->message);
+        cJSON_AddItemToArray(errs, j);
+    }
     cJSON *steps = cJSON_AddArrayToObject(o, "decode_steps");
     for (size_t i = 0; i < l->n_steps; i++) {
         cJSON *j = cJSON_CreateObject();
@@ -403,7 +488,14 @@ static cJSON *js_result(const bench_result *r) {
     const bench_info *in = &r->info;
     const bench_opts *o = &r->opts;
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "tool", "tokamak bench");
+    cJSON_AddStringToObject(root, "tool", r->remote.on ? "tokamak loadgen" : "tokamak bench");
+    if (r->remote.on) {
+        cJSON *sv = cJSON_AddObjectToObject(root, "server");
+        cJSON_AddStringToObject(sv, "url", r->remote.url);
+        cJSON_AddStringToObject(sv, "model", r->remote.model);
+        cJSON_AddStringToObject(sv, "prompts", r->remote.prompts);
+        js_num(sv, "duration_s", r->remote.duration_s);
+    }
     cJSON_AddStringToObject(root, "version", TK_VERSION);
     cJSON_AddStringToObject(root, "git_commit", in->git_commit);
     cJSON_AddStringToObject(root, "date", in->date);
@@ -457,7 +549,7 @@ static cJSON *js_result(const bench_result *r) {
         cJSON *js = cJSON_CreateObject();
         cJSON_AddStringToObject(js, "label", sr->label);
         cJSON_AddStringToObject(js, "repack", tk_weight_type_name(sr->repack));
-        cJSON_AddItemToObject(js, "engine", js_engine(sr));
+        if (!r->remote.on) cJSON_AddItemToObject(js, "engine", js_engine(sr));
         cJSON *pts = cJSON_AddArrayToObject(js, "points");
         for (int i = 0; i < sr->n_points; i++) {
             const bench_point *p = &sr->points[i];
@@ -595,8 +687,9 @@ tk_status report_plot_write(const bench_result *r, const char *path) {
     char name[128], commit[64];
     plot_safe(name, sizeof name, r->info.model_name);
     plot_safe(commit, sizeof commit, r->info.git_commit);
-    fprintf(f, "set multiplot layout 1,2 title \"tokamak bench: %s, in %d / out %d (commit %s)\"\n", name,
-            r->opts.n_in, r->opts.n_out, commit);
+    if (r->remote.on) plot_safe(name, sizeof name, r->remote.model);
+    fprintf(f, "set multiplot layout 1,2 title \"tokamak %s: %s, in %d / out %d (commit %s)\"\n",
+            r->remote.on ? "loadgen" : "bench", name, r->opts.n_in, r->opts.n_out, commit);
     fprintf(f, "set xlabel '%s'\nset ylabel 'TPOT (ms)'\nset title 'TPOT P50 / P99'\nplot ", xl);
     char label[96];
     for (int s = 0; s < r->n_series; s++) {

@@ -84,6 +84,7 @@ static const cli_cmd DETOKENIZE_CMD = {
     DETOKENIZE_ROWS,
     "FILE holds ids separated by spaces, tabs, commas or newlines (default: standard input), 1 GiB at most.",
     1,
+    NULL,
 };
 
 int cmd_detokenize(int argc, char **argv) {

@@ -38,6 +38,7 @@ static const cli_cmd INFO_CMD = {
     "The weights are read through the file mapping (shapes only, no copy); --repack accounts for the\n"
     "weights repacked at load, --threads sizes the bandwidth probe.",
     0,
+    NULL,
 };
 
 static void print_bytes(const char *label, uint64_t b) {

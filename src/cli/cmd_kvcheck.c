@@ -121,6 +121,7 @@ static const cli_cmd KC_CMD = {
     "quantized too, and a tiny KV difference that flips their rounding swamps the\n"
     "KV error (even f16 KV then shows a KL of ~6e-5 on qwen3-0.6b).",
     0,
+    NULL,
 };
 
 /* pool_of: NULL for the first run (it starts the threads), else that run. */

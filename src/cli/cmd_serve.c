@@ -95,6 +95,7 @@ static const cli_cmd SERVE_CMD = {
     "SIGTERM or SIGINT drains: new requests get 503, in-flight ones finish for up to\n"
     "--drain-timeout seconds, then the rest are cancelled; a second signal exits at once.",
     0,
+    NULL,
 };
 
 /* Wait up to s seconds for a signal in set; its number, or 0. */

@@ -113,6 +113,7 @@ static const cli_cmd SYNTH_CMD = {
     "The vocabulary comes from $TOKAMAK_TOKENIZER_DIR or the npm Qwen3 tokenizer under .cache\n"
     "(`make deps`). Weights: gaussian std 0.02, norms 1 + 0.1 * gaussian, biases 0.1 * gaussian.",
     0,
+    NULL,
 };
 
 /* The plan as text (for tests and for sizing a download-free benchmark). */

@@ -120,6 +120,7 @@ static const cli_cmd TOKENIZE_CMD = {
     TOKENIZE_ROWS,
     "FILE is the input text (default: standard input), 1 GiB at most.",
     1,
+    NULL,
 };
 
 int cmd_tokenize(int argc, char **argv) {

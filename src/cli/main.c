@@ -21,6 +21,7 @@ static const subcommand CMDS[] = {
     {"bench", cmd_bench, "TTFT/TPOT/ITL/throughput and the bandwidth roofline"},
     {"kvcheck", cmd_kvcheck, "top-1 agreement and KL of int8/bf16/f16 KV against f32 KV"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (completions, chat, metrics)"},
+    {"loadgen", cmd_loadgen, "TTFT/TPOT/ITL/throughput of any OpenAI-compatible server, over HTTP"},
     {"quantize", cmd_quantize, "convert a HF directory or GGUF to GGUF (f32, bf16, q8_0)"},
 };
 

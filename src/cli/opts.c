@@ -339,6 +339,8 @@ static bool row_matches(const cli_opt *r, const char *name, size_t len) {
 static const cli_opt *find_row(const cli_cmd *cmd, const char *name, size_t len) {
     for (const cli_opt *r = cmd->own; r && r->name; r++)
         if (row_matches(r, name, len)) return r;
+    for (const cli_opt *r = cmd->own_shared; r && r->name; r++)
+        if (row_matches(r, name, len)) return r;
     for (int g = 0; g < N_GROUPS; g++) {
         if (!(cmd->groups & GROUPS[g].bit)) continue;
         for (const cli_opt *r = GROUPS[g].rows; r->name; r++)
@@ -604,12 +606,13 @@ static void print_row(const cli_opt *r, FILE *f) {
 void cli_opts_usage(const cli_cmd *c, FILE *f) {
     fprintf(f, "%s\n", c->usage);
     bool headed = false;
-    for (const cli_opt *r = c->own; r && r->name; r++) {
-        if (!headed && r->kind != CLI_SECTION) fputc('\n', f);
-        if (r->kind == CLI_SECTION) fputc('\n', f);
-        headed = true;
-        print_row(r, f);
-    }
+    for (int t = 0; t < 2; t++)
+        for (const cli_opt *r = t ? c->own_shared : c->own; r && r->name; r++) {
+            if (!headed && r->kind != CLI_SECTION) fputc('\n', f);
+            if (r->kind == CLI_SECTION) fputc('\n', f);
+            headed = true;
+            print_row(r, f);
+        }
     const char *heading = NULL;
     for (int g = 0; g < N_GROUPS; g++) {
         if (!(c->groups & GROUPS[g].bit)) continue;

@@ -107,6 +107,8 @@ typedef struct cli_cmd {
     const cli_opt *own; /* the subcommand's rows, ended by {0}; NULL: none. Listed before the groups. */
     const char *notes;  /* printed after the options; NULL: none */
     int max_operands;   /* words that are not options (a FILE), 0: none accepted */
+    const cli_opt *own_shared; /* more rows of the own struct that another subcommand takes too
+                                * (bench and loadgen: cli/load.h), listed after own; NULL: none */
 } cli_cmd;
 
 #define CLI_MAX_GIVEN    64

@@ -105,6 +105,7 @@ static const cli_cmd RUN_CMD = {
     "Many prompts run together through the engine (continuous batching); text is printed as \"[i] line\"\n"
     "per prompt i and the summary (TTFT, TPOT, throughput) goes to stderr.",
     0,
+    NULL,
 };
 
 /* Engine rows that only schedule many sequences. */

@@ -49,6 +49,14 @@ for opt in "--port N" "--api-key KEY" "--max-queue N" "--drain-timeout S" "--htt
     grep -q -F -- "  $opt" "$W/help.serve" || fail "serve --help lacks $opt"
 done
 if grep -q -- "--temp" "$W/help.serve"; then fail "serve lists sampling options"; fi
+# bench and loadgen share the load and output rows
+"$TK_CLI" loadgen --help >"$W/help.loadgen" || fail "loadgen --help exited $?"
+for opt in "--in N" "--out N" "--concurrency, --batch LIST" "--rate LIST" "--requests N|Nx" "--repeat N" \
+    "--background N" "--bg-out N" "--json FILE" "--plot FILE.png"; do
+    ref=$(grep -F -- "  $opt" "$W/help.bench") || fail "bench --help lacks $opt"
+    [ "$(grep -F -- "  $opt" "$W/help.loadgen")" = "$ref" ] || fail "$opt differs in loadgen"
+done
+if grep -q -- "--kv-type\|--ablation" "$W/help.loadgen"; then fail "loadgen lists engine options"; fi
 grep -q -- "--kv-type T .*f32, f16, bf16, int8" "$W/help.run" || fail "--kv-type names not from the table"
 grep -q -- "0: until the context is full" "$W/help.run" || fail "-n 0 not documented"
 if grep -q -- "--temp" "$W/help.kvcheck"; then fail "kvcheck lists sampling options"; fi
