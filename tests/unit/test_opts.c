@@ -49,8 +49,8 @@ static const cli_opt OWN_ROWS[] = {
     {0},
 };
 
-static const cli_cmd CMD = {"test",   "usage: test", CLI_G_MODEL | CLI_G_ENGINE | CLI_G_SAMPLING,
-                            OWN_ROWS, NULL,          1};
+static const cli_cmd CMD = {
+    "test", "usage: test", CLI_G_MODEL | CLI_G_ENGINE | CLI_G_SAMPLING, OWN_ROWS, NULL, 1, NULL};
 
 /* Parse the words of line (space separated, at most 38). */
 static int parse(cli_opts *o, own_args *a, const char *line) {
@@ -156,7 +156,7 @@ static void test_opts_threads_capped(void **state) {
 
 static void test_opts_groups(void **state) {
     (void)state;
-    static const cli_cmd narrow = {"narrow", "usage: narrow", CLI_G_THREADS, NULL, NULL, 0};
+    static const cli_cmd narrow = {"narrow", "usage: narrow", CLI_G_THREADS, NULL, NULL, 0, NULL};
     cli_opts o;
     char *argv1[] = {"narrow", "--kv-type", "f32"};
     cli_opts_init(&o, &narrow, NULL);
@@ -221,15 +221,51 @@ static void test_opts_help(void **state) {
     free(text);
 }
 
+/* Rows shared by two subcommands (own_shared): parsed into the same struct,
+ * listed after the subcommand's own rows. */
+static const cli_opt SHARED_ROWS[] = {
+    {.kind = CLI_SECTION, .name = "shared"},
+    {.name = "--z",
+     .arg = "Z",
+     .help = "a shared number",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(own_args, x),
+     .hi = 5},
+    {0},
+};
+
+static void test_opts_own_shared(void **state) {
+    (void)state;
+    static const cli_cmd two = {"two", "usage: two", 0, OWN_ROWS, NULL, 0, SHARED_ROWS};
+    own_args a = {0};
+    cli_opts o;
+    cli_opts_init(&o, &two, &a);
+    char *argv[] = {"two", "-n", "3", "--z", "2.5"};
+    assert_int_equal(cli_opts_parse(&o, 5, argv), CLI_GO_ON);
+    assert_int_equal(a.n, 3);
+    assert_true(a.x == 2.5);
+    assert_true(cli_opts_given(&o, "--z"));
+    char *argv2[] = {"two", "--z", "9"};
+    assert_int_equal(cli_opts_parse(&o, 3, argv2), 2); /* the shared row's range holds */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    cli_opts_usage(&two, f);
+    fclose(f);
+    const char *own = strstr(text, "\nown:\n"), *shared = strstr(text, "\nshared:\n  --z Z ");
+    assert_non_null(own);
+    assert_non_null(shared);
+    assert_true(own < shared);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_opts_values),
-        cmocka_unit_test(test_opts_rejects),
-        cmocka_unit_test(test_opts_threads_capped),
-        cmocka_unit_test(test_opts_groups),
-        cmocka_unit_test(test_opts_ids),
-        cmocka_unit_test(test_opts_names),
-        cmocka_unit_test(test_opts_help),
+        cmocka_unit_test(test_opts_own_shared), cmocka_unit_test(test_opts_values),
+        cmocka_unit_test(test_opts_rejects),    cmocka_unit_test(test_opts_threads_capped),
+        cmocka_unit_test(test_opts_groups),     cmocka_unit_test(test_opts_ids),
+        cmocka_unit_test(test_opts_names),      cmocka_unit_test(test_opts_help),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
