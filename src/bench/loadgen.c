@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "core/alloc.h"
@@ -786,6 +787,12 @@ tk_status loadgen_run(const loadgen_opts *opts, bench_result *out) {
     info->n_cores = cpu.n_cores;
     info->read_bw_gbs = NAN;
 
+    /* One socket per open stream: lift the soft descriptor limit (often 1,024) to the hard one. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return tk_fail(TK_ERR_INTERNAL, "loadgen: curl_global_init failed");
     lg g = {.o = &o};

@@ -50,6 +50,7 @@ def start_server():
             except Exception:
                 pass
         time.sleep(0.1)
+    p.kill()
     check(False, "server did not come up")
 
 
