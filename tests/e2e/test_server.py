@@ -452,6 +452,67 @@ def test_slow_reader(s):
           "slow reader's stream is incomplete (%d bytes)" % len(data))
 
 
+def frame_gaps(s, n):
+    """Client-side gaps between the SSE frames of one n-token stream (seconds)."""
+    c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+    try:
+        c.request("POST", "/v1/completions", headers=s.headers(),
+                  body=json.dumps({"prompt": PROMPT, "max_tokens": n, "ignore_eos": True, "stream": True}).encode())
+        r = c.getresponse()
+        check(r.status == 200, "gap stream status %s" % r.status)
+        times = []
+        while True:
+            line = r.readline()
+            if not line or line.startswith(b"data: [DONE]"):
+                break
+            if line.startswith(b"data: "):
+                times.append(time.time())
+    finally:
+        c.close()
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def p90(x):
+    x = sorted(x)
+    return x[int(0.9 * (len(x) - 1))]
+
+
+def test_cut_off():
+    """A client that falls more than --max-pending bytes behind is cut off and its
+    request cancelled, while another stream's inter-token gaps stay as they were."""
+    s = Server("--max-pending", "16384", "--ctx", "8192", tag="cut_off")
+    try:
+        base_gaps = frame_gaps(s, 40)
+        base = s.metrics()
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", s.port))
+        # 20 alternatives a token make every frame ~1 KB. The kernel's socket buffers on
+        # loopback take ~3 MB before the server's own buffer starts to fill.
+        b = json.dumps({"prompt": PROMPT, "max_tokens": 8000, "ignore_eos": True, "stream": True,
+                        "logprobs": 20}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+        gaps = frame_gaps(s, 40)  # while the slow client is not reading
+        deadline = time.time() + 240
+        abort = 'tokamak_requests_total{finish_reason="abort"}'
+        while time.time() < deadline and s.metrics()[abort] == base[abort]:
+            time.sleep(0.1)
+        m = s.metrics()
+        check(m[abort] == base[abort] + 1, "the client that stopped reading was not cut off")
+        made = m["tokamak_generation_tokens_total"] - base["tokamak_generation_tokens_total"] - 40
+        check(made < 8000, "the cut-off request ran to its end")
+        wait_baseline(s, "after the cut-off")
+        # Loose bound (a shared machine): the other stream's gaps did not grow with the slow client.
+        check(p90(gaps) <= 3 * p90(base_gaps) + 0.05,
+              "ITL p90 %.1f ms with a slow client, %.1f ms without" % (p90(gaps) * 1e3, p90(base_gaps) * 1e3))
+        print("cut-off after %d tokens; ITL p90 %.1f ms alone, %.1f ms beside the client that stopped reading" %
+              (made, p90(base_gaps) * 1e3, p90(gaps) * 1e3))
+        sock.close()
+    finally:
+        s.stop()
+
+
 def test_overload():
     s = Server("--max-queue", "2", "--max-batch", "1", tag="overload")
     res = []
@@ -583,6 +644,7 @@ def main():
     log = open(s.log_path).read()
     check(re.search(r"request cmpl-\w+ status 200 prompt 8 output 12 ttft [0-9.]+ s e2e [0-9.]+ s", log),
           "no per-request log line in: %s" % log[:600])
+    test_cut_off()
     test_overload()
     test_drain()
     print("test_server: ok (%.1f s)" % (time.time() - t0))
