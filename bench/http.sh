@@ -2,7 +2,7 @@
 # tokamak over HTTP against tokamak in-process, on one machine, in one run:
 #   bench/http.sh TOKAMAK_BINARY MODEL [overhead|mixed|all]
 # overhead: `tokamak bench` and `tokamak loadgen` against `tokamak serve`, the same
-#   engine options, at concurrency 1, 8 and 32 (128 in / 64 out), alternated
+#   engine options, at concurrency 1, 8 and 32 (64 in / 64 out, one request a slot), alternated
 #   REPS times (default 3) so that a drifting machine moves both alike; prints
 #   per level the medians and the loadgen/bench ratios of TPOT, TTFT and throughput.
 # mixed: 16 decoding streams while three 2,048-token prompts arrive (Poisson,
@@ -54,7 +54,7 @@ stop() {
 
 if [ "$what" = overhead ] || [ "$what" = all ]; then
   eng=(--threads 2 --ctx 256 --max-batch 32)
-  load=(--concurrency 1,8,32 --in 128 --out 64 --warmup 1 -q)
+  load=(--concurrency 1,8,32 --in 64 --out 64 --requests 1x --warmup 1 -q)
   serve "$out/serve-overhead.log" "${eng[@]}"
   for r in $(seq "$reps"); do
     "$bin" bench -m "$model" "${eng[@]}" "${load[@]}" --seed "$r" --json "$out/bench-$r.json" >"$out/bench-$r.md"
