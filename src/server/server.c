@@ -421,6 +421,11 @@ static void cut_off_locked(srv_call *c) {
     if (c->cut_off) return;
     c->cut_off = true;
     if (c->in_engine && !c->finished && c->s->e) tk_engine_cancel(c->s->e, c->eid);
+    /* A client that stopped reading leaves libmicrohttpd waiting to write into
+     * a full socket until its connection timeout: shut the socket down (the
+     * fd stays open, so it cannot be reused meanwhile), and the failing write
+     * makes it close the connection now. */
+    if (!c->mhd_done && c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
 }
 
 static void on_token(void *user, const tk_token_event *ev) {
@@ -1061,6 +1066,18 @@ bool srv_start(const srv_opts *o, srv **out) {
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
+    /* Accepted sockets inherit the listening socket's send buffer: it bounds
+     * what the kernel holds for a client that stops reading, before
+     * --max-pending counts the rest. */
+    const union MHD_DaemonInfo *li =
+        o->sndbuf > 0 ? MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_LISTEN_FD) : NULL;
+    if (o->sndbuf > 0 &&
+        (!li || setsockopt(li->listen_fd, SOL_SOCKET, SO_SNDBUF, &o->sndbuf, sizeof o->sndbuf))) {
+        fprintf(stderr, "tokamak serve: cannot set --sndbuf %d: %s\n", o->sndbuf,
+                li ? strerror(errno) : "no socket");
+        srv_stop(s);
+        return false;
+    }
     if (pthread_create(&s->watcher, NULL, watch_loop, s)) {
         fprintf(stderr, "tokamak serve: cannot start a thread\n");
         srv_stop(s);

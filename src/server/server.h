@@ -23,6 +23,7 @@ typedef struct srv_opts {
     size_t max_body;         /* request bodies over this get 413 */
     size_t max_pending;      /* stream bytes a client may fall behind before it is cut off */
     int http_threads;        /* libmicrohttpd worker threads */
+    int sndbuf;              /* SO_SNDBUF of every connection in bytes; 0: the kernel's autotuning */
     bool quiet;              /* no per-request log lines */
 } srv_opts;
 
