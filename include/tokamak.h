@@ -179,6 +179,8 @@ typedef struct tk_engine_opts {
     bool unfused;         /* run the unfused reference stages (ablation) */
     bool static_batching; /* a batch starts together and waits for its slowest */
     int max_queue;        /* waiting requests before submit says FULL (default 1024) */
+    bool no_prefix_cache; /* do not share the KV of full blocks by content (the prefix
+                           * cache, docs/engine.md; on by default) */
 } tk_engine_opts;
 
 void tk_engine_opts_default(tk_engine_opts *o);
@@ -236,6 +238,7 @@ typedef struct tk_token_event {
 typedef struct tk_request_times {
     double queued, scheduled, first_token, finished; /* tk_now_s(); 0 if never */
     int n_prompt, n_output, n_preempted;
+    int n_cached; /* prompt tokens the prefix cache held at the first admission (not prefilled) */
 } tk_request_times;
 
 typedef struct tk_finish_event {
@@ -302,6 +305,15 @@ typedef struct tk_engine_stats {
     int step_budget_last;
     double step_target_ms_last;
     double decode_ms_per_token, prefill_ms_per_token;
+    /* The prefix cache (docs/engine.md, "Prefix caching"): whether it runs;
+     * tokens of admitted sequences looked up (readmissions after preemption
+     * included) and those found cached, so not prefilled; full blocks cached
+     * now (held by sequences or idle); idle cached blocks evicted for room.
+     * kv_blocks_used counts the blocks sequences hold, a shared one once; idle
+     * cached blocks are not used (they are evicted before anyone waits). */
+    bool prefix_cache;
+    uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_evictions;
+    int prefix_cache_blocks;
 } tk_engine_stats;
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);

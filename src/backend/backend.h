@@ -45,6 +45,7 @@ typedef struct backend {
     const struct tk_tokenizer *tok; /* NULL: no text, no EOS detection */
     const char *weight_dtype;
     int n_threads;
+    uint64_t model_id; /* names the weights the KV is made from (the prefix cache hashes it) */
     /* its KV pool */
     int n_blocks; /* blocks the backend stores */
     int block_size;

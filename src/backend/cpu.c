@@ -41,6 +41,29 @@ static void cb_destroy(void *c) {
     tk_free(cb);
 }
 
+static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The model as the prefix cache's hashes name it: its shape and weights as
+ * loaded, and the model object itself (KV from another model, even one of the
+ * same shape, is never the same KV). */
+static uint64_t model_id_of(const tk_model *m) {
+    tk_model_info in;
+    tk_model_get_info(m, &in);
+    int shape[] = {in.n_layer, in.n_embd, in.n_head, in.n_head_kv, in.head_dim, in.n_ff, in.n_vocab};
+    uint64_t h = fnv_bytes(1469598103934665603ULL, shape, sizeof shape);
+    h = fnv_bytes(h, &in.n_params, sizeof in.n_params);
+    h = fnv_bytes(h, &in.weight_bytes, sizeof in.weight_bytes);
+    const char *names[] = {in.arch, in.name, in.weight_dtype};
+    for (int i = 0; i < 3; i++)
+        if (names[i]) h = fnv_bytes(h, names[i], strlen(names[i]) + 1);
+    uintptr_t self = (uintptr_t)m;
+    return fnv_bytes(h, &self, sizeof self);
+}
+
 /* Blocks the options ask for: n_blocks, or what kv_mem holds. */
 static tk_status blocks_of(const backend_cpu_opts *o, const tk_kv_opts *ko, int *out) {
     if (o->n_blocks > 0) {
@@ -101,6 +124,7 @@ tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backe
                      .tok = model_tokenizer(m),
                      .weight_dtype = model_weight_dtype(m),
                      .n_threads = pool_size(cb->pool),
+                     .model_id = model_id_of(m),
                      .n_blocks = ko.n_blocks,
                      .block_size = ko.block_size,
                      .kv_type = ko.type,

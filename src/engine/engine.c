@@ -16,6 +16,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
 #include "engine/stop.h"
@@ -266,6 +267,7 @@ static tk_status req_build(tk_engine *e, const tk_request *r, eng_req **out) {
     q->on_token = r->on_token;
     q->on_finish = r->on_finish;
     q->user = r->user;
+    q->seq.tokens = q->tokens;
     q->seq.n_tokens = r->n_prompt;
     q->times.n_prompt = r->n_prompt;
     *out = q;
@@ -409,6 +411,10 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
     s->kv_blocks_total = c.blocks_total;
     s->kv_blocks_used = c.blocks_used;
     s->kv_blocks_peak = c.blocks_peak;
+    s->prefix_cache_query_tokens = c.prefix_query_tokens;
+    s->prefix_cache_hit_tokens = c.prefix_hit_tokens;
+    s->prefix_cache_blocks = c.prefix_blocks;
+    s->prefix_cache_evictions = c.prefix_evictions;
     pthread_mutex_unlock(&e->stats_mu);
 }
 
@@ -425,7 +431,10 @@ static void run_step(tk_engine *e) {
     for (int i = 0; i < p->n_items; i++) {
         const sched_item *it = &p->items[i];
         eng_req *q = (eng_req *)it->seq;
-        if (q->times.scheduled == 0) q->times.scheduled = now;
+        if (q->times.scheduled == 0) {
+            q->times.scheduled = now;
+            q->times.n_cached = q->seq.n_hit;
+        }
         memcpy(e->b_tokens + nt, q->tokens + it->pos0, (size_t)it->n * sizeof *e->b_tokens);
         nt += it->n;
         e->b_n[i] = it->n;
@@ -563,6 +572,18 @@ static int be_sched_n_free(void *c) {
     tk_engine *e = c;
     return e->be.blocks_free(e->be.ctx);
 }
+static void be_sched_ref(void *c, int b) {
+    tk_engine *e = c;
+    e->be.block_ref(e->be.ctx, b);
+}
+static int be_sched_refs(void *c, int b) {
+    tk_engine *e = c;
+    return e->be.block_refs(e->be.ctx, b);
+}
+static tk_status be_sched_cow(void *c, int32_t *bt, int j) {
+    tk_engine *e = c;
+    return backend_block_cow(&e->be, bt, j);
+}
 
 static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
     tk_engine_opts d;
@@ -628,7 +649,19 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     e->so.budget.adaptive = engine_step_adaptive(opts);
     e->so.budget.target_s = o.step_ms / 1e3;
     if (e->so.budget.min_chunk > o.step_tokens) e->so.budget.min_chunk = o.step_tokens;
-    sched_blocks sb = {e, be_sched_alloc, be_sched_free, be_sched_n_free};
+    /* The prefix cache shares blocks, so it needs a backend that can; a test
+     * double without the sharing calls runs without it. */
+    bool can_share = be->block_ref && be->block_refs && be->block_copy;
+    e->so.prefix_cache = !o.no_prefix_cache && can_share;
+    e->so.prefix_seed = prefix_seed(be->model_id, be->kv_type, be->kv_scale, o.block_size);
+    e->so.rewrite_block = backend_rewrite_from(be, 1) != 1;
+    sched_blocks sb = {.ctx = e,
+                       .alloc = be_sched_alloc,
+                       .free = be_sched_free,
+                       .n_free = be_sched_n_free,
+                       .ref = can_share ? be_sched_ref : NULL,
+                       .refs = can_share ? be_sched_refs : NULL,
+                       .cow = can_share ? be_sched_cow : NULL};
     st = sched_init(&e->so, &sb, &e->sc);
     if (st != TK_OK) goto fail;
     int max_tok = sched_max_step_tokens(&e->so);
@@ -665,6 +698,7 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     s->n_threads = be->n_threads;
     s->weight_dtype = be->weight_dtype;
     s->kv_blocks_total = be->n_blocks;
+    s->prefix_cache = e->so.prefix_cache;
     if (pthread_create(&e->thread, NULL, engine_loop, e) != 0) {
         st = tk_fail(TK_ERR_NOMEM, "engine: cannot start the loop thread");
         goto fail;
@@ -701,6 +735,8 @@ void tk_engine_free(tk_engine *e) {
     pthread_mutex_destroy(&e->stats_mu);
     tk_free(e);
 }
+
+void engine_set_prefix_hash(tk_engine *e, prefix_hash_fn fn) { sched_set_prefix_hash(e->sc, fn); }
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
     if (!e || !out) return tk_fail(TK_ERR_INVALID, "stats: NULL argument");

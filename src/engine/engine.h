@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "engine/prefix.h"
 #include "engine/sched.h"
 #include "tokamak.h"
 
@@ -34,5 +35,10 @@ bool engine_step_adaptive(const tk_engine_opts *o);
  * tk_engine_free, also when this call fails) and start its loop thread. The
  * engine uses be's blocks, steps and byte counts; the sharing calls may be NULL. */
 tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, tk_engine **out);
+
+/* Replace the prefix cache's chain hash (tests force hash collisions with a
+ * constant one, which the token comparison must catch). Call it before the
+ * first tk_engine_submit; no-op when the engine runs without the cache. */
+void engine_set_prefix_hash(tk_engine *e, prefix_hash_fn fn);
 
 #endif

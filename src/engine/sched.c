@@ -17,7 +17,9 @@ struct sched {
     seq_list running; /* ascending arrival order */
     seq_list waiting; /* ascending arrival order: preempted ones are older than any new arrival */
     sched_plan plan;
-    int blocks_used, blocks_peak;
+    int blocks_used, blocks_peak; /* used: blocks some sequence holds, each once */
+    prefix_cache *pc;             /* NULL: no prefix cache */
+    uint64_t pc_query, pc_hit;    /* tokens looked up at admission, and found cached */
     uint64_t preemptions;
     int n_no_blocks, n_behind, n_preempted_waiting;
     sched_cost cost; /* measured per-token costs (sched_observe) */
@@ -93,6 +95,9 @@ tk_status sched_init(const sched_opts *o, const sched_blocks *blocks, sched **ou
             return tk_fail(TK_ERR_INVALID, "sched: minimum prefill chunk %d, expected 1..step cap %d",
                            bo->min_chunk, o->step_tokens);
     }
+    if (o->prefix_cache && (!blocks->ref || !blocks->refs || !blocks->cow))
+        return tk_fail(TK_ERR_INVALID,
+                       "sched: the prefix cache needs blocks that can be shared (ref, refs, cow)");
     int need = (o->ctx + bs - 1) / bs;
     if (o->n_blocks < need)
         return tk_fail(TK_ERR_NOMEM,
@@ -107,6 +112,14 @@ tk_status sched_init(const sched_opts *o, const sched_blocks *blocks, sched **ou
         tk_free(s);
         return tk_fail(TK_ERR_NOMEM, "sched: out of memory");
     }
+    if (o->prefix_cache) {
+        tk_status st = prefix_init(o->n_blocks, bs, o->prefix_seed, &s->pc);
+        if (st != TK_OK) {
+            tk_free(s->plan.items);
+            tk_free(s);
+            return st;
+        }
+    }
     *out = s;
     return TK_OK;
 }
@@ -116,8 +129,18 @@ void sched_free(sched *s) {
     /* Whatever is still queued gives its blocks back: the pool must end full. */
     while (s->running.head) sched_remove(s, s->running.head);
     while (s->waiting.head) sched_remove(s, s->waiting.head);
+    if (s->pc) {
+        /* No sequence is left, so every cached block is idle: the cache's holds go back. */
+        for (int b; (b = prefix_evict(s->pc)) >= 0;) s->b.free(s->b.ctx, b);
+        TK_ASSERT(prefix_n_cached(s->pc) == 0);
+        prefix_free(s->pc);
+    }
     tk_free(s->plan.items);
     tk_free(s);
+}
+
+void sched_set_prefix_hash(sched *s, prefix_hash_fn fn) {
+    if (s->pc) prefix_set_hash(s->pc, fn);
 }
 
 tk_status sched_add(sched *s, sched_seq *seq, uint64_t order) {
@@ -134,15 +157,57 @@ tk_status sched_add(sched *s, sched_seq *seq, uint64_t order) {
     seq->cause = SCHED_CAUSE_NONE;
     seq->preempted = false;
     seq->n_preempted = 0;
+    seq->n_hit = 0;
+    seq->pc_n = 0;
+    seq->pc_off = false;
     seq->prev = seq->next = NULL;
     list_insert_sorted(&s->waiting, seq);
     return TK_OK;
 }
 
+/* Blocks free for the taking: the pool's, and the idle cached ones it may evict. */
+static int blocks_avail(const sched *s) { return s->b.n_free(s->b.ctx) + (s->pc ? prefix_n_idle(s->pc) : 0); }
+
+/* Evict the least recently used idle cached block into the pool; false when none is idle. */
+static bool evict_one(sched *s) {
+    int b = s->pc ? prefix_evict(s->pc) : -1;
+    if (b < 0) return false;
+    TK_ASSERT(s->b.refs(s->b.ctx, b) == 1); /* idle: the cache is its only holder */
+    s->b.free(s->b.ctx, b);
+    return true;
+}
+
+/* A block of the pool's with one holder, evicting an idle cached one when the
+ * pool is empty; -1 when neither has one. */
+static int take_block(sched *s) {
+    int b = s->b.alloc(s->b.ctx);
+    while (b < 0 && evict_one(s)) b = s->b.alloc(s->b.ctx);
+    return b;
+}
+
+/* Drop one sequence hold on block b: it is free, still shared, or cached with
+ * no sequence holding it (idle, the most recently used). */
+static void drop_block(sched *s, int b) {
+    s->b.free(s->b.ctx, b);
+    if (!s->pc) {
+        s->blocks_used--;
+        return;
+    }
+    int refs = s->b.refs(s->b.ctx, b);
+    if (refs == 0) {
+        s->blocks_used--;
+    } else if (refs == 1 && prefix_has(s->pc, b)) {
+        prefix_idle(s->pc, b);
+        s->blocks_used--;
+    }
+}
+
+/* Last block first, so the chain's tail is the older idle one (evicted first). */
 static void release_blocks(sched *s, sched_seq *seq) {
-    for (int i = seq->n_blocks - 1; i >= 0; i--) s->b.free(s->b.ctx, seq->bt[i]);
-    s->blocks_used -= seq->n_blocks;
+    for (int i = seq->n_blocks - 1; i >= 0; i--) drop_block(s, seq->bt[i]);
     seq->n_blocks = 0;
+    seq->pc_n = 0;
+    seq->pc_off = false;
 }
 
 void sched_remove(sched *s, sched_seq *seq) {
@@ -159,15 +224,113 @@ void sched_remove(sched *s, sched_seq *seq) {
 static bool reserve(sched *s, sched_seq *seq, int n) {
     int need = sched_blocks_for(s, n) - seq->n_blocks;
     if (need <= 0) return true;
-    if (need > s->b.n_free(s->b.ctx)) return false;
+    if (need > blocks_avail(s)) return false;
     for (int i = 0; i < need; i++) {
-        int blk = s->b.alloc(s->b.ctx);
+        int blk = take_block(s);
         if (blk < 0) return false; /* n_free lied; the caller treats it as a shortage */
         seq->bt[seq->n_blocks++] = blk;
         s->blocks_used++;
     }
     if (s->blocks_used > s->blocks_peak) s->blocks_peak = s->blocks_used;
     return true;
+}
+
+/* Admit seq's blocks: the longest chain of cached full blocks that starts its
+ * tokens is shared (a reference each) and blocks for the rest are reserved.
+ * A sequence cached in full still computes its last token (for the logits):
+ * into a copy of its last block, or, when the KV type rewrites a block from
+ * its first slot, by recomputing that whole block. False (nothing taken) when
+ * the pool, idle cached blocks included, cannot cover the rest. */
+static bool admit_blocks(sched *s, sched_seq *seq) {
+    seq->n_hit = 0;
+    if (!s->pc || !seq->tokens) return reserve(s, seq, seq->n_tokens);
+    const int bs = s->o.block_size, n = seq->n_tokens;
+    prefix_link link = prefix_root(s->pc), before = link;
+    int m = 0, idle = 0;
+    /* Matched ids go straight into the table; n_blocks stays 0 until they are held. */
+    while ((m + 1) * bs <= n) {
+        prefix_link next;
+        int b = prefix_find(s->pc, &link, seq->tokens + (size_t)m * bs, &next);
+        if (b < 0) break;
+        seq->bt[m++] = b;
+        before = link;
+        link = next;
+    }
+    bool cow = false;
+    if (m > 0 && m * bs == n) {
+        if (s->o.rewrite_block) {
+            m--; /* the last block is computed afresh, from its first slot */
+            link = before;
+        } else {
+            cow = true; /* the last token is written again, into a copy */
+        }
+    }
+    for (int j = 0; j < m; j++) idle += prefix_is_idle(s->pc, seq->bt[j]);
+    int need = sched_blocks_for(s, n) - m + (cow ? 1 : 0);
+    if (need > blocks_avail(s) - idle) return false;
+    s->pc_query += (uint64_t)n;
+    for (int j = 0; j < m; j++) {
+        int b = seq->bt[j];
+        if (prefix_is_idle(s->pc, b)) {
+            prefix_busy(s->pc, b);
+            s->blocks_used++;
+        }
+        s->b.ref(s->b.ctx, b);
+    }
+    seq->n_blocks = m;
+    seq->pc = link;
+    seq->pc_n = m;
+    seq->pc_off = false;
+    if (!reserve(s, seq, n)) {
+        release_blocks(s, seq); /* only if the allocator misreports */
+        return false;
+    }
+    if (cow) {
+        if (s->b.n_free(s->b.ctx) == 0 && !evict_one(s)) {
+            release_blocks(s, seq);
+            return false;
+        }
+        int old = seq->bt[m - 1];
+        if (s->b.cow(s->b.ctx, seq->bt, m - 1) != TK_OK) {
+            release_blocks(s, seq);
+            return false;
+        }
+        /* The copy is this sequence's; the cached block may have no sequence holder left. */
+        s->blocks_used++;
+        if (s->b.refs(s->b.ctx, old) == 1 && prefix_has(s->pc, old)) {
+            prefix_idle(s->pc, old);
+            s->blocks_used--;
+        }
+        seq->n_computed = n - 1;
+    } else {
+        seq->n_computed = m * bs;
+    }
+    seq->n_hit = seq->n_computed;
+    s->pc_hit += (uint64_t)seq->n_computed;
+    if (s->blocks_used > s->blocks_peak) s->blocks_peak = s->blocks_used;
+    return true;
+}
+
+/* Cache the blocks of seq that filled: a block equal to a cached one (same
+ * tokens after the same chain) stays the sequence's own, and its chain goes on
+ * from the cached one. */
+static void cache_full_blocks(sched *s, sched_seq *seq) {
+    const int bs = s->o.block_size;
+    while (!seq->pc_off && (seq->pc_n + 1) * bs <= seq->n_computed) {
+        if (!prefix_link_valid(s->pc, &seq->pc)) {
+            seq->pc_off = true; /* the chain's last entry was evicted: nothing after it can be found */
+            break;
+        }
+        const int32_t *toks = seq->tokens + (size_t)seq->pc_n * bs;
+        prefix_link next;
+        if (prefix_find(s->pc, &seq->pc, toks, &next) < 0) {
+            int b = seq->bt[seq->pc_n];
+            prefix_insert(s->pc, &seq->pc, b, toks, &next);
+            s->b.ref(s->b.ctx, b); /* the cache's own hold */
+        }
+        seq->pc = next;
+        seq->pc_n++;
+    }
 }
 
 static void preempt(sched *s, sched_seq *seq) {
@@ -274,7 +437,7 @@ const sched_plan *sched_plan_step(sched *s) {
             int d = sched_blocks_for(s, q->n_tokens) - q->n_blocks;
             if (d > 0) need += d;
         }
-        if (need <= s->b.n_free(s->b.ctx) || !s->running.tail) break;
+        if (need <= blocks_avail(s) || !s->running.tail) break;
         preempt(s, s->running.tail);
     }
     for (sched_seq *q = s->running.head; q;) {
@@ -318,7 +481,7 @@ const sched_plan *sched_plan_step(sched *s) {
             if (budget <= 0) break;
             if (s->o.no_chunking && rem > budget && prefill_added) break;
         }
-        if (!reserve(s, q, q->n_tokens)) {
+        if (!admit_blocks(s, q)) {
             stop_cause = SCHED_CAUSE_NO_BLOCKS;
             break;
         }
@@ -352,8 +515,11 @@ const sched_plan *sched_plan_step(sched *s) {
 }
 
 void sched_advance(sched *s, const sched_plan *p) {
-    (void)s;
-    for (int i = 0; i < p->n_items; i++) p->items[i].seq->n_computed += p->items[i].n;
+    for (int i = 0; i < p->n_items; i++) {
+        sched_seq *q = p->items[i].seq;
+        q->n_computed += p->items[i].n;
+        if (s->pc && q->tokens) cache_full_blocks(s, q);
+    }
 }
 
 void sched_counts_get(const sched *s, sched_counts *out) {
@@ -367,6 +533,15 @@ void sched_counts_get(const sched *s, sched_counts *out) {
     out->blocks_used = s->blocks_used;
     out->blocks_peak = s->blocks_peak;
     out->preemptions = s->preemptions;
+    if (s->pc) {
+        out->prefix_cache = true;
+        out->prefix_query_tokens = s->pc_query;
+        out->prefix_hit_tokens = s->pc_hit;
+        out->prefix_evictions = prefix_evictions(s->pc);
+        out->prefix_collisions = prefix_collisions(s->pc);
+        out->prefix_blocks = prefix_n_cached(s->pc);
+        out->prefix_idle = prefix_n_idle(s->pc);
+    }
     out->budget = s->plan.budget;
     out->target_s = s->plan.target_s;
     out->cost = s->cost;

@@ -1,12 +1,18 @@
 /* The scheduler: pure bookkeeping, no model. It owns the running set and the
  * waiting FIFO, reserves KV blocks, and turns them into one step's plan:
  *   1. every running sequence gets the blocks its next tokens need; when the
- *      pool cannot cover them, the newest running sequence is preempted (its
+ *      pool cannot cover them, idle cached blocks are evicted (least recently
+ *      used first), then the newest running sequence is preempted (its
  *      blocks freed, its tokens recomputed when it is admitted again);
  *   2. all running decodes (one token each);
  *   3. prefill chunks of running sequences, oldest first, within the budget;
  *   4. waiting sequences admitted first-come-first-served while a batch slot,
- *      budget and the blocks of their whole known sequence are free.
+ *      budget and the blocks of their whole known sequence are free; with the
+ *      prefix cache, the longest cached chain of full blocks that starts the
+ *      sequence is shared (read-only) and only the rest is prefilled (at
+ *      least the last token, for its logits).
+ * Full blocks enter the prefix cache as soon as they fill (sched_advance), so
+ * running sequences share them too; a block leaves it only by eviction.
  * The budget is fixed (step_tokens) or time-based: the owner reports each
  * step's measured seconds (sched_observe) and the next budget is the number
  * of tokens that fits the target step time at the measured per-token costs
@@ -18,14 +24,23 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/prefix.h"
 #include "tokamak.h"
 
-/* Where blocks come from (the KV pool in the engine, a counter in tests). */
+/* Where blocks come from (the KV pool in the engine, a counter in tests).
+ * Blocks are reference counted: alloc hands out a block with one holder, free
+ * drops one. The prefix cache needs the sharing calls (NULL: no cache). */
 typedef struct sched_blocks {
     void *ctx;
     int (*alloc)(void *ctx); /* a block id, or -1 when none is free */
     void (*free)(void *ctx, int block);
     int (*n_free)(void *ctx);
+    void (*ref)(void *ctx, int block); /* one more holder */
+    int (*refs)(void *ctx, int block); /* holders (0: free) */
+    /* Make bt[j] writable: a shared block is copied into a free block, the
+     * table's hold on the shared one dropped (backend_block_cow). The
+     * scheduler calls it only with a free block in the pool. */
+    tk_status (*cow)(void *ctx, int32_t *bt, int j);
 } sched_blocks;
 
 /* The time-based step budget (docs/engine.md, "Step budget"). */
@@ -59,24 +74,43 @@ typedef struct sched_opts {
     bool no_chunking;     /* a prompt is prefilled whole, in one step */
     bool static_batching; /* admit only when nothing runs */
     sched_budget_opts budget;
+    /* The prefix cache (prefix.h): full blocks are kept by content after their
+     * sequence lets go and shared with sequences whose tokens start the same. */
+    bool prefix_cache;
+    uint64_t prefix_seed; /* the chain's root hash (prefix_seed) */
+    /* The KV type rewrites a block from its first slot when a position in it is
+     * written again (INT8 with per-head scales, backend_rewrite_from): a
+     * sequence found cached in full then recomputes its whole last block, not
+     * only its last token into a copy of the block. */
+    bool rewrite_block;
 } sched_opts;
 
 enum { SCHED_FREE = 0, SCHED_WAITING, SCHED_RUNNING };
 enum { SCHED_CAUSE_NONE = 0, SCHED_CAUSE_NO_BLOCKS, SCHED_CAUSE_BEHIND_PREFILL, SCHED_CAUSE_PREEMPTED };
 
 /* One sequence, embedded by the engine in its request. Fields are read-only
- * outside sched.c except n_tokens, which the owner raises as tokens are sampled. */
+ * outside sched.c except n_tokens, which the owner raises as tokens are
+ * sampled, and tokens, which the owner sets before sched_add. */
 typedef struct sched_seq {
-    uint64_t order;  /* arrival number: FCFS, and "newest" for preemption */
-    int n_tokens;    /* tokens known so far (prompt + output) */
-    int n_computed;  /* tokens whose K/V are in the cache */
-    int n_blocks;    /* blocks held */
-    int32_t *bt;     /* (bt_cap) block table: ids in position order */
-    int bt_cap;      /* ceil(ctx / block_size) */
-    int state;       /* SCHED_FREE/WAITING/RUNNING */
-    int cause;       /* why it waits (SCHED_CAUSE_*) after the last plan */
-    bool preempted;  /* waiting to be recomputed */
-    int n_preempted; /* times preempted */
+    uint64_t order;        /* arrival number: FCFS, and "newest" for preemption */
+    const int32_t *tokens; /* (n_tokens) the known tokens, for the prefix cache (owner's; may be
+                            * NULL without it) */
+    int n_tokens;          /* tokens known so far (prompt + output) */
+    int n_computed;        /* tokens whose K/V are in the cache */
+    int n_blocks;          /* blocks held */
+    int32_t *bt;           /* (bt_cap) block table: ids in position order */
+    int bt_cap;            /* ceil(ctx / block_size) */
+    int state;             /* SCHED_FREE/WAITING/RUNNING */
+    int cause;             /* why it waits (SCHED_CAUSE_*) after the last plan */
+    bool preempted;        /* waiting to be recomputed */
+    int n_preempted;       /* times preempted */
+    int n_hit;             /* tokens the prefix cache held at the last admission */
+    /* The prefix chain of the blocks [0, pc_n): cached (matched, or cached by
+     * this sequence when they filled) or equal to a cached block; pc_off once
+     * the chain's last entry was evicted (nothing later can be found). */
+    prefix_link pc;
+    int pc_n;
+    bool pc_off;
     struct sched_seq *prev, *next;
 } sched_seq;
 
@@ -100,8 +134,13 @@ typedef struct sched_plan {
 typedef struct sched_counts {
     int running, waiting;
     int waiting_no_blocks, waiting_behind_prefill, waiting_preempted;
-    int blocks_total, blocks_used, blocks_peak;
+    int blocks_total, blocks_used, blocks_peak; /* used: held by sequences (a shared block once) */
     uint64_t preemptions;
+    /* The prefix cache: on, tokens looked up at admission and found cached,
+     * blocks cached (busy or idle), idle blocks, and evictions. */
+    bool prefix_cache;
+    uint64_t prefix_query_tokens, prefix_hit_tokens, prefix_evictions, prefix_collisions;
+    int prefix_blocks, prefix_idle;
     int budget; /* the last plan's budget and target (see sched_plan) */
     double target_s;
     sched_cost cost; /* the current estimates */
@@ -136,6 +175,9 @@ void sched_observe(sched *s, const sched_plan *p, double seconds);
 void sched_counts_get(const sched *s, sched_counts *out);
 /* True while anything is running or waiting. */
 bool sched_busy(const sched *s);
+/* Replace the prefix cache's chain hash (tests force collisions with a constant
+ * one); only before the first sequence is added. No-op without the cache. */
+void sched_set_prefix_hash(sched *s, prefix_hash_fn fn);
 
 /* ---- the budget, as pure functions (tested without a clock) ---------------- */
 

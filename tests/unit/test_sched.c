@@ -61,7 +61,7 @@ static sched *mk_budget(fake_pool *fp, int n_blocks, int bs, int ctx, int max_ba
                     .no_chunking = nochunk,
                     .static_batching = stat};
     if (budget) o.budget = *budget;
-    sched_blocks b = {fp, fp_alloc, fp_free, fp_n_free};
+    sched_blocks b = {.ctx = fp, .alloc = fp_alloc, .free = fp_free, .n_free = fp_n_free};
     sched *s = NULL;
     assert_int_equal(sched_init(&o, &b, &s), TK_OK);
     return s;
@@ -77,7 +77,7 @@ static sched *mk(fake_pool *fp, int n_blocks, int bs, int ctx, int max_batch, in
                     .step_tokens = step,
                     .no_chunking = nochunk,
                     .static_batching = stat};
-    sched_blocks b = {fp, fp_alloc, fp_free, fp_n_free};
+    sched_blocks b = {.ctx = fp, .alloc = fp_alloc, .free = fp_free, .n_free = fp_n_free};
     sched *s = NULL;
     assert_int_equal(sched_init(&o, &b, &s), TK_OK);
     return s;
@@ -118,7 +118,7 @@ static void test_sched_rejects_bad_options(void **state) {
     (void)state;
     fake_pool fp;
     fp_init(&fp, 10);
-    sched_blocks b = {&fp, fp_alloc, fp_free, fp_n_free};
+    sched_blocks b = {.ctx = &fp, .alloc = fp_alloc, .free = fp_free, .n_free = fp_n_free};
     sched *s = NULL;
     sched_opts o = {.block_size = 100, .ctx = 64, .n_blocks = 10, .max_batch = 4, .step_tokens = 16};
     assert_int_equal(sched_init(&o, &b, &s), TK_ERR_INVALID);
@@ -253,7 +253,7 @@ static void test_sched_budget_rejects_bad_options(void **state) {
     (void)state;
     fake_pool fp;
     fp_init(&fp, 64);
-    sched_blocks b = {&fp, fp_alloc, fp_free, fp_n_free};
+    sched_blocks b = {.ctx = &fp, .alloc = fp_alloc, .free = fp_free, .n_free = fp_n_free};
     sched *s = NULL;
     sched_opts o = {
         .block_size = 16, .ctx = 64, .n_blocks = 64, .max_batch = 4, .step_tokens = 64, .budget = k_auto};
