@@ -306,6 +306,13 @@ int run_many(const cli_opts *o, const run_args *a) {
         (unsigned long long)(out_tok + in_tok), wall > 0 ? (double)(out_tok + in_tok) / wall : 0, med,
         (unsigned long long)es.steps, (unsigned long long)es.preemptions, es.kv_blocks_peak,
         es.kv_blocks_total, es.block_size, es.kv_bytes_per_token, es.max_batch, es.n_threads, budget);
+    if (es.prefix_cache)
+        fprintf(stderr, "prefix cache: %llu of %llu prompt tokens cached, %d blocks cached, %llu evicted\n",
+                (unsigned long long)es.prefix_cache_hit_tokens,
+                (unsigned long long)es.prefix_cache_query_tokens, es.prefix_cache_blocks,
+                (unsigned long long)es.prefix_cache_evictions);
+    else
+        fprintf(stderr, "prefix cache: off\n");
     rc = any_error ? 1 : 0;
 done:
     tk_engine_free(e);

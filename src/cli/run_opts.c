@@ -109,9 +109,9 @@ static const cli_cmd RUN_CMD = {
 };
 
 /* Engine rows that only schedule many sequences. */
-static const char *const MANY_ONLY[] = {"--kv-mem",          "--max-batch", "--max-seqs",
-                                        "--step-tokens",     "--step-ms",   "--no-chunking",
-                                        "--static-batching", "--stop",      "--quiet"};
+static const char *const MANY_ONLY[] = {
+    "--kv-mem",      "--max-batch", "--max-seqs", "--step-tokens",     "--step-ms",
+    "--no-chunking", "--stop",      "--quiet",    "--no-prefix-cache", "--static-batching"};
 
 int run_parse(int argc, char **argv, cli_opts *o, run_args *a) {
     memset(a, 0, sizeof *a);

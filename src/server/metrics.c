@@ -208,6 +208,15 @@ char *srv_metrics_render(srv_metrics *m, const tk_engine_stats *st, int live, si
         one(&b, "tokamak_kv_block_size_tokens", "gauge", "Tokens per KV cache block.", st->block_size);
         one(&b, "tokamak_preemptions_total", "counter", "Running requests preempted to free KV blocks.",
             (double)st->preemptions);
+        one(&b, "tokamak_prefix_cache_queries_tokens_total", "counter",
+            "Prompt tokens looked up in the prefix cache at admission.",
+            (double)st->prefix_cache_query_tokens);
+        one(&b, "tokamak_prefix_cache_hits_tokens_total", "counter",
+            "Prompt tokens found in the prefix cache (not prefilled).", (double)st->prefix_cache_hit_tokens);
+        one(&b, "tokamak_prefix_cache_blocks", "gauge", "Full KV blocks in the prefix cache.",
+            st->prefix_cache_blocks);
+        one(&b, "tokamak_prefix_cache_evictions_total", "counter",
+            "Idle cached KV blocks evicted to make room.", (double)st->prefix_cache_evictions);
         one(&b, "tokamak_engine_steps_total", "counter", "Engine steps run.", (double)st->steps);
         one(&b, "tokamak_engine_step_duration_seconds", "gauge", "Wall time of the last engine step.",
             st->step_time_last);
