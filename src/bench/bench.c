@@ -74,15 +74,16 @@ static void on_finish(void *user, const tk_finish_event *ev) {
     pthread_mutex_unlock(&c->mu);
 }
 
-static uint64_t splitmix64(uint64_t *x) {
+uint64_t bench_splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-/* Uniform in (0, 1]. */
-static double rand_unit(uint64_t *x) { return ((double)(splitmix64(x) >> 11) + 1.0) / 9007199254740992.0; }
+double bench_rand_unit(uint64_t *x) {
+    return ((double)(bench_splitmix64(x) >> 11) + 1.0) / 9007199254740992.0;
+}
 
 void bench_opts_default(bench_opts *o) {
     memset(o, 0, sizeof *o);
@@ -170,7 +171,7 @@ typedef struct level_plan {
 
 static tk_status submit_one(tk_engine *e, bench_ctx *c, const level_plan *p, int idx, uint64_t *id) {
     uint64_t x = p->seed ^ (0x51ed270b27a1c3f5ull * (uint64_t)(idx + 1));
-    for (int i = 0; i < p->n_in; i++) c->prompt[i] = (int32_t)(splitmix64(&x) % (uint64_t)c->n_vocab);
+    for (int i = 0; i < p->n_in; i++) c->prompt[i] = (int32_t)(bench_splitmix64(&x) % (uint64_t)c->n_vocab);
     tk_request r;
     tk_request_default(&r);
     r.prompt = c->prompt;
@@ -278,7 +279,7 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
                 return st;
             }
             submitted++;
-            if (p->concurrency == 0) next_arrival += -log(rand_unit(&arrivals)) / p->rate;
+            if (p->concurrency == 0) next_arrival += -log(bench_rand_unit(&arrivals)) / p->rate;
         }
         /* Sleep until a finish or 1 ms: fine enough to see each decode step of
          * a real model, cheap enough not to steal the engine's cores. */

@@ -41,8 +41,13 @@ typedef struct bench_opts {
     const char *git_commit;
 } bench_opts;
 
-/* Defaults from the issue: 512 in, 512 out, levels 1,4,8,16,32, one repeat. */
+/* Defaults: 512 in, 512 out, levels 1,4,8,16,32, one repeat. */
 void bench_opts_default(bench_opts *o);
+
+/* The seeded draws of prompts and arrival times (splitmix64), shared by bench
+ * and loadgen: the next 64-bit value of the stream *x, and one uniform in (0, 1]. */
+uint64_t bench_splitmix64(uint64_t *x);
+double bench_rand_unit(uint64_t *x);
 
 /* One measured request. Times are seconds on tk_now_s() relative to the
  * level's start; latencies are seconds. */

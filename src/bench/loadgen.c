@@ -260,20 +260,11 @@ static void req_free(lg_req *r) {
     tk_free(r);
 }
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rand_unit(uint64_t *x) { return ((double)(splitmix64(x) >> 11) + 1.0) / 9007199254740992.0; }
-
 /* The request body: n_in ids from the pool at a position the seed picks. */
 static char *make_body(const lg *g, int n_in, int n_out, uint64_t seed) {
     uint64_t x = seed;
     size_t span = g->n_pool - (size_t)n_in + 1;
-    size_t off = (size_t)(splitmix64(&x) % span);
+    size_t off = (size_t)(bench_splitmix64(&x) % span);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", g->o->model);
     cJSON *p = cJSON_AddArrayToObject(o, "prompt");
@@ -327,6 +318,21 @@ static tk_status req_start(lg *g, int n_in, int n_out, uint64_t seed, lg_req **o
     return TK_OK;
 }
 
+/* The message of an OpenAI-form error body ({"error": {"message": ...}} or
+ * {"error": "..."}), else the body's start; "" without a body. */
+static void error_message(const char *body, char *out, size_t n) {
+    out[0] = 0;
+    if (!body) return;
+    cJSON *o = cJSON_Parse(body);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
+    if (cJSON_IsString(m) && m->valuestring)
+        snprintf(out, n, "%s", m->valuestring);
+    else
+        snprintf(out, n, "%.120s", body);
+    cJSON_Delete(o);
+}
+
 /* A transfer ended: settle how the request went. */
 static void req_done(lg_req *r, CURLcode rc) {
     r->finished = true;
@@ -336,15 +342,8 @@ static void req_done(lg_req *r, CURLcode rc) {
     if (rc != CURLE_OK && r->status == 0) {
         req_fail(r, BENCH_ERR_TRANSPORT, "%s", curl_easy_strerror(rc));
     } else if (r->status != 200 && r->status != 0) {
-        char msg[160] = "";
-        cJSON *o = r->ebody ? cJSON_Parse(r->ebody) : NULL;
-        const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
-        const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
-        if (cJSON_IsString(m) && m->valuestring)
-            snprintf(msg, sizeof msg, "%s", m->valuestring);
-        else if (r->ebody)
-            snprintf(msg, sizeof msg, "%.120s", r->ebody);
-        cJSON_Delete(o);
+        char msg[160];
+        error_message(r->ebody, msg, sizeof msg);
         req_fail(r, (int)r->status, "%s", msg);
     } else if (rc != CURLE_OK) {
         req_fail(r, BENCH_ERR_STREAM, "stream broke: %s", curl_easy_strerror(rc));
@@ -438,7 +437,7 @@ static tk_status run_plan(lg *g, const lg_plan *p, lg_run *u) {
                 req_free(r);
                 return st;
             }
-            if (p->concurrency == 0) next_arrival += -log(rand_unit(&arrivals)) / p->rate;
+            if (p->concurrency == 0) next_arrival += -log(bench_rand_unit(&arrivals)) / p->rate;
             more = p->duration_s > 0 ? now - t0 < p->duration_s : u->n < p->n_requests;
         }
         if (!more && run_done(u) == u->n) return TK_OK;
@@ -606,12 +605,10 @@ static tk_status http_json(const lg *g, const char *path, const char *body, cJSO
     if (rc != CURLE_OK) {
         st = tk_fail(TK_ERR_IO, "loadgen: %s%s: %s", g->o->url, path, curl_easy_strerror(rc));
     } else if (status != 200) {
-        cJSON *o = b.p ? cJSON_Parse(b.p) : NULL;
-        const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
-        const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
-        st = tk_fail(TK_ERR_IO, "loadgen: %s%s answered %ld%s%.200s", g->o->url, path, status,
-                     cJSON_IsString(m) ? ": " : "", cJSON_IsString(m) ? m->valuestring : "");
-        cJSON_Delete(o);
+        char msg[160];
+        error_message(b.p, msg, sizeof msg);
+        st = tk_fail(TK_ERR_IO, "loadgen: %s%s answered %ld%s%s", g->o->url, path, status, msg[0] ? ": " : "",
+                     msg);
     } else {
         *out = b.p ? cJSON_Parse(b.p) : NULL;
         if (!*out) st = tk_fail(TK_ERR_FORMAT, "loadgen: %s%s did not answer JSON", g->o->url, path);
@@ -662,7 +659,7 @@ static tk_status make_pool(lg *g, const loadgen_opts *o, char *how, size_t how_n
     while (st == TK_OK && g->n_pool < want) {
         size_t k = 0;
         for (int w = 0; w < 1000; w++) {
-            const char *word = WORDS[splitmix64(&x) % n_words];
+            const char *word = WORDS[bench_splitmix64(&x) % n_words];
             bool cap = w % 14 == 0, stop = w % 14 == 13;
             k += (size_t)snprintf(text + k, 64 * 1024 - k, " %c%s%s", cap ? word[0] - 32 : word[0], word + 1,
                                   stop ? "." : "");

@@ -3,7 +3,7 @@
  * from an F32-KV run (every run is fed the F32 run's token, so one flip does
  * not derail the rest); per KV type, the top-1 agreement with the F32 run and
  * the mean KL(F32 || type) of the next-token distributions. The weights are
- * shared, so only the KV storage differs. This is the issue's INT8 KV check
+ * shared, so only the KV storage differs. This is the INT8 KV agreement check
  * at any model size (the CI test runs it on the tiny model). Float weights
  * only make sense here: quantized weights quantize the activations, whose
  * rounding flips amplify any KV difference. */

@@ -5,7 +5,7 @@
  *     that preemption happens (asserted);
  *   - INT8 KV (per-head and per-token scales) against F32 KV: teacher-forced
  *     top-1 agreement and KL divergence over 256 greedy tokens, with BF16 KV
- *     as a control (see the test for why the bar is 97%, not the issue's 99%).
+ *     as a control (see the test for why the bar is 97%, not the 99% target).
  * The model is made once with `tokamak synth --preset tiny --dtype f32`. */
 #include <math.h>
 #include <pthread.h>
@@ -264,7 +264,7 @@ static double kl_div(const float *lp, const float *lq, int n) {
  * positions), so top-1 agreement counts near-ties that any perturbation
  * flips, not KV fidelity. BF16 KV (16 bits) scores 253/256 on this prompt and
  * 99.4% over five prompts; no 8-bit scheme we tried beat 98.9% over those five
- * (docs/engine.md has the study). The issue's >= 99% therefore cannot be met
+ * (docs/engine.md has the study). The >= 99% target therefore cannot be met
  * honestly on this model; the test asserts 97% and KL bounds ~2x above what
  * each mode measures, which is what catches a real regression (a broken int8
  * path moves KL by orders of magnitude), and prints the BF16 control. */

@@ -3,6 +3,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -123,6 +124,12 @@ try:
     m = metrics(port)
     key = "tokamak_prompt_tokens_total"
     check(m[key] - base[key] == 13 * 24, "server counted %g prompt tokens, want %d" % (m[key] - base[key], 13 * 24))
+
+    # ---- --plot (gnuplot) ----------------------------------------------------------
+    if shutil.which("gnuplot"):
+        loadgen("plot", "--url", url, "--api-key", KEY, "--concurrency", "1,2", "--in", "8", "--out", "4",
+                "--requests", "2", "--warmup", "0", "-q", "--plot", DIR + "/lg.png")
+        check(open(DIR + "/lg.png", "rb").read(4) == b"\x89PNG", "--plot wrote no PNG")
 
     # ---- the model file's tokenizer makes the same prompts as /tokenize -----------
     loadgen("localtok", "--url", url, "--api-key", KEY, "--tokenizer", MODEL, "--concurrency", "2", "--in", "24",
