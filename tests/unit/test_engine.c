@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine_wait.h"
 
 #define FV      97 /* vocabulary */
 #define FBS_MAX 256
@@ -178,21 +179,6 @@ static void on_fin(void *u, const tk_finish_event *ev) {
 static void rec_init(rec *r) {
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static void wait_finished(tk_engine *e, uint64_t n) {
-    for (int i = 0; i < 200000; i++) {
-        tk_engine_stats s;
-        tk_engine_stats_get(e, &s);
-        if (s.requests_finished >= n) return;
-        sleep_ms(1);
-    }
-    fail_msg("engine did not finish %llu requests", (unsigned long long)n);
 }
 
 static void mk_prompt(int32_t *p, int n, uint64_t seed) {

@@ -28,6 +28,7 @@
 #include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
+#include "engine_wait.h"
 #include "tokamak.h"
 
 static uint64_t hash_const(uint64_t parent, const int32_t *tokens, int n) {
@@ -507,21 +508,6 @@ typedef struct workload {
     int n_ref[NREQ];
     bool cancel[NREQ];
 } workload;
-
-static void sleep_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
-    nanosleep(&ts, NULL);
-}
-
-static void wait_finished(tk_engine *e, uint64_t n) {
-    for (int i = 0; i < 2000000; i++) {
-        tk_engine_stats s;
-        tk_engine_stats_get(e, &s);
-        if (s.requests_finished >= n) return;
-        sleep_us(200);
-    }
-    fail_msg("engine did not finish %llu requests", (unsigned long long)n);
-}
 
 /* Prompts of wave w: a shared root (a system prompt, some of whole blocks) and a
  * suffix (none: a repeat, cached in full), or a follow-up turn: an earlier
