@@ -260,11 +260,14 @@ static void req_free(lg_req *r) {
     tk_free(r);
 }
 
-/* The request body: n_in ids from the pool at a position the seed picks. */
-static char *make_body(const lg *g, int n_in, int n_out, uint64_t seed) {
+/* The body of a run's request idx: n_in ids from the pool, starting at the
+ * run's seeded position + idx, so that the first LG_POOL_EXTRA requests of a
+ * run start at distinct positions and share no prefix (a prefix cache must
+ * not serve one from another's prompt). */
+static char *make_body(const lg *g, int n_in, int n_out, uint64_t seed, int idx) {
     uint64_t x = seed;
     size_t span = g->n_pool - (size_t)n_in + 1;
-    size_t off = (size_t)(bench_splitmix64(&x) % span);
+    size_t off = (size_t)((bench_splitmix64(&x) + (uint64_t)idx) % span);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", g->o->model);
     cJSON *p = cJSON_AddArrayToObject(o, "prompt");
@@ -280,13 +283,13 @@ static char *make_body(const lg *g, int n_in, int n_out, uint64_t seed) {
     return s;
 }
 
-static tk_status req_start(lg *g, int n_in, int n_out, uint64_t seed, lg_req **out) {
+static tk_status req_start(lg *g, int n_in, int n_out, uint64_t seed, int idx, lg_req **out) {
     *out = NULL;
     lg_req *r = tk_calloc(1, sizeof *r);
     if (!r) return tk_fail(TK_ERR_NOMEM, "loadgen: no memory for a request");
     r->g = g;
     r->usage_out = r->usage_prompt = -1;
-    char *b = make_body(g, n_in, n_out, seed);
+    char *b = make_body(g, n_in, n_out, seed, idx);
     r->body = b ? tk_malloc(strlen(b) + 1) : NULL;
     if (r->body) memcpy(r->body, b, strlen(b) + 1);
     cJSON_free(b);
@@ -429,8 +432,7 @@ static tk_status run_plan(lg *g, const lg_plan *p, lg_run *u) {
                                    : now < next_arrival || inflight >= LG_MAX_INFLIGHT)
                 break;
             lg_req *r;
-            uint64_t seed = p->seed ^ (0x51ed270b27a1c3f5ull * (uint64_t)(u->n + 1));
-            tk_status st = req_start(g, p->n_in, p->n_out, seed, &r);
+            tk_status st = req_start(g, p->n_in, p->n_out, p->seed, u->n, &r);
             if (st != TK_OK) return st;
             st = run_push(u, r);
             if (st != TK_OK) {
@@ -497,8 +499,7 @@ static tk_status run_collect(const lg_run *u, const lg_plan *p, bench_level *l) 
 static tk_status bg_start(lg *g, const loadgen_opts *o, uint64_t seed, lg_run *bg) {
     for (int i = 0; i < o->b.n_bg; i++) {
         lg_req *r;
-        tk_status st =
-            req_start(g, o->b.bg_in, o->b.bg_out, seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)), &r);
+        tk_status st = req_start(g, o->b.bg_in, o->b.bg_out, seed, i, &r);
         if (st != TK_OK) return st;
         st = run_push(bg, r);
         if (st != TK_OK) {
