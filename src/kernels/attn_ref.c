@@ -3,8 +3,11 @@
  * blocks (one row dequantized into scratch at a time, exactly as kv_read
  * does), softmax computed online one block at a time: scores of the block,
  * then the running max, sum and weighted V sum are rescaled by
- * exp(old max - new max). */
+ * exp(old max - new max). A context is split into parts of KV_ATTN_PART
+ * positions, each computed so, then folded in order (kv_attn_fold), so a
+ * long context's parts can run on different threads. */
 #include <math.h>
+#include <stdbool.h>
 
 #include "kernels/kernels_ref.h"
 
@@ -35,16 +38,18 @@ static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scale
     }
 }
 
-/* Attention of one query vector q (head_dim) against positions [0, len) of kv
- * head kvh; writes head_dim floats to out. scratch: block_size + 2*head_dim. */
-static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, float scale,
-                     float *out, float *scratch) {
+/* Attention of one query vector q (head_dim) against positions [p0, p1) of
+ * kv head kvh (p0 a multiple of the block size): the unnormalized result, its
+ * running max *m, sum *l and weighted V sum acc (head_dim floats). scratch:
+ * block_size + head_dim. */
+static void attn_range(const kv_geom *g, const int32_t *bt, int p0, int p1, int kvh, const float *q,
+                       float scale, float *m_out, float *l_out, float *acc, float *scratch) {
     const int hd = g->head_dim, bs = g->block_size;
-    float *s = scratch, *acc = s + bs, *row = acc + hd;
+    float *s = scratch, *row = s + bs;
     float m = -INFINITY, l = 0.0f;
     for (int c = 0; c < hd; c++) acc[c] = 0.0f;
-    for (int b = 0; b * bs < len; b++) {
-        const int n = len - b * bs < bs ? len - b * bs : bs;
+    for (int b = p0 / bs; b * bs < p1; b++) {
+        const int n = p1 - b * bs < bs ? p1 - b * bs : bs;
         const uint8_t *K = kv_geom_k(g, bt[b], kvh), *V = kv_geom_v(g, bt[b], kvh);
         const float *ks = kv_geom_ks(g, bt[b], kvh), *vs = kv_geom_vs(g, bt[b], kvh);
         float bmax = -INFINITY;
@@ -66,8 +71,57 @@ static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, cons
         }
         m = m_new;
     }
-    const float inv = 1.0f / l;
-    for (int c = 0; c < hd; c++) out[c] = acc[c] * inv;
+    *m_out = m;
+    *l_out = l;
+}
+
+/* Every level folds parts with these two (compiled here, without FMA
+ * contraction), so the parts of one context give the same bits whether one
+ * call or several threads computed them. */
+void kv_attn_fold(float *M, float *L, float *A, float m, float l, const float *acc, int hd, bool first) {
+    if (first) {
+        *M = m;
+        *L = l;
+        for (int c = 0; c < hd; c++) A[c] = acc[c];
+        return;
+    }
+    const float m_new = fmaxf(*M, m), a = expf(*M - m_new), b = expf(m - m_new);
+    *L = *L * a + l * b;
+    for (int c = 0; c < hd; c++) A[c] = A[c] * a + acc[c] * b;
+    *M = m_new;
+}
+
+void kv_attn_finish(const float *A, float L, int hd, float *out) {
+    const float inv = 1.0f / L;
+    for (int c = 0; c < hd; c++) out[c] = A[c] * inv;
+}
+
+void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, float *out) {
+    for (int h = 0; h < n_heads; h++) {
+        float M = 0.0f, L = 0.0f;
+        float *A = out + (size_t)h * (size_t)hd;
+        for (int k = 0; k < n_parts; k++) {
+            const float *r = parts + (size_t)k * part_stride + (size_t)h * KV_PART_REC(hd);
+            kv_attn_fold(&M, &L, A, r[hd], r[hd + 1], r, hd, k == 0);
+        }
+        kv_attn_finish(A, L, hd, A);
+    }
+}
+
+/* Attention of one query vector over positions [0, len), part by part.
+ * scratch: block_size + 3 * head_dim + 2. */
+static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, float scale,
+                     float *out, float *scratch) {
+    const int hd = g->head_dim;
+    float *acc = scratch, *A = acc + hd, *rest = A + hd;
+    float M = 0.0f, L = 0.0f;
+    for (int k = 0; k * KV_ATTN_PART < len; k++) {
+        const int p1 = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
+        float m, l;
+        attn_range(g, bt, k * KV_ATTN_PART, p1, kvh, q, scale, &m, &l, acc, rest);
+        kv_attn_fold(&M, &L, A, m, l, acc, hd, k == 0);
+    }
+    kv_attn_finish(A, L, hd, out);
 }
 
 void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
@@ -79,4 +133,15 @@ void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const f
             const size_t off = ((size_t)i * (size_t)n_head + (size_t)h) * hd;
             attn_one(g, bt, pos0 + i + 1, h / ratio, q + off, scale, out + off, scratch);
         }
+}
+
+void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+                      int h0, int h1, float scale, float *part_out, float *scratch) {
+    const int ratio = n_head / g->n_head_kv, hd = g->head_dim, len = pos + 1;
+    const int p1 = (part + 1) * KV_ATTN_PART < len ? (part + 1) * KV_ATTN_PART : len;
+    for (int h = h0; h < h1; h++) {
+        float *r = part_out + (size_t)(h - h0) * KV_PART_REC(hd);
+        attn_range(g, bt, part * KV_ATTN_PART, p1, h / ratio, q + (size_t)h * (size_t)hd, scale, &r[hd],
+                   &r[hd + 1], r, scratch);
+    }
 }

@@ -133,6 +133,7 @@ static const tk_kernels KERNELS_SCALAR = {
     .dequant_row =
         {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_ref, [TK_DTYPE_BF16] = kern_dequant_bf16_ref},
     .attn = kv_attn_ref,
+    .attn_part = kv_attn_part_ref,
     .attn_lanes = 1,
     .kv_to_f16 = kv_to_f16_ref,
 };
@@ -148,6 +149,7 @@ static const tk_kernels KERNELS_AVX2 = {
     .dequant_row =
         {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},
     .attn = kv_attn_avx2,
+    .attn_part = kv_attn_part_avx2,
     .attn_lanes = 8,
     .kv_to_f16 = kv_to_f16_avx2,
 };
@@ -162,6 +164,7 @@ static const tk_kernels KERNELS_AVX512 = {
     .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,
                     [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},
     .attn = kv_attn_avx512,
+    .attn_part = kv_attn_part_avx512,
     .attn_lanes = 16,
     .kv_to_f16 = kv_to_f16_avx512,
 };

@@ -54,6 +54,7 @@ typedef struct tk_kernels {
     /* Attention over the paged KV cache (kvattn.h) for head_dim % attn_lanes
      * == 0; kern_attn_for applies that rule. kv_to_f16 takes any n. */
     kv_attn_fn attn;
+    kv_attn_part_fn attn_part; /* one part of a decode token's context, same rule */
     int attn_lanes;
     kv_to_f16_fn kv_to_f16;
 } tk_kernels;

@@ -5,6 +5,7 @@
 #ifndef TK_KERNELS_REF_H
 #define TK_KERNELS_REF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,7 +90,13 @@ void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out)
 /* ---- attention over the paged KV cache (attn_ref.c) -------------------------------- */
 void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
                  int h1, float scale, float *out, float *scratch);
+void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+                      int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_to_f16_ref(const float *x, tk_f16 *y, int n);
+/* Folds one part's (m, l, acc) into the running (M, L, A) (first: starts
+ * them), and writes A / L; shared by every level (see kvattn.h). */
+void kv_attn_fold(float *M, float *L, float *A, float m, float l, const float *acc, int hd, bool first);
+void kv_attn_finish(const float *A, float L, int hd, float *out);
 
 /* ---- AVX2 + FMA + F16C (x86/<name>_avx2.c) ---------------------------------------- */
 void kern_gemv_f32_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
@@ -120,6 +127,8 @@ void kern_dequant_bf16_avx2(const void *row, float *out, int64_t k);
 /* x86/kvattn_avx2.c: head_dim % 8 == 0 */
 void kv_attn_avx2(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
                   int h1, float scale, float *out, float *scratch);
+void kv_attn_part_avx2(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+                       int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_to_f16_avx2(const float *x, tk_f16 *y, int n);
 
 /* ---- AVX-512 F/BW/VL/VNNI (x86/<name>_avx512.c) ------------------------------------ */
@@ -151,6 +160,8 @@ void kern_dequant_bf16_avx512(const void *row, float *out, int64_t k);
 /* x86/kvattn_avx512.c: head_dim % 16 == 0 */
 void kv_attn_avx512(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                     int h0, int h1, float scale, float *out, float *scratch);
+void kv_attn_part_avx512(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+                         int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_to_f16_avx512(const float *x, tk_f16 *y, int n);
 
 #endif

@@ -12,9 +12,20 @@
 #include "core/dtype.h"
 #include "tokamak.h"
 
-/* Query heads that share a KV head are processed together, up to this many,
- * so a block's K and V rows are read once for all of them. */
-#define KV_ATTN_TILE 4
+/* (query, head) pairs that read the same KV head are processed together, up
+ * to this many: the query heads of a GQA group and, in a prefill chunk,
+ * several query tokens; a block's K and V rows are read once for all. */
+#define KV_ATTN_TILE 8
+
+/* A context is attended in parts of this many positions (a multiple of every
+ * block size), each with its own online softmax, folded in order at the end:
+ * the split depends on the context length only, so a long context's parts can
+ * run on different threads with the same result as one call. */
+#define KV_ATTN_PART 512
+
+/* Floats of one part's record for one head: acc[head_dim] (the unnormalized
+ * weighted V sum), then its max m and sum l. */
+#define KV_PART_REC(hd) ((size_t)(hd) + 2)
 
 /* Where one layer's blocks live. A (layer, block) region is block_stride bytes
  * (a multiple of 64, so every region starts 64-byte aligned) laid out as
@@ -65,6 +76,16 @@ static inline const float *kv_geom_vs(const kv_geom *g, int32_t b, int kvh) {
  * layer resolved. scratch holds kv_attn_scratch_need floats. */
 typedef void (*kv_attn_fn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                            int h0, int h1, float scale, float *out, float *scratch);
+/* Part `part` of the context of one query token at position pos (positions
+ * [part*KV_ATTN_PART, min((part+1)*KV_ATTN_PART, pos+1))), heads [h0, h1) of
+ * q ([n_head][head_dim]): one record (KV_PART_REC) per head at part_out +
+ * (h - h0) * KV_PART_REC(head_dim). */
+typedef void (*kv_attn_part_fn)(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q,
+                                int n_head, int h0, int h1, float scale, float *part_out, float *scratch);
+/* Folds n_parts records per head (part k of head h at parts + k*part_stride +
+ * h*KV_PART_REC(hd)) in part order into the normalized output of n_heads heads
+ * ([n_heads][hd] at out): the same bits as the whole attention in one call. */
+void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, float *out);
 /* n floats to half, round-to-nearest-even (same bits as tk_f32_to_f16); any n. */
 typedef void (*kv_to_f16_fn)(const float *x, tk_f16 *y, int n);
 

@@ -23,6 +23,7 @@ struct tk_kv {
     int32_t *refs; /* [n_blocks] holders of each block; 0 while free (catches double frees) */
     tk_isa isa;    /* level of the attention kernel in use */
     kv_attn_fn attn;
+    kv_attn_part_fn attn_part;
     kv_to_f16_fn to_f16;
 };
 
@@ -95,7 +96,8 @@ size_t kv_bytes_per_token(const tk_kv_opts *o) {
 }
 
 size_t kv_attn_scratch_need(int head_dim, int block_size) {
-    return (size_t)KV_ATTN_TILE * ((size_t)block_size + 2 * (size_t)head_dim + 2);
+    /* tile state (scores, acc, m, l, q times scales) and the folded parts (M, L, A) */
+    return (size_t)KV_ATTN_TILE * ((size_t)block_size + 3 * (size_t)head_dim + 4);
 }
 
 size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx) {
@@ -158,6 +160,7 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
 
     /* The dispatcher picks the kernels (and the level below isa that takes an odd head_dim). */
     kv->attn = kern_attn_for(isa, o->head_dim, &kv->isa);
+    kv->attn_part = kernels_get(kv->isa)->attn_part;
     kv->to_f16 = kernels_get(isa)->kv_to_f16;
     *out = kv;
     return TK_OK;
@@ -179,7 +182,10 @@ void kv_free(tk_kv *kv) {
 
 const tk_kv_opts *kv_opts(const tk_kv *kv) { return &kv->o; }
 tk_isa kv_isa(const tk_kv *kv) { return kv->isa; }
-void kv_set_attn(tk_kv *kv, kv_attn_fn fn) { kv->attn = fn; }
+void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn) {
+    kv->attn = fn;
+    kv->attn_part = part_fn;
+}
 
 int kv_block_alloc(tk_kv *kv) {
     if (kv->n_free == 0) return -1;
@@ -407,4 +413,23 @@ void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, 
     for (int p = 0; p < pos0 + n_q; p += kv->o.block_size) (void)block_at(kv, bt, p);
     kv_geom g = geom_of(kv, l);
     kv->attn(&g, bt, pos0, n_q, q, n_head, h0, h1, scale, out, scratch);
+}
+
+int kv_attn_parts(int len) { return len <= 0 ? 0 : (len - 1) / KV_ATTN_PART + 1; }
+
+void kv_attention_part(const tk_kv *kv, int l, const int32_t *bt, int pos, int part, const float *q,
+                       int n_head, int h0, int h1, float scale, float *part_out, float *scratch) {
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0 && part >= 0 && part < kv_attn_parts(pos + 1));
+    TK_ASSERT(n_head > 0 && n_head % kv->o.n_head_kv == 0 && 0 <= h0 && h0 <= h1 && h1 <= n_head);
+    if (h0 == h1) return;
+    const int p1 = (part + 1) * KV_ATTN_PART < pos + 1 ? (part + 1) * KV_ATTN_PART : pos + 1;
+    for (int p = part * KV_ATTN_PART; p < p1; p += kv->o.block_size) (void)block_at(kv, bt, p);
+    kv_geom g = geom_of(kv, l);
+    kv->attn_part(&g, bt, pos, part, q, n_head, h0, h1, scale, part_out, scratch);
+}
+
+void kv_attention_merge(const tk_kv *kv, const float *parts, int n_parts, size_t part_stride, int n_heads,
+                        float *out) {
+    TK_ASSERT(n_parts > 0 && n_heads >= 0);
+    kv_attn_merge(parts, n_parts, part_stride, n_heads, kv->o.head_dim, out);
 }

@@ -88,6 +88,21 @@ float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head
  * from cpu_isa_from_env (TOKAMAK_ISA caps it). */
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                   int h0, int h1, float scale, float *out, float *scratch);
+/* Flash-decoding: the context of a token at position pos is attended in
+ * kv_attn_parts(pos + 1) parts of a fixed number of positions (the split
+ * depends on the length only), which threads may compute separately.
+ * kv_attention does the same parts in one call and folds them, so it gives
+ * the same bits as kv_attention_part over every part then kv_attention_merge.
+ * kv_attention_part writes, for heads [h0, h1) of one token's q
+ * ([n_head][head_dim]), one record of head_dim + 2 floats per head at part_out
+ * + (h - h0) * (head_dim + 2). kv_attention_merge folds n_parts such record
+ * sets (set k at parts + k * part_stride) in order into out ([n_heads][head_dim]).
+ * Threads: like kv_attention. */
+int kv_attn_parts(int len);
+void kv_attention_part(const tk_kv *kv, int l, const int32_t *bt, int pos, int part, const float *q,
+                       int n_head, int h0, int h1, float scale, float *part_out, float *scratch);
+void kv_attention_merge(const tk_kv *kv, const float *parts, int n_parts, size_t part_stride, int n_heads,
+                        float *out);
 /* Softmax is computed online a block at a time, so the scratch size depends on
  * head_dim and block_size only; max_ctx is accepted for callers' sake. */
 size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx);

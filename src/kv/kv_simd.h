@@ -34,9 +34,9 @@ size_t kv_attn_scratch_need(int head_dim, int block_size);
 tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out);
 /* The level whose attention kernel the pool actually uses (after fallbacks). */
 tk_isa kv_isa(const tk_kv *kv);
-/* Tests only: run the pool's attention through fn from now on (a kernel built
- * outside the library, e.g. the shared x86 body at another vector width);
- * fn must handle the pool's head_dim. kv_isa is not changed. */
-void kv_set_attn(tk_kv *kv, kv_attn_fn fn);
+/* Tests only: run the pool's attention through fn and part_fn from now on
+ * (kernels built outside the library, e.g. the shared x86 body at another
+ * vector width); they must handle the pool's head_dim. kv_isa is not changed. */
+void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn);
 
 #endif

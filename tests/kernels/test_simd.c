@@ -470,9 +470,9 @@ static void test_simd_attention(void **state) {
             }
             kt_fill(&r, q, (int64_t)(n_q * qrow), 1.0f);
             const float scale = 1.0f / sqrtf((float)hd);
-            kv_set_attn(kv, fn);
+            kv_set_attn(kv, fn, kernels_get(want_level)->attn_part);
             kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, out, scratch);
-            kv_set_attn(kv, kv_attn_ref);
+            kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref);
             kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, want, scratch);
             double err = 0;
             for (size_t i = 0; i < n_q * qrow; i++) err = fmax(err, fabs((double)out[i] - want[i]) / vmax);

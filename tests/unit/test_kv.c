@@ -56,6 +56,9 @@ AI float vf_hsum(vf v) {
     for (int i = 0; i < 16; i++) s += x[i];
     return s;
 }
+AI void vf_hsum_n(const vf *d, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = vf_hsum(d[i]);
+}
 AI float vf_hmax(vf v) {
     float x[16], m = -INFINITY;
     vf_store(x, v);
@@ -134,7 +137,7 @@ static bool level_open(const tk_kv_opts *o, int lv, tk_kv **kv) {
 #ifdef HAVE_VL16
     if (o->head_dim % 16) return false;
     assert_int_equal(kv_init_isa(o, TK_ISA_SCALAR, kv), TK_OK);
-    kv_set_attn(*kv, kv_attn_vl16);
+    kv_set_attn(*kv, kv_attn_vl16, kv_attn_part_vl16);
     return true;
 #else
     return false;

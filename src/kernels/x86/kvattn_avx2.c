@@ -33,6 +33,25 @@ AI float vf_hmax(vf v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The sums of n <= 8 vectors' lanes by a transposing tree (lanes i + 4, then
+ * + 2, + 1: the order of vf_hsum); absent vectors are zeros, which touch no
+ * other vector's sum. Lane 4H + k of the result holds the sum of d[2k + H]. */
+AI void vf_hsum_n(const vf *d, int n, float *out) {
+    vf v[8], w[4], t[2];
+    for (int i = 0; i < 8; i++) v[i] = i < n ? d[i] : _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
+    for (int k = 0; k < 2; k++)
+        t[k] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vf r = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    float x[8];
+    _mm256_storeu_ps(x, r);
+    for (int i = 0; i < n; i++) out[i] = x[4 * (i % 2) + i / 2];
+}
+
 AI vf vf_exp_neg(vf x) {
     const vf lo = _mm256_set1_ps(-87.0f);
     const vf under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);

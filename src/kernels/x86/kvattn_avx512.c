@@ -23,6 +23,29 @@ AI vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 AI float vf_hsum(vf v) { return _mm512_reduce_add_ps(v); }
 AI float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
 
+/* The sums of n <= 16 vectors' lanes by a transposing tree (lanes i + 8,
+ * then + 4, + 2, + 1: the order of _mm512_reduce_add_ps), 3 operations per
+ * vector and level-pair; absent vectors are zeros, which touch no other
+ * vector's sum. Lane 4L + k of the result holds the sum of d[4k + L]. */
+AI void vf_hsum_n(const vf *d, int n, float *out) {
+    vf v[16], w[8], u[4], t[2];
+    for (int i = 0; i < 16; i++) v[i] = i < n ? d[i] : _mm512_setzero_ps();
+    for (int k = 0; k < 8; k++)
+        w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++)
+        u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++)
+        t[k] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vf r = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    float x[16];
+    _mm512_storeu_ps(x, r);
+    for (int i = 0; i < n; i++) out[i] = x[4 * (i % 4) + i / 4];
+}
+
 AI vf vf_exp_neg(vf x) {
     const vf lo = _mm512_set1_ps(-87.0f);
     const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
