@@ -47,6 +47,26 @@ typedef struct act_slot {
     int64_t align; /* columns a partial quantization must start on (1, 32, 256) */
 } act_slot;
 
+/* Attention work of a step: one unit is the heads [h0, h1) of a sequence over
+ * its whole context (part < 0), or, for a decode token whose context is split
+ * (flash-decoding), one part of it, whose records go to rec and are folded
+ * after a barrier (attn_merge). Units differ only in who runs them, never in
+ * the arithmetic, so outputs do not depend on the plan. */
+typedef struct attn_unit {
+    int32_t seq, h0, h1, part;
+    float *rec;   /* part >= 0: this part's records for heads [h0, h1) */
+    int64_t cost; /* positions x heads attended, for the split over threads */
+} attn_unit;
+
+typedef struct attn_merge {
+    int32_t seq, h0, h1, n_parts;
+    const float *recs; /* part 0's records of head h0; part k at + k * part stride */
+} attn_merge;
+
+/* Part records kept for split decode contexts per step (each part holds
+ * n_head records): 256 parts are 128k positions of split context. */
+#define ATTN_SPLIT_PARTS 256
+
 struct fwd_ctx {
     const tk_model *m;
     const tk_hparams *hp;
@@ -85,6 +105,16 @@ struct fwd_ctx {
     int32_t *out_tok;  /* (max_tokens) tokens whose logits are wanted, in order */
     int n_out;
     uint64_t last_bytes;
+
+    /* the attention plan of the current step (attn_plan) */
+    attn_unit *units; /* (max_units) in (sequence, head chunk, part) order */
+    int n_units;
+    int max_units;
+    int32_t *unit_from; /* (nth + 1) thread i runs units [unit_from[i], unit_from[i+1]) */
+    attn_merge *merges; /* (max_seqs * chunks) split (sequence, head chunk)s to fold */
+    int n_merges;
+    float *part_recs; /* (ATTN_SPLIT_PARTS, n_head, KV_PART_REC(head_dim)) part records */
+    int attn_chunk;   /* heads per attention unit: whole quantization blocks and GQA groups */
 };
 
 /* ---- activation helpers -------------------------------------------------------------- */
@@ -192,24 +222,99 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
                        f->v + (size_t)t * f->kv_dim, (int)g0, (int)g1);
 }
 
-/* Attention over (sequence, head group) units; with quant, each thread also
- * quantizes the output columns it wrote (whole blocks by construction). */
+/* Splits the step's attention into units (see attn_unit) and the units over
+ * threads by cost. A decode token's context is split into its parts when its
+ * units would otherwise be more than a share of a thread's work (one long
+ * sequence, or few heads), so every thread gets some; the parts are the same
+ * whatever the split, so the outputs are too. Runs before pool_run. */
+static void attn_plan(fwd_ctx *f) {
+    const tk_batch *b = f->b;
+    const int U = f->attn_chunk, nh = f->hp->n_head, nth = f->nth;
+    const size_t part_stride = (size_t)nh * KV_PART_REC(f->hp->head_dim);
+    int64_t total = 0, max_unit = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        int64_t c = (int64_t)U * b->n[s] * (b->pos0[s] + (b->n[s] + 1) / 2);
+        total += c * (nh / U);
+        if (c > max_unit) max_unit = c;
+    }
+    const bool split = nth > 1 && max_unit * 2 * nth > total;
+    int n = 0, recs = 0;
+    f->n_merges = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        const int len = b->pos0[s] + b->n[s], parts = kv_attn_parts(len);
+        const bool sp = split && b->n[s] == 1 && parts > 1 && recs + parts <= ATTN_SPLIT_PARTS;
+        float *base = sp ? f->part_recs + (size_t)recs * part_stride : NULL;
+        for (int h = 0; h < nh; h += U) {
+            if (!sp) {
+                f->units[n++] = (attn_unit){.seq = s,
+                                            .h0 = h,
+                                            .h1 = h + U,
+                                            .part = -1,
+                                            .cost = (int64_t)U * b->n[s] * (b->pos0[s] + (b->n[s] + 1) / 2)};
+                continue;
+            }
+            for (int k = 0; k < parts; k++) {
+                const int p1 = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
+                f->units[n++] = (attn_unit){.seq = s,
+                                            .h0 = h,
+                                            .h1 = h + U,
+                                            .part = k,
+                                            .rec = base + (size_t)k * part_stride +
+                                                   (size_t)h * KV_PART_REC(f->hp->head_dim),
+                                            .cost = (int64_t)U * (p1 - k * KV_ATTN_PART)};
+            }
+            f->merges[f->n_merges++] = (attn_merge){.seq = s,
+                                                    .h0 = h,
+                                                    .h1 = h + U,
+                                                    .n_parts = parts,
+                                                    .recs = base + (size_t)h * KV_PART_REC(f->hp->head_dim)};
+        }
+        if (sp) recs += parts;
+    }
+    f->n_units = n;
+    /* Thread i takes the units whose cost midpoint falls in its share. */
+    int64_t sum = 0, all = 0;
+    for (int u = 0; u < n; u++) all += f->units[u].cost;
+    int t = 0;
+    f->unit_from[0] = 0;
+    for (int u = 0; u < n; u++) {
+        const int64_t mid = sum + f->units[u].cost / 2;
+        while (t + 1 < nth && mid * nth >= all * (t + 1)) f->unit_from[++t] = u;
+        sum += f->units[u].cost;
+    }
+    while (t < nth) f->unit_from[++t] = n;
+}
+
+/* Attention over the plan's units; with quant, each thread also quantizes
+ * the output columns it wrote (whole blocks by construction). Split contexts
+ * are folded after a barrier. */
 static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
     const tk_batch *b = f->b;
-    int g = f->heads_per_group, groups = f->hp->n_head / g, hd = f->hp->head_dim;
-    long u0, u1;
-    pool_split((long)b->n_seq * groups, ith, nth, 1, &u0, &u1);
+    const int hd = f->hp->head_dim, nh = f->hp->n_head;
     float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (long u = u0; u < u1;) {
-        int s = (int)(u / groups);
-        long last = (long)(s + 1) * groups < u1 ? (long)(s + 1) * groups : u1; /* this sequence's units */
-        int h0 = (int)(u - (long)s * groups) * g, h1 = (int)(last - (long)s * groups) * g;
-        int t0 = f->seq_tok0[s], n = b->n[s];
-        kv_attention(f->kv, l, b->bt[s], b->pos0[s], n, f->q + (size_t)t0 * f->q_dim, f->hp->n_head, h0, h1,
-                     scale, f->att + (size_t)t0 * f->q_dim, scratch);
-        if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)h0 * hd, (int64_t)h1 * hd);
-        u = last;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int u = f->unit_from[ith]; u < f->unit_from[ith + 1]; u++) {
+        const attn_unit *w = &f->units[u];
+        const int s = w->seq, t0 = f->seq_tok0[s], n = b->n[s];
+        if (w->part >= 0) {
+            kv_attention_part(f->kv, l, b->bt[s], b->pos0[s], w->part, f->q + (size_t)t0 * f->q_dim, nh,
+                              w->h0, w->h1, scale, w->rec, scratch);
+            continue;
+        }
+        kv_attention(f->kv, l, b->bt[s], b->pos0[s], n, f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale,
+                     f->att + (size_t)t0 * f->q_dim, scratch);
+        if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
+    }
+    if (f->n_merges == 0) return;
+    pool_barrier(f->pool);
+    long m0, m1;
+    pool_split(f->n_merges, ith, nth, 1, &m0, &m1);
+    for (long i = m0; i < m1; i++) {
+        const attn_merge *m = &f->merges[i];
+        const int t0 = f->seq_tok0[m->seq];
+        kv_attention_merge(f->kv, m->recs, m->n_parts, (size_t)nh * KV_PART_REC(hd), m->h1 - m->h0,
+                           f->att + (size_t)t0 * f->q_dim + (size_t)m->h0 * hd);
+        if (quant) quant_cols(f, SLOT_ATT, t0, t0 + 1, (int64_t)m->h0 * hd, (int64_t)m->h1 * hd);
     }
 }
 
@@ -422,6 +527,10 @@ void fwd_free(fwd_ctx *f) {
     tk_free(f->tok_seq);
     tk_free(f->seq_tok0);
     tk_free(f->out_tok);
+    tk_free(f->units);
+    tk_free(f->unit_from);
+    tk_free(f->merges);
+    tk_free_aligned(f->part_recs);
     tk_free(f);
 }
 
@@ -483,6 +592,11 @@ static tk_status slots_init(fwd_ctx *f) {
         return tk_fail(TK_ERR_FORMAT, "forward: %d heads of %d do not split into %lld-column blocks",
                        f->hp->n_head, hd, (long long)f->slot[SLOT_ATT].align);
     f->heads_per_group = g;
+    /* Attention units: whole groups of heads (quantization blocks) and whole
+     * GQA groups, so a unit reads each of its KV blocks once. */
+    int ratio = f->hp->n_head / f->hp->n_head_kv, U = g;
+    while (U % ratio) U += g;
+    f->attn_chunk = f->hp->n_head % U ? g : U;
     f->ff_align = f->slot[SLOT_FF].align > ROW_ALIGN ? f->slot[SLOT_FF].align : ROW_ALIGN;
     return TK_OK;
 }
@@ -546,6 +660,16 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
         fwd_free(f);
         return st;
     }
+    int chunks = hp->n_head / f->attn_chunk;
+    f->max_units = (o->max_seqs + ATTN_SPLIT_PARTS) * chunks;
+    f->units = tk_calloc((size_t)f->max_units, sizeof *f->units);
+    f->unit_from = tk_calloc((size_t)f->nth + 1, sizeof *f->unit_from);
+    f->merges = tk_calloc((size_t)o->max_seqs * (size_t)chunks, sizeof *f->merges);
+    f->part_recs = alloc_f32(ATTN_SPLIT_PARTS, (int64_t)hp->n_head * (int64_t)KV_PART_REC(hp->head_dim));
+    if (!f->units || !f->unit_from || !f->merges || !f->part_recs) {
+        fwd_free(f);
+        return tk_fail(TK_ERR_NOMEM, "forward: out of memory for the attention plan");
+    }
     *out = f;
     return TK_OK;
 }
@@ -606,7 +730,10 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     uint64_t bytes = f->m->decode_bytes - f->emb_row_bytes + (uint64_t)b->n_tok * f->emb_row_bytes;
     if (n_out == 0) bytes -= f->m->output.nbytes;
     f->last_bytes = bytes + kv_tokens * f->kv_bytes_tok;
-    if (b->n_tok > 0) pool_run(f->pool, fwd_worker, f);
+    if (b->n_tok > 0) {
+        attn_plan(f);
+        pool_run(f->pool, fwd_worker, f);
+    }
     f->b = NULL;
     return TK_OK;
 }

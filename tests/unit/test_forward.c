@@ -188,6 +188,75 @@ static void test_forward_thread_invariance(void **state) {
     fx_free(&fx);
 }
 
+/* Decode over contexts longer than a part (KV_ATTN_PART positions): on 2 and
+ * 4 threads a lone long sequence's context is split into parts on several
+ * threads and folded, on 1 thread it is attended whole; a short sequence
+ * beside it changes nothing either. Every KV type; logits bit-identical. */
+enum { LONG_CTX = 1100, LONG_BS = 16 };
+static void long_decode(tk_model *m, int nth, tk_kv_type kvt, float *out) {
+    const int V = m->hp.n_vocab, nb = LONG_CTX / LONG_BS + 1;
+    tk_kv_opts ko = {.n_layer = m->hp.n_layer,
+                     .n_head_kv = m->hp.n_head_kv,
+                     .head_dim = m->hp.head_dim,
+                     .block_size = LONG_BS,
+                     .n_blocks = 2 * nb,
+                     .type = kvt,
+                     .scale = TK_KV_SCALE_HEAD};
+    harness h = {.m = m};
+    assert_int_equal(kv_init(&ko, &h.kv), TK_OK);
+    assert_int_equal(pool_init(nth, false, &h.pool), TK_OK);
+    fwd_opts fo = {.max_tokens = 256, .max_seqs = 2, .max_ctx = LONG_CTX};
+    assert_int_equal(fwd_init(m, h.kv, h.pool, &fo, &h.f), TK_OK);
+    static int32_t bt[2][LONG_CTX / LONG_BS + 1], toks[256];
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < nb; b++) bt[s][b] = kv_block_alloc(h.kv);
+    int32_t pos0[2] = {0, 0}, want[2] = {1, 1};
+    const int32_t *bts[2] = {bt[0], bt[1]};
+    for (int step = 0; pos0[0] < LONG_CTX - 4; step++) { /* prefill sequence 0 */
+        int32_t n = LONG_CTX - 4 - pos0[0] < 256 ? LONG_CTX - 4 - pos0[0] : 256, none = 0;
+        for (int i = 0; i < n; i++) toks[i] = (int32_t)((pos0[0] + i) * 7 % V);
+        tk_batch b = {
+            .n_seq = 1, .n_tok = n, .tokens = toks, .n = &n, .pos0 = pos0, .bt = bts, .n_logits = &none};
+        assert_int_equal(fwd_step(h.f, &b, NULL), TK_OK);
+        pos0[0] += n;
+    }
+    int32_t n1 = 1, n2[2] = {1, 5};
+    toks[0] = 11;
+    tk_batch b1 = {
+        .n_seq = 1, .n_tok = 1, .tokens = toks, .n = &n1, .pos0 = pos0, .bt = bts, .n_logits = want};
+    assert_int_equal(fwd_step(h.f, &b1, out), TK_OK); /* alone */
+    pos0[0]++;
+    for (int i = 0; i < 6; i++) toks[i] = (int32_t)(i * 13 % V);
+    tk_batch b2 = {
+        .n_seq = 2, .n_tok = 6, .tokens = toks, .n = n2, .pos0 = pos0, .bt = bts, .n_logits = want};
+    assert_int_equal(fwd_step(h.f, &b2, out + V), TK_OK); /* beside a short prefill */
+    fwd_free(h.f);
+    pool_free(h.pool);
+    kv_free(h.kv);
+}
+
+static void test_forward_split_decode_threads(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_F32, TK_NAMING_HF); /* f32: no int8 rounding hides a bit */
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    const size_t V = (size_t)m->hp.n_vocab;
+    const tk_kv_type types[] = {TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8};
+    float *out[3];
+    for (int t = 0; t < 3; t++) out[t] = malloc(3 * V * sizeof(float));
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const int threads[3] = {1, 2, 4};
+        for (int t = 0; t < 3; t++) long_decode(m, threads[t], types[k], out[t]);
+        for (int t = 1; t < 3; t++)
+            if (memcmp(out[0], out[t], 3 * V * sizeof(float)))
+                fail_msg("kv type %d: %d threads differ from 1", (int)types[k], threads[t]);
+    }
+    for (int t = 0; t < 3; t++) free(out[t]);
+    tk_model_free(m);
+    fx_free(&fx);
+}
+
 static void check_fused_unfused(tk_arch arch, tk_dtype wt) {
     fx_model fx;
     fx_build(&fx, arch, wt, TK_NAMING_HF);
@@ -380,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_forward_batch_invariance),
         cmocka_unit_test(test_forward_thread_invariance),
+        cmocka_unit_test(test_forward_split_decode_threads),
         cmocka_unit_test(test_forward_fused_matches_unfused),
         cmocka_unit_test(test_forward_chunked_prefill),
         cmocka_unit_test(test_forward_llama_unpermute),

@@ -770,6 +770,55 @@ static void test_kv_attention_invariance(void **state) {
         }
 }
 
+/* Flash-decoding: a long context attended part by part (each part's records
+ * written separately, heads split across calls, parts in any order) and
+ * folded by kv_attention_merge gives kv_attention's bits; and the long
+ * context still matches float64. Every level and KV type, lengths around the
+ * part boundaries. */
+static void test_kv_attention_parts(void **state) {
+    (void)state;
+    uint64_t rng = 9;
+    enum { NH = 6, NKV = 2, HD = 32, MAXLEN = 2 * KV_ATTN_PART + 40 };
+    const int lens[] = {KV_ATTN_PART - 1, KV_ATTN_PART, KV_ATTN_PART + 1, 2 * KV_ATTN_PART + 37};
+    const size_t rec = KV_PART_REC(HD), stride = NH * rec;
+    for (int isa = 0; isa < n_levels(); isa++)
+        for (int kind = 0; kind < N_KINDS; kind++) {
+            tk_kv_opts o = opts_make(1, NKV, HD, 64, MAXLEN / 64 + 1, KINDS[kind].t, KINDS[kind].sc);
+            tk_kv *kv;
+            assert_true(level_open(&o, isa, &kv));
+            int32_t bt[MAXLEN / 64 + 1];
+            table_make(kv, bt, MAXLEN / 64 + 1, &rng);
+            float kx[NKV * HD], vx[NKV * HD], q[NH * HD], whole[NH * HD], merged[NH * HD];
+            for (int p = 0; p < MAXLEN; p++) {
+                for (int i = 0; i < NKV * HD; i++) kx[i] = rng_unit(&rng) * 3.0f, vx[i] = rng_unit(&rng);
+                kv_write(kv, 0, bt, p, kx, vx);
+            }
+            float *scratch = tk_malloc(kv_attn_scratch_floats(kv, MAXLEN) * 4);
+            float *recs = tk_malloc(3 * stride * 4);
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+                const int pos = lens[li] - 1, parts = kv_attn_parts(pos + 1);
+                assert_int_equal(parts, (pos + KV_ATTN_PART) / KV_ATTN_PART);
+                for (int i = 0; i < NH * HD; i++) q[i] = rng_unit(&rng);
+                kv_attention(kv, 0, bt, pos, 1, q, NH, 0, NH, 0.17f, whole, scratch);
+                for (int k = parts - 1; k >= 0; k--) { /* last part first, heads in two calls */
+                    kv_attention_part(kv, 0, bt, pos, k, q, NH, 0, 3, 0.17f, recs + k * stride, scratch);
+                    kv_attention_part(kv, 0, bt, pos, k, q, NH, 3, NH, 0.17f, recs + k * stride + 3 * rec,
+                                      scratch);
+                }
+                kv_attention_merge(kv, recs, parts, stride, NH, merged);
+                if (memcmp(whole, merged, sizeof whole))
+                    fail_msg("parts %s level %d len %d: merged parts differ from the whole", KINDS[kind].name,
+                             isa, pos + 1);
+            }
+            tk_free(scratch), tk_free(recs);
+            kv_free(kv);
+            /* the long contexts against float64 too */
+            attn_case c = {isa, kind, 64, 2 * KV_ATTN_PART + 37 < 1200 ? 2 * KV_ATTN_PART + 37 : 1200,
+                           3,   4,    2,  32};
+            attn_expect(&c, &rng);
+        }
+}
+
 /* Writes split by kv head, heads in any order, give the same pool bytes as
  * whole-token writes (what lets threads split int8 per-head writes by head). */
 static void test_kv_write_heads(void **state) {
@@ -839,7 +888,7 @@ int main(void) {
         cmocka_unit_test(test_kv_int8_head_rescale),    cmocka_unit_test(test_kv_int8_head_vs_token_error),
         cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
         cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_write_heads),
-        cmocka_unit_test(test_kv_attention_isa_agree),
+        cmocka_unit_test(test_kv_attention_isa_agree),  cmocka_unit_test(test_kv_attention_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
