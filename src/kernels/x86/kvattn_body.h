@@ -249,62 +249,50 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
 #define TILE_ARGS g, bt, kvh, tp, part, scale, scratch
 AI void tile_sizes(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part, float scale,
                    float *scratch, int P, const tk_kv_type type) {
+#define TILE_CASE(n)                                                                                         \
+    case n:                                                                                                  \
+        tile_run(TILE_ARGS, n, type);                                                                        \
+        break;
     switch (P) {
-    case 1:
-        tile_run(TILE_ARGS, 1, type);
-        break;
-    case 2:
-        tile_run(TILE_ARGS, 2, type);
-        break;
-    case 3:
-        tile_run(TILE_ARGS, 3, type);
-        break;
-    case 4:
-        tile_run(TILE_ARGS, 4, type);
-        break;
-    case 5:
-        tile_run(TILE_ARGS, 5, type);
-        break;
-    case 6:
-        tile_run(TILE_ARGS, 6, type);
-        break;
-    case 7:
-        tile_run(TILE_ARGS, 7, type);
-        break;
+        TILE_CASE(1)
+        TILE_CASE(2)
+        TILE_CASE(3)
+        TILE_CASE(4)
+        TILE_CASE(5)
+        TILE_CASE(6)
+        TILE_CASE(7)
     default:
         tile_run(TILE_ARGS, 8, type);
         break;
     }
+#undef TILE_CASE
 }
 
 typedef void (*tile_fn)(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part,
                         float scale, float *scratch, int P);
-static void tile_f32(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part,
-                     float scale, float *scratch, int P) {
-    tile_sizes(TILE_ARGS, P, TK_KV_F32);
-}
-static void tile_f16(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part,
-                     float scale, float *scratch, int P) {
-    tile_sizes(TILE_ARGS, P, TK_KV_F16);
-}
-static void tile_bf16(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part,
-                      float scale, float *scratch, int P) {
-    tile_sizes(TILE_ARGS, P, TK_KV_BF16);
-}
-static void tile_int8(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part,
-                      float scale, float *scratch, int P) {
-    tile_sizes(TILE_ARGS, P, TK_KV_INT8);
-}
+#define TILE_TYPE(name, t)                                                                                   \
+    static void name(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part,           \
+                     float scale, float *scratch, int P) {                                                   \
+        tile_sizes(TILE_ARGS, P, t);                                                                         \
+    }
+TILE_TYPE(tile_f32, TK_KV_F32)
+TILE_TYPE(tile_f16, TK_KV_F16)
+TILE_TYPE(tile_bf16, TK_KV_BF16)
+TILE_TYPE(tile_int8, TK_KV_INT8)
+#undef TILE_TYPE
 #undef TILE_ARGS
 
-void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                  int h1, float scale, float *out, float *scratch) {
+/* Heads [h0, h1) of n_q query tokens at positions pos0.. in tiles: the heads
+ * of a group (up to a tile), then as many query tokens as fill the tile.
+ * Pair (i, h) writes to out + i * tok_stride + (h - h0) * head_stride. */
+static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                      int h0, int h1, int part, float scale, float *out, size_t tok_stride,
+                      size_t head_stride, float *scratch) {
     const tile_fn fn = g->type == TK_KV_F32    ? tile_f32
                        : g->type == TK_KV_F16  ? tile_f16
                        : g->type == TK_KV_BF16 ? tile_bf16
                                                : tile_int8;
     const int ratio = n_head / g->n_head_kv, hd = g->head_dim;
-    /* Heads of a group (up to a tile), then as many query tokens as fill the tile. */
     for (int h = h0; h < h1;) {
         const int kvh = h / ratio;
         const int group_end = (kvh + 1) * ratio < h1 ? (kvh + 1) * ratio : h1;
@@ -315,37 +303,27 @@ void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const 
             tile_pairs tp;
             for (int i = 0; i < nq; i++)
                 for (int t = 0; t < T; t++) {
-                    const size_t off = ((size_t)(i0 + i) * (size_t)n_head + (size_t)(h + t)) * (size_t)hd;
-                    tp.q[i * T + t] = q + off;
-                    tp.out[i * T + t] = out + off;
+                    const size_t qi = (size_t)(i0 + i), hi = (size_t)(h + t);
+                    tp.q[i * T + t] = q + (qi * (size_t)n_head + hi) * (size_t)hd;
+                    tp.out[i * T + t] = out + qi * tok_stride + (hi - (size_t)h0) * head_stride;
                     tp.len[i * T + t] = pos0 + i0 + i + 1;
                 }
-            fn(g, bt, kvh, &tp, -1, scale, scratch, nq * T);
+            fn(g, bt, kvh, &tp, part, scale, scratch, nq * T);
         }
         h += T;
     }
 }
 
+void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
+                  int h1, float scale, float *out, float *scratch) {
+    const size_t hd = (size_t)g->head_dim;
+    run_heads(g, bt, pos0, n_q, q, n_head, h0, h1, -1, scale, out + (size_t)h0 * hd, (size_t)n_head * hd, hd,
+              scratch);
+}
+
 void KFN(kv_attn_part)(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch) {
-    const tile_fn fn = g->type == TK_KV_F32    ? tile_f32
-                       : g->type == TK_KV_F16  ? tile_f16
-                       : g->type == TK_KV_BF16 ? tile_bf16
-                                               : tile_int8;
-    const int ratio = n_head / g->n_head_kv, hd = g->head_dim;
-    for (int h = h0; h < h1;) {
-        const int kvh = h / ratio;
-        const int group_end = (kvh + 1) * ratio < h1 ? (kvh + 1) * ratio : h1;
-        const int T = group_end - h < KV_ATTN_TILE ? group_end - h : KV_ATTN_TILE;
-        tile_pairs tp;
-        for (int t = 0; t < T; t++) {
-            tp.q[t] = q + (size_t)(h + t) * (size_t)hd;
-            tp.out[t] = part_out + (size_t)(h + t - h0) * KV_PART_REC(hd);
-            tp.len[t] = pos + 1;
-        }
-        fn(g, bt, kvh, &tp, part, scale, scratch, T);
-        h += T;
-    }
+    run_heads(g, bt, pos, 1, q, n_head, h0, h1, part, scale, part_out, 0, KV_PART_REC(g->head_dim), scratch);
 }
 
 void KFN(kv_to_f16)(const float *x, tk_f16 *y, int n) {
