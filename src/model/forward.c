@@ -8,11 +8,11 @@
  * whatever the split or the number of tokens, so a sequence's logits do not
  * depend on what else is in the batch.
  *
- * Fused plan per layer (8 barriers):
+ * Fused plan per layer (8 barriers; 9 when a decode context is split into parts):
  *   attn_norm_quant         tokens  rmsnorm, quantize activations (embed first in layer 0)
  *   attn_qkv_rope           heads   q,k,v projections (+bias), QK-norm, RoPE
  *   kv_store                tokens  write the new K and V into the paged cache
- *   attention_quant         heads x sequences: attention, quantize own columns
+ *   attention_quant         GQA groups x sequences (x parts; attn_plan): attention, quantize own columns
  *   attn_out_residual       rows    output projection, x += ...
  *   ffn_norm_quant          tokens  rmsnorm, quantize
  *   ffn_gate_up_silu_quant  rows    gate and up projections, silu(g)*u, quantize own columns
