@@ -112,6 +112,12 @@ typedef struct backend_cpu_opts {
  * *out is zeroed and nothing is held. Freed by backend_free. */
 tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backend *out);
 
+struct fwd_prof;
+/* Stage timing (model/fwd_prof.h) of the following steps of a CPU backend,
+ * or none (NULL); prof holds one row per thread (be->n_threads). Not during a
+ * step. TK_ERR_INVALID when be is not a CPU backend. */
+tk_status backend_cpu_profile(const backend *be, struct fwd_prof *prof);
+
 /* Destroy the backend (be->destroy) and zero it; NULL or zeroed: no-op. */
 void backend_free(backend *be);
 

@@ -84,6 +84,12 @@ static tk_status blocks_of(const backend_cpu_opts *o, const tk_kv_opts *ko, int 
     return TK_OK;
 }
 
+tk_status backend_cpu_profile(const backend *be, struct fwd_prof *prof) {
+    if (!be || be->destroy != cb_destroy || !be->ctx)
+        return tk_fail(TK_ERR_INVALID, "backend: not a CPU backend");
+    return fwd_set_profile(((cpu_be *)be->ctx)->fwd, prof);
+}
+
 tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backend *out) {
     if (!out) return tk_fail(TK_ERR_INVALID, "backend: out is NULL");
     memset(out, 0, sizeof *out);
