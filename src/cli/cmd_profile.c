@@ -37,6 +37,7 @@
 
 typedef struct pf_args {
     int batch, steps;
+    double bw;
     const char *json;
 } pf_args;
 
@@ -55,6 +56,14 @@ static const cli_opt PF_ROWS_OPT[] = {
      .off = offsetof(pf_args, steps),
      .lo = 1,
      .hi = 100000},
+    {.name = "--bw",
+     .arg = "GBPS",
+     .help = "read bandwidth for the floors (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(pf_args, bw),
+     .lo = 0,
+     .hi = 1e6,
+     .flags = CLI_LO_OPEN},
     {.name = "--json",
      .arg = "FILE",
      .help = "also write the report as JSON",
@@ -107,6 +116,10 @@ typedef struct pf_machine {
     int threads;
     probe_stats bw; /* GB/s */
     double gops_int8, gflops_f32;
+    /* The bandwidth floors use: the probe's best, or a stage's own read rate
+     * where one read faster (the probe's shortfall, named in the report). */
+    double ceil_gbs;
+    const char *over_stage; /* the stage that set ceil_gbs above the probe, or NULL */
 } pf_machine;
 
 /* One stage's summary row. */
@@ -127,14 +140,32 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
     double s = o.ms / 1e3, peak = c->int8 ? mc->gops_int8 : mc->gflops_f32;
     o.gbs = s > 0 ? (double)c->bytes / 1e9 / s : 0;
     o.gops = s > 0 ? o.gop / s : 0;
-    o.bw_pct = mc->bw.best > 0 ? 100.0 * o.gbs / mc->bw.best : 0;
+    o.bw_pct = mc->ceil_gbs > 0 ? 100.0 * o.gbs / mc->ceil_gbs : 0;
     o.peak_pct = peak > 0 ? 100.0 * o.gops / peak : 0;
-    double fb = mc->bw.best > 0 ? (double)c->bytes / (mc->bw.best * 1e9) : 0;
+    double fb = mc->ceil_gbs > 0 ? (double)c->bytes / (mc->ceil_gbs * 1e9) : 0;
     double fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
     o.floor_ms = 1e3 * (fb > fo ? fb : fo);
     if (o.floor_ms < 1e-3) o.floor_ms = 0; /* under a microsecond: no floor worth a ratio */
     o.x_floor = o.floor_ms > 0 ? o.ms / o.floor_ms : 0;
     return o;
+}
+
+/* Stages reading at least 1 MB per step (weights, KV) whose median rate beat
+ * the probe raise the bandwidth the floors use: a floor the step beat is no
+ * floor. A stage's time can only be stretched by interference, never
+ * shortened, so its rate is a lower bound of what the machine gives. */
+static void set_ceiling(const pf_data *d, pf_machine *mc, double *tmp) {
+    mc->ceil_gbs = mc->bw.best;
+    mc->over_stage = NULL;
+    for (int r = 0; r < FWD_ST_COUNT; r++) {
+        if (d->cost[r].bytes < 1000000) continue;
+        double s = median_of(d->ns[r], d->n_steps, tmp) / 1e9;
+        double gbs = s > 0 ? (double)d->cost[r].bytes / 1e9 / s : 0;
+        if (gbs > mc->ceil_gbs) {
+            mc->ceil_gbs = gbs;
+            mc->over_stage = fwd_stage_name((fwd_stage)r);
+        }
+    }
 }
 
 typedef struct pf_run {
@@ -150,9 +181,17 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
     printf("- model %s (%s weights), %d threads, batch %d at context %d, KV %s, %d timed decode steps "
            "(medians)\n",
            ru->model, ru->weight_dtype, ru->threads, ru->batch, ru->ctx, ru->kv_type, ru->steps);
-    printf("- probe (%d threads): read %.1f GB/s (best of %d passes; min %.1f, median %.1f), peak int8 "
-           "%.0f GOP/s, peak fp32 %.0f GFLOP/s\n\n",
-           mc->threads, mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median, mc->gops_int8, mc->gflops_f32);
+    if (mc->bw.n > 0)
+        printf("- probe (%d threads): read %.1f GB/s (best of %d passes; min %.1f, median %.1f), ",
+               mc->threads, mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median);
+    else
+        printf("- read bandwidth %.1f GB/s (given); probe (%d threads): ", mc->bw.best, mc->threads);
+    printf("peak int8 %.0f GOP/s, peak fp32 %.0f GFLOP/s\n\n", mc->gops_int8, mc->gflops_f32);
+    if (mc->over_stage)
+        printf(
+            "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
+            "%.1f GB/s\n\n",
+            mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
     printf("| stage | ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | floor ms | "
            "x floor |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -176,7 +215,7 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
     }
     printf("| **step** | **%.3f** | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** |\n\n", step_ms,
            (double)d->fwd_bytes / 1e6, step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
-           step_ms > 0 && mc->bw.best > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->bw.best : 0,
+           step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
            floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0);
     printf("- forward %.3f ms + sampling %.3f ms; %.1f output tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
            step_ms > 0 ? 1e3 * ru->batch / step_ms : 0);
@@ -199,6 +238,8 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON *pr = cJSON_AddObjectToObject(root, "probe");
     cJSON_AddNumberToObject(pr, "threads", mc->threads);
     cJSON_AddNumberToObject(pr, "read_gbs", mc->bw.best);
+    cJSON_AddNumberToObject(pr, "floor_gbs", mc->ceil_gbs);
+    if (mc->over_stage) cJSON_AddStringToObject(pr, "shortfall_stage", mc->over_stage);
     cJSON_AddNumberToObject(pr, "read_gbs_min", mc->bw.min);
     cJSON_AddNumberToObject(pr, "read_gbs_median", mc->bw.median);
     cJSON_AddNumberToObject(pr, "read_passes", mc->bw.n);
@@ -448,7 +489,10 @@ int cmd_profile(int argc, char **argv) {
     }
     pf_machine mc = {.threads = o.engine.n_threads};
     /* The probes start their own threads: before the backend's exist. */
-    probe_read_bw_stats(mc.threads, &mc.bw);
+    if (pa.bw > 0)
+        mc.bw = (probe_stats){.best = pa.bw, .median = pa.bw, .min = pa.bw, .n = 0};
+    else
+        probe_read_bw_stats(mc.threads, &mc.bw);
     mc.gops_int8 = probe_peak_gops_int8(mc.threads);
     mc.gflops_f32 = probe_peak_gflops_f32(mc.threads);
     tk_model *m = NULL;
@@ -467,6 +511,7 @@ int cmd_profile(int argc, char **argv) {
         s.d.barriers = s.prof.barriers;
         backend_cpu_profile(&s.be, NULL);
         pf_row rows[PF_ROWS];
+        set_ceiling(&s.d, &mc, s.tmp);
         for (int r = 0; r < PF_ROWS; r++) rows[r] = row_of(&s.d, &mc, r, s.tmp);
         double step_ms = median_of(s.d.step_ns, steps, s.tmp) / 1e6;
         double fwd_ms = median_of(s.d.fwd_ns, steps, s.tmp) / 1e6;
