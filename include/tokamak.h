@@ -164,6 +164,11 @@ typedef enum tk_kv_scale { TK_KV_SCALE_HEAD, TK_KV_SCALE_TOKEN } tk_kv_scale;
 typedef struct tk_engine_opts {
     int n_threads;        /* 0: one per online core */
     bool pin_threads;     /* pin pool threads to cores */
+    const char *cpus;     /* "0-3,8": thread i runs on the list's CPU i (cycling); NULL: see
+                           * pin_threads. With n_threads 0, one thread per listed CPU.
+                           * Read at create only. */
+    bool numa;            /* interleave weights, KV and buffers over the NUMA nodes of the
+                           * threads' CPUs (libnuma; says so and does nothing on one node) */
     int ctx;              /* max context per sequence (default 4096) */
     int max_seqs;         /* sizes the pool when kv_mem is 0 (default max_batch) */
     size_t kv_mem;        /* KV pool bytes (0: max_seqs * ctx) */

@@ -92,8 +92,10 @@ int backend_rewrite_from(const backend *be, int n_pos);
 /* ---- the CPU backend (cpu.c) ----------------------------------------------------- */
 
 typedef struct backend_cpu_opts {
-    int n_threads; /* 0: one per core */
+    int n_threads; /* 0: one per core (one per listed CPU with cpus) */
     bool pin_threads;
+    const char *cpus; /* CPU list (pool_parse_cpus): thread i on the i-th, cycling; NULL: none */
+    bool numa;        /* interleave weights, KV and buffers over the threads' nodes (core/numa.h) */
     int block_size;
     tk_kv_type kv_type;
     tk_kv_scale kv_scale;

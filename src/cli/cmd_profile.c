@@ -75,7 +75,7 @@ static const cli_opt PF_ROWS_OPT[] = {
 static const cli_cmd PF_CMD = {
     "profile",
     "usage: tokamak profile -m MODEL [--batch B] [--ctx C] [--kv-type T] [--steps N] [--json FILE]",
-    CLI_G_MODEL | CLI_G_THREADS | CLI_G_KV | CLI_G_SAMPLING,
+    CLI_G_MODEL | CLI_G_THREADS | CLI_G_PLACE | CLI_G_KV | CLI_G_SAMPLING,
     PF_ROWS_OPT,
     "--ctx is the context each sequence holds when the timed steps start (default 512).\n"
     "Times the fused plan. Floors use the bandwidth and peaks probed at the start of the run.",
@@ -368,6 +368,8 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
     int max_tok = batch > 512 ? batch : 512;
     backend_cpu_opts bo = {.n_threads = e->n_threads,
                            .pin_threads = e->pin_threads,
+                           .cpus = e->cpus,
+                           .numa = e->numa,
                            .block_size = bs,
                            .kv_type = e->kv_type,
                            .kv_scale = e->kv_scale,

@@ -766,6 +766,8 @@ tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_eng
     backend_cpu_opts bo = {
         .n_threads = o.n_threads,
         .pin_threads = o.pin_threads,
+        .cpus = o.cpus,
+        .numa = o.numa,
         .block_size = o.block_size,
         .kv_type = o.kv_type,
         .kv_scale = o.kv_scale,

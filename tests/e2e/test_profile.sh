@@ -70,7 +70,13 @@ for b in (1, 4):
 print("ok: profile JSON")
 PY
 
-for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--bogus"; do
+# placement: both threads on CPU 0 (the list cycles), --numa (on one node it says so)
+"$TK_CLI" profile -m "$W/m.gguf" --batch 2 --ctx 16 --steps 2 --threads 2 --cpus 0 --numa --bw 20 \
+    --json "$W/pc.json" >"$W/pc.md" 2>"$W/pc.err" || fail "profile --cpus 0 --numa exited $?"
+grep -q '"threads":	2' "$W/pc.json" || fail "profile --cpus 0 --threads 2: not 2 threads"
+grep -q "numa" "$W/pc.err" || grep -q . "$W/pc.md" || fail "--numa: no output"
+
+for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--bogus"; do
     set +e
     # shellcheck disable=SC2086
     "$TK_CLI" profile -m "$W/m.gguf" $args >/dev/null 2>"$W/err.txt"
