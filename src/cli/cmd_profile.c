@@ -89,6 +89,8 @@ typedef struct pf_data {
     double *ns[PF_ROWS];   /* (n_steps) */
     double *step_ns;       /* forward + sampling */
     double *fwd_ns;        /* the forward step alone */
+    double *cpu[PF_ROWS];  /* (n_steps) the largest CPU time of any thread in the stage */
+    double *offcpu;        /* (n_steps) share of the threads' busy time off the CPU (preempted) */
     double thread_sum_err; /* largest |thread 0's marks - fwd wall| / fwd wall */
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
@@ -125,7 +127,7 @@ typedef struct pf_machine {
 /* One stage's summary row. */
 typedef struct pf_row {
     const char *name;
-    double ms, mean_ms, mb, gbs, bw_pct, gop, gops, peak_pct, floor_ms, x_floor;
+    double ms, mean_ms, cpu_ms, mb, gbs, bw_pct, gop, gops, peak_pct, floor_ms, x_floor;
     bool int8;
 } pf_row;
 
@@ -134,6 +136,7 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
     const fwd_stage_cost *c = &d->cost[r];
     o.ms = median_of(d->ns[r], d->n_steps, tmp) / 1e6;
     o.mean_ms = mean_of(d->ns[r], d->n_steps) / 1e6;
+    o.cpu_ms = median_of(d->cpu[r], d->n_steps, tmp) / 1e6;
     o.mb = (double)c->bytes / 1e6;
     o.gop = c->ops / 1e9;
     o.int8 = c->int8;
@@ -176,7 +179,7 @@ typedef struct pf_run {
 } pf_run;
 
 static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data *d, const pf_row *rows,
-                           double step_ms, double fwd_ms) {
+                           double step_ms, double fwd_ms, double off) {
     printf("# tokamak profile\n\n");
     printf("- model %s (%s weights), %d threads, batch %d at context %d, KV %s, %d timed decode steps "
            "(medians)\n",
@@ -194,12 +197,13 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
             mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
     printf("| stage | ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | floor ms | "
            "x floor |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double floor_sum = 0;
     for (int r = 0; r < PF_ROWS; r++) {
         const pf_row *o = &rows[r];
         floor_sum += o->floor_ms;
-        printf("| %s | %.3f | %.1f | ", o->name, o->ms, step_ms > 0 ? 100.0 * o->ms / step_ms : 0);
+        printf("| %s | %.3f | %.3f | %.1f | ", o->name, o->ms, o->cpu_ms,
+               step_ms > 0 ? 100.0 * o->ms / step_ms : 0);
         if (o->mb > 0)
             printf("%.1f | %.1f | %.0f | ", o->mb, o->gbs, o->bw_pct);
         else
@@ -213,19 +217,22 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         else
             printf("- | - |\n");
     }
-    printf("| **step** | **%.3f** | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** |\n\n", step_ms,
+    printf("| **step** | **%.3f** | | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** |\n\n", step_ms,
            (double)d->fwd_bytes / 1e6, step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
            step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
            floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0);
     printf("- forward %.3f ms + sampling %.3f ms; %.1f output tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
            step_ms > 0 ? 1e3 * ru->batch / step_ms : 0);
     printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
+    printf("- the threads were off the CPU %.1f%% of their busy time (median)%s\n", 100.0 * off,
+           off > 0.02 ? ": the machine was loaded; a stage's cpu ms is its work without the waits for a core"
+                      : "");
     printf("- a stage's ms is the longest busy time of any thread; barrier_wait is the rest of the forward "
            "step (threads idle at barriers, the pool's start and end)\n");
 }
 
 static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, const pf_row *rows,
-                      double step_ms, double fwd_ms) {
+                      double step_ms, double fwd_ms, double off) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
     cJSON_AddStringToObject(root, "model", ru->model);
@@ -253,6 +260,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddStringToObject(j, "stage", o->name);
         cJSON_AddNumberToObject(j, "ms", o->ms);
         cJSON_AddNumberToObject(j, "mean_ms", o->mean_ms);
+        cJSON_AddNumberToObject(j, "cpu_ms", o->cpu_ms);
         cJSON_AddNumberToObject(j, "bytes", (double)d->cost[r].bytes);
         cJSON_AddNumberToObject(j, "ops", d->cost[r].ops);
         cJSON_AddStringToObject(j, "peak", o->int8 ? "int8" : "fp32");
@@ -272,6 +280,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(sp, "forward_ms", fwd_ms);
     cJSON_AddNumberToObject(sp, "stages_mean_sum_ms", stage_sum);
     cJSON_AddNumberToObject(sp, "thread0_mark_error", d->thread_sum_err);
+    cJSON_AddNumberToObject(sp, "off_cpu", off);
     cJSON_AddNumberToObject(sp, "bytes", (double)d->fwd_bytes);
     cJSON_AddNumberToObject(sp, "floor_ms", floor_sum);
     cJSON_AddNumberToObject(sp, "x_floor", floor_sum > 0 ? step_ms / floor_sum : 0);
@@ -322,7 +331,11 @@ static void pf_free(pf_state *s, int batch) {
     tk_free_aligned(s->logits);
     tk_free(s->prompt_logits);
     tk_free_aligned(s->prof.rows);
-    for (int r = 0; r < PF_ROWS; r++) tk_free(s->d.ns[r]);
+    for (int r = 0; r < PF_ROWS; r++) {
+        tk_free(s->d.ns[r]);
+        tk_free(s->d.cpu[r]);
+    }
+    tk_free(s->d.offcpu);
     tk_free(s->d.step_ns);
     tk_free(s->d.fwd_ns);
     tk_free(s->tmp);
@@ -391,13 +404,18 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
     s->prof.rows = tk_alloc_aligned((size_t)nth * sizeof(fwd_prof_thread), 64);
     s->prof.n_threads = nth;
     s->d.n_steps = steps;
-    for (int r = 0; r < PF_ROWS; r++) s->d.ns[r] = tk_calloc((size_t)steps, sizeof(double));
+    for (int r = 0; r < PF_ROWS; r++) {
+        s->d.ns[r] = tk_calloc((size_t)steps, sizeof(double));
+        s->d.cpu[r] = tk_calloc((size_t)steps, sizeof(double));
+    }
+    s->d.offcpu = tk_calloc((size_t)steps, sizeof(double));
     s->d.step_ns = tk_calloc((size_t)steps, sizeof(double));
     s->d.fwd_ns = tk_calloc((size_t)steps, sizeof(double));
     s->tmp = tk_calloc((size_t)steps, sizeof(double));
     bool ok = s->bt && s->smp && s->tok && s->n && s->pos0 && s->n_logits && s->logits && s->prompt_logits &&
               s->prof.rows && s->d.step_ns && s->d.fwd_ns && s->tmp;
-    for (int r = 0; r < PF_ROWS; r++) ok &= s->d.ns[r] != NULL;
+    for (int r = 0; r < PF_ROWS; r++) ok &= s->d.ns[r] && s->d.cpu[r];
+    ok &= s->d.offcpu != NULL;
     for (int q = 0; ok && q < batch; q++) ok = (s->bt[q] = tk_calloc((size_t)nbs, sizeof(int32_t))) != NULL;
     if (!ok) return tk_fail(TK_ERR_NOMEM, "profile: out of memory for a batch of %d", batch);
     memset(s->prof.rows, 0, (size_t)nth * sizeof(fwd_prof_thread));
@@ -429,30 +447,43 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int pos, int
                   .pos0 = s->pos0,
                   .bt = (const int32_t *const *)s->bt,
                   .n_logits = s->n_logits};
-    for (int t = 0; t < nth; t++) memset(s->prof.rows[t].ns, 0, sizeof s->prof.rows[t].ns);
+    for (int t = 0; t < nth; t++) {
+        memset(s->prof.rows[t].ns, 0, sizeof s->prof.rows[t].ns);
+        memset(s->prof.rows[t].cpu_ns, 0, sizeof s->prof.rows[t].cpu_ns);
+    }
     uint64_t t0 = tk_now_ns();
     tk_status st = be->step(be->ctx, &b, s->logits);
-    uint64_t t1 = tk_now_ns();
+    uint64_t t1 = tk_now_ns(), c1 = fwd_prof_cpu_ns();
     if (st != TK_OK) return st;
     for (int q = 0; q < batch; q++) {
         tk_token_event ev;
         int32_t tok = sampler_sample(s->smp[q], s->logits + (size_t)q * V, NULL, 0, &ev);
         s->tok[q] = tok >= 0 ? tok : 0;
     }
-    uint64_t t2 = tk_now_ns();
+    uint64_t t2 = tk_now_ns(), c2 = fwd_prof_cpu_ns();
     if (i < 0) return TK_OK;
     pf_data *d = &s->d;
-    double work = 0, th0 = 0;
+    double work = 0, th0 = 0, wall_all = 0, cpu_all = 0;
     for (int r = 0; r < FWD_ST_COUNT; r++) {
-        uint64_t mx = 0;
-        for (int t = 0; t < nth; t++)
-            if (s->prof.rows[t].ns[r] > mx) mx = s->prof.rows[t].ns[r];
+        uint64_t mx = 0, mc = 0;
+        for (int t = 0; t < nth; t++) {
+            const fwd_prof_thread *row = &s->prof.rows[t];
+            if (row->ns[r] > mx) mx = row->ns[r];
+            if (row->cpu_ns[r] > mc) mc = row->cpu_ns[r];
+            if (r != FWD_ST_WAIT) { /* a barrier's wait may yield its core on purpose */
+                wall_all += (double)row->ns[r];
+                cpu_all += (double)row->cpu_ns[r];
+            }
+        }
         th0 += (double)s->prof.rows[0].ns[r];
+        d->cpu[r][i] = (double)mc;
         if (r != FWD_ST_WAIT) {
             d->ns[r][i] = (double)mx;
             work += (double)mx;
         }
     }
+    d->offcpu[i] = wall_all > 0 && cpu_all < wall_all ? 1.0 - cpu_all / wall_all : 0;
+    d->cpu[PF_SAMPLE][i] = (double)(c2 - c1);
     double fwd = (double)(t1 - t0);
     d->ns[FWD_ST_WAIT][i] = fwd > work ? fwd - work : 0;
     d->ns[PF_SAMPLE][i] = (double)(t2 - t1);
@@ -526,10 +557,11 @@ int cmd_profile(int argc, char **argv) {
                      .ctx = ctx,
                      .steps = steps,
                      .threads = s.be.n_threads};
-        print_markdown(&ru, &mc, &s.d, rows, step_ms, fwd_ms);
+        double off = median_of(s.d.offcpu, steps, s.tmp);
+        print_markdown(&ru, &mc, &s.d, rows, step_ms, fwd_ms, off);
         rc = 0;
         if (pa.json) {
-            cJSON *root = json_of(&ru, &mc, &s.d, rows, step_ms, fwd_ms);
+            cJSON *root = json_of(&ru, &mc, &s.d, rows, step_ms, fwd_ms, off);
             st = write_json(pa.json, root);
             cJSON_Delete(root);
             if (st != TK_OK) rc = 1;

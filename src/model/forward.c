@@ -427,7 +427,7 @@ static void forward_unfused(fwd_ctx *f, int ith, int nth) {
 
 static void fwd_worker(void *ctx, int ith, int nth) {
     fwd_ctx *f = ctx;
-    if (f->prof && ith > 0) f->prof->rows[ith].last = tk_now_ns(); /* thread 0 marks on in fwd_step */
+    if (f->prof && ith > 0) fwd_prof_start(f->prof, ith); /* thread 0 started in fwd_step */
     if (f->o.unfused)
         forward_unfused(f, ith, nth);
     else
@@ -608,7 +608,7 @@ static tk_status batch_check(const fwd_ctx *f, const tk_batch *b) {
 
 tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     if (!f || !b) return tk_fail(TK_ERR_INVALID, "forward: NULL argument");
-    if (f->prof) f->prof->rows[0].last = tk_now_ns();
+    if (f->prof) fwd_prof_start(f->prof, 0);
     tk_status st = batch_check(f, b);
     if (st) return st;
     int n_out = 0, t = 0;

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "core/clock.h"
 
@@ -33,9 +34,10 @@ typedef enum fwd_stage {
 } fwd_stage;
 
 typedef struct fwd_prof_thread {
-    uint64_t last;             /* ns of the thread's previous mark */
-    uint64_t ns[FWD_ST_COUNT]; /* accumulated since the caller last cleared */
-    uint64_t pad[(8 - (FWD_ST_COUNT + 1) % 8) % 8];
+    uint64_t last, last_cpu;       /* the thread's previous mark: wall and own CPU time, ns */
+    uint64_t ns[FWD_ST_COUNT];     /* wall time accumulated since the caller last cleared */
+    uint64_t cpu_ns[FWD_ST_COUNT]; /* the thread's CPU time in the same spans: less than ns
+                                    * when the thread was descheduled (a loaded machine) */
 } __attribute__((aligned(64))) fwd_prof_thread;
 
 /* rows: one per pool thread (pool_size). */
@@ -73,11 +75,26 @@ void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8,
 /* "qkv", "attention", ... (stable: the JSON keys of tokamak profile). */
 const char *fwd_stage_name(fwd_stage s);
 
+/* The calling thread's CPU time, ns. */
+static inline uint64_t fwd_prof_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Start thread ith's timeline (the beginning of its part of a step). */
+static inline void fwd_prof_start(fwd_prof *p, int ith) {
+    p->rows[ith].last = tk_now_ns();
+    p->rows[ith].last_cpu = fwd_prof_cpu_ns();
+}
+
 static inline void fwd_prof_mark(fwd_prof *p, int ith, fwd_stage s) {
     fwd_prof_thread *r = &p->rows[ith];
-    uint64_t now = tk_now_ns();
+    uint64_t now = tk_now_ns(), cpu = fwd_prof_cpu_ns();
     r->ns[s] += now - r->last;
+    r->cpu_ns[s] += cpu - r->last_cpu;
     r->last = now;
+    r->last_cpu = cpu;
 }
 
 #endif

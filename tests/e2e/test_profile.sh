@@ -49,7 +49,8 @@ for b in (1, 4):
     assert 0 < work <= step["mean_ms"], f"work {work} ms, step {step['mean_ms']} ms"
     assert step["thread0_mark_error"] < 0.05, f"thread 0's marks off its step by {step['thread0_mark_error']}"
     for s in st:
-        assert s["ms"] >= 0 and s["bytes"] >= 0 and s["ops"] >= 0, s
+        assert s["ms"] >= 0 and s["bytes"] >= 0 and s["ops"] >= 0 and s["cpu_ms"] >= 0, s
+    assert 0 <= step["off_cpu"] <= 1
     # bytes: the forward stages read what the step reads
     fwd = sum(s["bytes"] for s in st if s["stage"] != "sampling")
     assert fwd == step["bytes"], f"stage bytes {fwd} != step bytes {step['bytes']}"
