@@ -195,13 +195,15 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
             "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
             "%.1f GB/s\n\n",
             mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
-    printf("| stage | ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | floor ms | "
-           "x floor |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    double floor_sum = 0;
+    printf("| stage | ms | cpu ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | "
+           "floor ms | "
+           "x floor | cpu x floor |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double floor_sum = 0, cpu_sum = 0;
     for (int r = 0; r < PF_ROWS; r++) {
         const pf_row *o = &rows[r];
         floor_sum += o->floor_ms;
+        cpu_sum += o->cpu_ms;
         printf("| %s | %.3f | %.3f | %.1f | ", o->name, o->ms, o->cpu_ms,
                step_ms > 0 ? 100.0 * o->ms / step_ms : 0);
         if (o->mb > 0)
@@ -213,14 +215,15 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         else
             printf("- | - | - | ");
         if (o->floor_ms > 0)
-            printf("%.3f | %.1f |\n", o->floor_ms, o->x_floor);
+            printf("%.3f | %.1f | %.1f |\n", o->floor_ms, o->x_floor, o->cpu_ms / o->floor_ms);
         else
-            printf("- | - |\n");
+            printf("- | - | - |\n");
     }
-    printf("| **step** | **%.3f** | | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** |\n\n", step_ms,
-           (double)d->fwd_bytes / 1e6, step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
+    printf("| **step** | **%.3f** | %.3f | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** | %.1f |\n\n",
+           step_ms, cpu_sum, (double)d->fwd_bytes / 1e6,
+           step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
            step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
-           floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0);
+           floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0, floor_sum > 0 ? cpu_sum / floor_sum : 0);
     printf("- forward %.3f ms + sampling %.3f ms; %.1f output tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
            step_ms > 0 ? 1e3 * ru->batch / step_ms : 0);
     printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
