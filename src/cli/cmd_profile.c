@@ -37,7 +37,7 @@
 
 typedef struct pf_args {
     int batch, steps;
-    double bw;
+    double bw, peak_int8, peak_f32;
     const char *json;
 } pf_args;
 
@@ -64,6 +64,22 @@ static const cli_opt PF_ROWS_OPT[] = {
      .lo = 0,
      .hi = 1e6,
      .flags = CLI_LO_OPEN},
+    {.name = "--peak-int8",
+     .arg = "GOPS",
+     .help = "int8 peak for the floors (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(pf_args, peak_int8),
+     .lo = 0,
+     .hi = 1e9,
+     .flags = CLI_LO_OPEN},
+    {.name = "--peak-f32",
+     .arg = "GFLOPS",
+     .help = "fp32 peak for the floors (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(pf_args, peak_f32),
+     .lo = 0,
+     .hi = 1e9,
+     .flags = CLI_LO_OPEN},
     {.name = "--json",
      .arg = "FILE",
      .help = "also write the report as JSON",
@@ -78,6 +94,8 @@ static const cli_cmd PF_CMD = {
     CLI_G_MODEL | CLI_G_THREADS | CLI_G_PLACE | CLI_G_KV | CLI_G_SAMPLING,
     PF_ROWS_OPT,
     "--ctx is the context each sequence holds when the timed steps start (default 512).\n"
+    "--bw, --peak-int8 and --peak-f32 replace the probes (a quiet machine's figures when this one is "
+    "loaded).\n"
     "Times the fused plan. Floors use the bandwidth and peaks probed at the start of the run.",
     0,
     NULL,
@@ -118,6 +136,7 @@ typedef struct pf_machine {
     int threads;
     probe_stats bw; /* GB/s */
     double gops_int8, gflops_f32;
+    bool int8_given, f32_given;
     /* The bandwidth floors use: the probe's best, or a stage's own read rate
      * where one read faster (the probe's shortfall, named in the report). */
     double ceil_gbs;
@@ -188,8 +207,9 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         printf("- probe (%d threads): read %.1f GB/s (best of %d passes; min %.1f, median %.1f), ",
                mc->threads, mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median);
     else
-        printf("- read bandwidth %.1f GB/s (given); probe (%d threads): ", mc->bw.best, mc->threads);
-    printf("peak int8 %.0f GOP/s, peak fp32 %.0f GFLOP/s\n\n", mc->gops_int8, mc->gflops_f32);
+        printf("- read bandwidth %.1f GB/s (given), ", mc->bw.best);
+    printf("peak int8 %.0f GOP/s%s, peak fp32 %.0f GFLOP/s%s\n\n", mc->gops_int8,
+           mc->int8_given ? " (given)" : "", mc->gflops_f32, mc->f32_given ? " (given)" : "");
     if (mc->over_stage)
         printf(
             "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
@@ -529,8 +549,10 @@ int cmd_profile(int argc, char **argv) {
         mc.bw = (probe_stats){.best = pa.bw, .median = pa.bw, .min = pa.bw, .n = 0};
     else
         probe_read_bw_stats(mc.threads, &mc.bw);
-    mc.gops_int8 = probe_peak_gops_int8(mc.threads);
-    mc.gflops_f32 = probe_peak_gflops_f32(mc.threads);
+    mc.int8_given = pa.peak_int8 > 0;
+    mc.f32_given = pa.peak_f32 > 0;
+    mc.gops_int8 = pa.peak_int8 > 0 ? pa.peak_int8 : probe_peak_gops_int8(mc.threads);
+    mc.gflops_f32 = pa.peak_f32 > 0 ? pa.peak_f32 : probe_peak_gflops_f32(mc.threads);
     tk_model *m = NULL;
     if (tk_model_open(o.model_path, &o.model, &m) != TK_OK) {
         fprintf(stderr, "tokamak profile: %s\n", tk_last_error());
