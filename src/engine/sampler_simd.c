@@ -36,9 +36,9 @@ float samp_expf(float x) {
     float r2 = r * r;
     float p = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5;
     float e = p * r2 + r + 1.0f;
-    int32_t bits;
+    uint32_t bits; /* 2^k into the exponent field: unsigned, so a negative k is no UB shift */
     memcpy(&bits, &e, sizeof bits);
-    bits += (int32_t)k << 23;
+    bits += (uint32_t)(int32_t)k << 23;
     memcpy(&e, &bits, sizeof e);
     return e;
 }
