@@ -537,6 +537,10 @@ int cmd_profile(int argc, char **argv) {
         cli_error(&PF_CMD, "-m MODEL is required; 'tokamak profile --help' lists the options");
         return 2;
     }
+    if (cli_opts_given(&o, "--kv-mem")) {
+        cli_error(&PF_CMD, "--kv-mem: profile sizes the KV pool to its batch and context itself");
+        return 2;
+    }
     int batch = pa.batch, steps = pa.steps, ctx = o.engine.ctx;
     if (o.engine.n_threads == 0) {
         tk_cpu c;

@@ -77,7 +77,7 @@ PY
 grep -q '"threads":	2' "$W/pc.json" || fail "profile --cpus 0 --threads 2: not 2 threads"
 grep -q "numa" "$W/pc.err" || grep -q . "$W/pc.md" || fail "--numa: no output"
 
-for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--bogus"; do
+for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--kv-mem 64" "--bogus"; do
     set +e
     # shellcheck disable=SC2086
     "$TK_CLI" profile -m "$W/m.gguf" $args >/dev/null 2>"$W/err.txt"
