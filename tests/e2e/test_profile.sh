@@ -18,7 +18,7 @@ fail() {
 "$TK_CLI" info -m "$W/m.gguf" --bw 10 >"$W/info.txt"
 for b in 1 4; do
     bw=""
-    [ $b -eq 4 ] && bw="--bw 20" # the read probe once is enough
+    [ $b -eq 4 ] && bw="--bw 20 --peak-int8 500 --peak-f32 100" # the probes once are enough
     # shellcheck disable=SC2086
     "$TK_CLI" profile -m "$W/m.gguf" --batch $b --ctx 32 --steps 4 --kv-type int8 --block-size 128 --threads 2 \
         $bw --json "$W/p$b.json" >"$W/p$b.md" || fail "profile --batch $b exited $?"
@@ -63,7 +63,7 @@ for b in (1, 4):
     assert pr["read_gbs"] > 0 and pr["read_gbs_min"] <= pr["read_gbs_median"] <= pr["read_gbs"]
     assert pr["floor_gbs"] >= pr["read_gbs"]
     if b == 4:
-        assert pr["read_gbs"] == 20 and pr["read_passes"] == 0
+        assert pr["read_gbs"] == 20 and pr["read_passes"] == 0 and pr["peak_gops_int8"] == 500
     # no stage reading a megabyte or more (from memory, not cache) beats the
     # bandwidth its floor uses: a faster one raises it
     for s in st:
@@ -73,6 +73,7 @@ PY
 
 # placement: both threads on CPU 0 (the list cycles), --numa (on one node it says so)
 "$TK_CLI" profile -m "$W/m.gguf" --batch 2 --ctx 16 --steps 2 --threads 2 --cpus 0 --numa --bw 20 \
+    --peak-int8 500 --peak-f32 100 \
     --json "$W/pc.json" >"$W/pc.md" 2>"$W/pc.err" || fail "profile --cpus 0 --numa exited $?"
 grep -q '"threads":	2' "$W/pc.json" || fail "profile --cpus 0 --threads 2: not 2 threads"
 grep -q "numa" "$W/pc.err" || grep -q . "$W/pc.md" || fail "--numa: no output"
