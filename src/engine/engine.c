@@ -430,12 +430,14 @@ static void spec_prepare(tk_engine *e) {
     e->sp_k_last = total;
 }
 
-/* Sample a decode's rows (1 + n_draft; logits advances past them): a draft is
- * kept while it equals the token sampled at its position, the first token that
- * differs (or the one after the last draft) ends the run. Each row is sampled
- * exactly as a plain decode of that position would be, so the output is the
- * same. The KV past the last kept position is dropped (sched_spec_settle). */
-static int spec_take(tk_engine *e, eng_req *q, const sched_item *it, float *logits) {
+/* Sample an item's rows (1 + n_draft) and take the tokens; returns how many
+ * were sampled. Without drafts: one token, the plain decode. With drafts: a
+ * draft is kept while it equals the token sampled at its position, and the
+ * first token that differs (or the one after the last draft) ends the run.
+ * Each row is sampled exactly as a plain decode of that position would be, so
+ * the output is the same. The KV past the last kept position is dropped
+ * (sched_spec_settle). */
+static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *logits) {
     const int V = e->be.n_vocab, nd = it->n_draft;
     int a = 0, sampled = 0;
     for (int j = 0; j <= nd; j++) {
@@ -450,10 +452,11 @@ static int spec_take(tk_engine *e, eng_req *q, const sched_item *it, float *logi
             return sampled;
         }
         sampled++;
-        if (nd == 0 && q->spec_first >= 0)
+        if (nd == 0 && q->spec_first >= 0) /* a draft on offer, not verified: score it for free */
             q->spec_alpha = spec_alpha_update(q->spec_alpha, tok == q->spec_first, tok != q->spec_first);
         else if (nd > 0 && (tok != draft || j == nd))
             q->spec_alpha = spec_alpha_update(q->spec_alpha, a, j < nd);
+        q->spec_first = -1;
         bool keep = j < nd && tok == draft;
         e->sp_accepted += keep;
         a += keep;
@@ -576,20 +579,7 @@ static void run_step(tk_engine *e) {
             }
             sampler_set_n_prompt(q->sampler, q->n_prompt);
         }
-        if (e->o.spec != TK_SPEC_OFF) {
-            out_tok += (uint64_t)spec_take(e, q, it, lg);
-            continue;
-        }
-        tk_token_event ev;
-        memset(&ev, 0, sizeof ev);
-        int32_t tok = sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
-        ev.t = tk_now_s();
-        if (tok < 0) {
-            req_finish(e, q, TK_FINISH_ERROR, "sampler: no token has a finite logit");
-            continue;
-        }
-        out_tok++;
-        req_accept_token(e, q, tok, &ev);
+        out_tok += (uint64_t)take_tokens(e, q, it, lg);
     }
     (void)n_want;
     /* The budget's costs are whole turns (plan, forward, sampling, callbacks):

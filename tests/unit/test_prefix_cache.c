@@ -29,6 +29,7 @@
 #include "engine/sampler.h"
 #include "engine/sched.h"
 #include "engine_wait.h"
+#include "tiny_model.h"
 #include "tokamak.h"
 
 static uint64_t hash_const(uint64_t parent, const int32_t *tokens, int n) {
@@ -707,25 +708,6 @@ static void test_prefix_cache_engine_off(void **state) {
 }
 
 /* ---- the engine over a real model ------------------------------------------------------ */
-
-/* The tiny synthetic qwen3 (F32 weights) that tests/e2e makes too; NULL (the
- * test is skipped) without the CLI to make it. */
-static tk_model *open_tiny(void) {
-    const char *tmp = getenv("TK_TMP"), *cli = getenv("TK_CLI");
-    if (!tmp || !cli) return NULL;
-    char path[512], part[600], cmd[4096];
-    snprintf(path, sizeof path, "%s/engine_tiny_f32.gguf", tmp);
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        snprintf(part, sizeof part, "%s.%d", path, (int)getpid());
-        snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --dtype f32 -o '%s' >/dev/null && mv '%s' '%s'",
-                 cli, part, part, path);
-        if (system(cmd) != 0) fail_msg("synth failed: %s", cmd);
-    }
-    tk_model *m = NULL;
-    if (tk_model_open(path, NULL, &m) != TK_OK) fail_msg("open %s: %s", path, tk_last_error());
-    return m;
-}
 
 #define MREQ 12
 #define MOUT 4

@@ -33,6 +33,7 @@
 #include "engine/spec.h"
 #include "engine_wait.h"
 #include "model/model.h"
+#include "tiny_model.h"
 #include "tokamak.h"
 
 /* ---- pure parts ------------------------------------------------------------------- */
@@ -560,23 +561,6 @@ static void test_spec_engine_options(void **state) {
 }
 
 /* ---- the KV after a rejection, on a real model ---------------------------------------------- */
-
-static tk_model *open_tiny(void) {
-    const char *tmp = getenv("TK_TMP"), *cli = getenv("TK_CLI");
-    if (!tmp || !cli) return NULL;
-    char path[512], part[600], cmd[4096];
-    snprintf(path, sizeof path, "%s/engine_tiny_f32.gguf", tmp);
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        snprintf(part, sizeof part, "%s.%d", path, (int)getpid());
-        snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --dtype f32 -o '%s' >/dev/null && mv '%s' '%s'",
-                 cli, part, part, path);
-        if (system(cmd) != 0) fail_msg("synth failed: %s", cmd);
-    }
-    tk_model *m = NULL;
-    if (tk_model_open(path, NULL, &m) != TK_OK) fail_msg("open %s: %s", path, tk_last_error());
-    return m;
-}
 
 /* Three runs of one sequence over the tiny model: A decodes token by token;
  * B decodes the same tokens verifying k drafts at every step (k + 1
