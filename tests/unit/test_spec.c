@@ -266,42 +266,7 @@ static void test_spec_sched_settle(void **state) {
 #define CTX   256
 #define CYCLE 10
 
-typedef struct fake {
-    int n_blocks, n_free;
-    int *free_ids;
-    int *refs;
-    int32_t *store;
-    _Atomic int fail;
-    _Atomic int step_us, tok_us;
-} fake;
-
-static void fake_fail(fake *f, int why) {
-    if (!f->fail) f->fail = why;
-}
-static int f_alloc(void *c) {
-    fake *f = c;
-    if (!f->n_free) return -1;
-    int b = f->free_ids[--f->n_free];
-    if (f->refs[b]) fake_fail(f, 1);
-    f->refs[b] = 1;
-    for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1;
-    return b;
-}
-static void f_free(void *c, int b) {
-    fake *f = c;
-    if (b < 0 || b >= f->n_blocks || f->refs[b] <= 0) {
-        fake_fail(f, 2);
-        return;
-    }
-    if (--f->refs[b] == 0) f->free_ids[f->n_free++] = b;
-}
-static int f_n_free(void *c) { return ((fake *)c)->n_free; }
-static void f_ref(void *c, int b) { ((fake *)c)->refs[b]++; }
-static int f_refs(void *c, int b) { return ((fake *)c)->refs[b]; }
-static void f_copy(void *c, int dst, int src) {
-    fake *f = c;
-    memcpy(f->store + (size_t)dst * FBS, f->store + (size_t)src * FBS, FBS * sizeof *f->store);
-}
+#include "fake_pool.h"
 
 /* Logits: a peak on the cycle's next token after the last one, except where a
  * hash of the whole history read through the block table says otherwise. */
@@ -337,22 +302,6 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
         }
     }
     return TK_OK;
-}
-
-static fake *fake_new(int n_blocks) {
-    fake *f = tk_calloc(1, sizeof *f);
-    f->n_blocks = f->n_free = n_blocks;
-    f->free_ids = tk_calloc((size_t)n_blocks, sizeof *f->free_ids);
-    f->refs = tk_calloc((size_t)n_blocks, sizeof *f->refs);
-    f->store = tk_calloc((size_t)n_blocks * FBS, sizeof *f->store);
-    for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
-    return f;
-}
-static void fake_delete(fake *f) {
-    tk_free(f->free_ids);
-    tk_free(f->refs);
-    tk_free(f->store);
-    tk_free(f);
 }
 
 #define NREQ   32
