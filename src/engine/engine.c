@@ -87,8 +87,9 @@ struct tk_engine {
     int *sp_avail, *sp_k;
     uint64_t sp_decodes, sp_verifies, sp_drafted, sp_accepted;
     int sp_k_last;
-    char *tbuf; /* (tok bound) detokenized bytes of one token */
-    char *obuf; /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
+    bool sp_force; /* tests: verify every draft on offer (engine_set_spec_force) */
+    char *tbuf;    /* (tok bound) detokenized bytes of one token */
+    char *obuf;    /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
     size_t tbound;
 };
 
@@ -425,6 +426,10 @@ static void spec_prepare(tk_engine *e) {
         n++;
     }
     int total = spec_choose(&e->spec, n, e->sp_alpha, e->sp_avail, e->sp_k);
+    if (e->sp_force) {
+        total = 0;
+        for (int i = 0; i < n; i++) total += e->sp_k[i] = e->sp_avail[i];
+    }
     for (int i = 0; i < n; i++) e->sp_req[i]->seq.n_draft = e->sp_k[i];
     e->sp_decodes += (uint64_t)n;
     e->sp_k_last = total;
@@ -865,6 +870,8 @@ void tk_engine_free(tk_engine *e) {
 }
 
 void engine_set_prefix_hash(tk_engine *e, prefix_hash_fn fn) { sched_set_prefix_hash(e->sc, fn); }
+
+void engine_set_spec_force(tk_engine *e, bool on) { e->sp_force = on; }
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
     if (!e || !out) return tk_fail(TK_ERR_INVALID, "stats: NULL argument");
