@@ -161,9 +161,17 @@ typedef struct tk_engine tk_engine;
 typedef enum tk_kv_type { TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8 } tk_kv_type;
 typedef enum tk_kv_scale { TK_KV_SCALE_HEAD, TK_KV_SCALE_TOKEN } tk_kv_scale;
 
+/* Speculative decoding (docs/engine.md, "Speculative decoding"). */
+typedef enum tk_spec_mode { TK_SPEC_OFF, TK_SPEC_NGRAM } tk_spec_mode;
+
 typedef struct tk_engine_opts {
     int n_threads;        /* 0: one per online core */
     bool pin_threads;     /* pin pool threads to cores */
+    const char *cpus;     /* "0-3,8": thread i runs on the list's CPU i (cycling); NULL: see
+                           * pin_threads. With n_threads 0, one thread per listed CPU.
+                           * Read at create only. */
+    bool numa;            /* interleave weights, KV and buffers over the NUMA nodes of the
+                           * threads' CPUs (libnuma; says so and does nothing on one node) */
     int ctx;              /* max context per sequence (default 4096) */
     int max_seqs;         /* sizes the pool when kv_mem is 0 (default max_batch) */
     size_t kv_mem;        /* KV pool bytes (0: max_seqs * ctx) */
@@ -181,6 +189,11 @@ typedef struct tk_engine_opts {
     int max_queue;        /* waiting requests before submit says FULL (default 1024) */
     bool no_prefix_cache; /* do not share the KV of full blocks by content (the prefix
                            * cache, docs/engine.md; on by default) */
+    tk_spec_mode spec;    /* drafter: off (default) or n-gram prompt lookup */
+    int spec_k;           /* most draft tokens a sequence verifies in a step (0: default 8); the
+                           * engine chooses 0..spec_k per sequence and step */
+    int spec_ngram;       /* n-gram length the drafter matches (0: default 3; shorter down to 2 when
+                           * the longest has no match) */
 } tk_engine_opts;
 
 void tk_engine_opts_default(tk_engine_opts *o);
@@ -314,6 +327,16 @@ typedef struct tk_engine_stats {
     bool prefix_cache;
     uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_evictions;
     int prefix_cache_blocks;
+    /* Speculative decoding: the drafter and cap; decodes the controller
+     * decided for (with a draft on offer), decodes that verified drafts, draft
+     * tokens verified and accepted (acceptance = accepted / drafted), drafts
+     * chosen in the last step (all sequences), and the fitted step cost
+     * (ms = base + per_token x tokens; 0 until fitted). */
+    tk_spec_mode spec;
+    int spec_k;
+    uint64_t spec_decodes, spec_verifies, spec_drafted, spec_accepted;
+    int spec_k_last;
+    double spec_step_ms_base, spec_step_ms_per_token;
 } tk_engine_stats;
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);

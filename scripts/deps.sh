@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${TOKAMAK_CACHE:-$here/.cache}
 
 pkgs=(build-essential cmake pkg-config clang clang-format libclang-rt-dev
-      libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libcmocka-dev
+      libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libcmocka-dev libnuma-dev
       gnuplot-nox python3 python3-numpy
       # the reference model (scripts/train_ref.py, tests/ref/test_ref_trained_slow.sh):
       # torch with an optimised BLAS (without it Debian's torch uses the reference

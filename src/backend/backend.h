@@ -92,8 +92,10 @@ int backend_rewrite_from(const backend *be, int n_pos);
 /* ---- the CPU backend (cpu.c) ----------------------------------------------------- */
 
 typedef struct backend_cpu_opts {
-    int n_threads; /* 0: one per core */
+    int n_threads; /* 0: one per core (one per listed CPU with cpus) */
     bool pin_threads;
+    const char *cpus; /* CPU list (pool_parse_cpus): thread i on the i-th, cycling; NULL: none */
+    bool numa;        /* interleave weights, KV and buffers over the threads' nodes (core/numa.h) */
     int block_size;
     tk_kv_type kv_type;
     tk_kv_scale kv_scale;
@@ -111,6 +113,12 @@ typedef struct backend_cpu_opts {
 /* Fill *out with a CPU backend over m (which must outlive it). On failure
  * *out is zeroed and nothing is held. Freed by backend_free. */
 tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backend *out);
+
+struct fwd_prof;
+/* Stage timing (model/fwd_prof.h) of the following steps of a CPU backend,
+ * or none (NULL); prof holds one row per thread (be->n_threads). Not during a
+ * step. TK_ERR_INVALID when be is not a CPU backend. */
+tk_status backend_cpu_profile(const backend *be, struct fwd_prof *prof);
 
 /* Destroy the backend (be->destroy) and zero it; NULL or zeroed: no-op. */
 void backend_free(backend *be);

@@ -6,6 +6,8 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/numa.h"
 #include "core/pool.h"
 #include "kv/kv.h"
 #include "model/forward.h"
@@ -64,6 +66,26 @@ static uint64_t model_id_of(const tk_model *m) {
     return fnv_bytes(h, &self, sizeof self);
 }
 
+#define CPU_LIST_MAX 1024
+
+/* --numa: the nodes of the threads' CPUs, and the weights moved there. On a
+ * machine with nothing to place, one line says why. */
+static tk_status numa_place_weights(const tk_model *m, const int *cpus, int n_cpus, tk_numa *nm) {
+    char why[96];
+    tk_status st = tk_numa_init(cpus, n_cpus, nm, why, sizeof why);
+    if (st != TK_OK) return st;
+    if (!nm->active) {
+        tk_log_warn("numa: %s; --numa places nothing", why);
+        return TK_OK;
+    }
+    void *p;
+    size_t n;
+    model_resident_region(m, &p, &n);
+    st = tk_numa_move(nm, p, n);
+    if (st == TK_OK) tk_log_info("numa: weights, KV and buffers interleaved over %d node(s)", nm->n_nodes);
+    return st;
+}
+
 /* Blocks the options ask for: n_blocks, or what kv_mem holds. */
 static tk_status blocks_of(const backend_cpu_opts *o, const tk_kv_opts *ko, int *out) {
     if (o->n_blocks > 0) {
@@ -84,6 +106,12 @@ static tk_status blocks_of(const backend_cpu_opts *o, const tk_kv_opts *ko, int 
     return TK_OK;
 }
 
+tk_status backend_cpu_profile(const backend *be, struct fwd_prof *prof) {
+    if (!be || be->destroy != cb_destroy || !be->ctx)
+        return tk_fail(TK_ERR_INVALID, "backend: not a CPU backend");
+    return fwd_set_profile(((cpu_be *)be->ctx)->fwd, prof);
+}
+
 tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backend *out) {
     if (!out) return tk_fail(TK_ERR_INVALID, "backend: out is NULL");
     memset(out, 0, sizeof *out);
@@ -101,12 +129,18 @@ tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backe
     if (st != TK_OK) return st;
     cpu_be *cb = tk_calloc(1, sizeof *cb);
     if (!cb) return tk_fail(TK_ERR_NOMEM, "backend: out of memory");
-    if (o->share_pool) {
+    int cpus[CPU_LIST_MAX], n_cpus = 0;
+    if (o->cpus) st = pool_parse_cpus(o->cpus, cpus, CPU_LIST_MAX, &n_cpus);
+    if (st == TK_OK && o->share_pool) {
         cb->pool = ((const cpu_be *)o->share_pool->ctx)->pool;
-    } else {
-        st = pool_init(o->n_threads, o->pin_threads, &cb->pool);
+    } else if (st == TK_OK) {
+        st = n_cpus > 0 ? pool_init_cpus(o->n_threads > 0 ? o->n_threads : n_cpus, cpus, n_cpus, &cb->pool)
+                        : pool_init(o->n_threads, o->pin_threads, &cb->pool);
         cb->own_pool = st == TK_OK;
     }
+    tk_numa nm = {0};
+    if (st == TK_OK && o->numa) st = numa_place_weights(m, n_cpus ? cpus : NULL, n_cpus, &nm);
+    tk_numa_interleave_begin(&nm); /* the KV and the step's buffers */
     if (st == TK_OK) st = kv_init(&ko, &cb->kv);
     if (st == TK_OK) {
         fwd_opts fo = {.max_tokens = o->max_tokens,
@@ -115,6 +149,8 @@ tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backe
                        .unfused = o->unfused};
         st = fwd_init(m, cb->kv, cb->pool, &fo, &cb->fwd);
     }
+    tk_numa_interleave_end(&nm);
+    tk_numa_free(&nm);
     if (st != TK_OK) {
         cb_destroy(cb);
         return st;

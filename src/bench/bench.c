@@ -748,16 +748,20 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
     /* Probe again after the engines are gone: a neighbour's load only ever
      * lowers a probe, so the higher of the two is the machine's ceiling, and
      * every roofline is restated against it. */
-    double bw = probe_read_bw(info->probe_threads);
+    probe_stats ps;
+    probe_read_bw_stats(info->probe_threads, &ps);
+    double bw = ps.best;
     if (bw > info->read_bw_gbs) {
         info->read_bw_gbs = bw;
+        info->read_bw_min_gbs = ps.min;
+        info->read_bw_median_gbs = ps.median;
         for (int s = 0; s < out->n_series; s++)
             for (int i = 0; i < out->series[s].n_points; i++) {
                 bench_point *p = &out->series[s].points[i];
                 for (int r = 0; r < p->n_rep; r++) {
                     bench_level *l = &p->rep[r];
                     l->read_bw_gbs = bw;
-                    l->m[BM_ROOF_PCT] = 100.0 * l->m[BM_STEP_GBS] / bw;
+                    l->m[BM_ROOF_PCT] = probe_roofline_pct(l->m[BM_STEP_GBS], bw, NULL);
                 }
                 bench_point_summarize(p);
             }

@@ -203,7 +203,8 @@ typedef struct bench_info {
     char model_name[128], model_arch[32], model_dtype[16];
     int64_t n_params;
     uint64_t weight_bytes, decode_bytes, kv_bytes_per_token;
-    double read_bw_gbs; /* probe_read_bw(engine threads), measured by this run */
+    double read_bw_gbs;                         /* probe_read_bw(engine threads), measured by this run */
+    double read_bw_min_gbs, read_bw_median_gbs; /* the spread of that probe's passes */
     double peak_gflops_f32, peak_gops_int8;
     int probe_threads;
 } bench_info;

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -25,8 +26,12 @@
 
 /* Rep 0 is the warm-up (page walks, frequency ramp); the best of the rest wins
  * because interference (other processes, the hypervisor) only ever slows a
- * pass down. */
-#define PROBE_REPS             6
+ * pass down. The read probe alternates two loops, plain loads and loads with
+ * the kernels' software prefetch one distance ahead, and keeps the best pass
+ * of either: the engine's weight stream may get either benefit. */
+#define PROBE_REPS 10
+/* The 8-row Q8_0 kernel's software prefetch distance (simd_body.h). */
+#define PROBE_PREFETCH         2048
 #define PROBE_MAX_THREADS      256
 #define PROBE_BYTES_PER_THREAD ((size_t)256 << 20)
 #define PROBE_BYTES_TOTAL      ((size_t)1 << 30)
@@ -70,9 +75,12 @@ static uint64_t read_plain(const unsigned char *p, size_t n) {
 }
 
 #if PROBE_X86
-__attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p, size_t n) {
+__attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p, size_t n, bool pf) {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
     for (size_t i = 0; i + 128 <= n; i += 128) {
+        if (pf)
+            for (int o = 0; o < 128; o += 64)
+                _mm_prefetch((const char *)((uintptr_t)p + i + o + PROBE_PREFETCH), _MM_HINT_T0);
         a = _mm256_xor_si256(a, _mm256_load_si256((const __m256i *)(const void *)(p + i)));
         b = _mm256_xor_si256(b, _mm256_load_si256((const __m256i *)(const void *)(p + i + 32)));
         c = _mm256_xor_si256(c, _mm256_load_si256((const __m256i *)(const void *)(p + i + 64)));
@@ -82,9 +90,12 @@ __attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p
     return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
 }
 
-__attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned char *p, size_t n) {
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned char *p, size_t n, bool pf) {
     __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
     for (size_t i = 0; i + 256 <= n; i += 256) {
+        if (pf)
+            for (int o = 0; o < 256; o += 64)
+                _mm_prefetch((const char *)((uintptr_t)p + i + o + PROBE_PREFETCH), _MM_HINT_T0);
         a = _mm512_xor_si512(a, _mm512_load_si512((const void *)(p + i)));
         b = _mm512_xor_si512(b, _mm512_load_si512((const void *)(p + i + 64)));
         c = _mm512_xor_si512(c, _mm512_load_si512((const void *)(p + i + 128)));
@@ -98,12 +109,13 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned ch
 }
 #endif
 
-static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n) {
+static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n, bool pf) {
 #if PROBE_X86
-    if (isa == TK_ISA_AVX512) return read_avx512(p, n);
-    if (isa == TK_ISA_AVX2) return read_avx2(p, n);
+    if (isa == TK_ISA_AVX512) return read_avx512(p, n, pf);
+    if (isa == TK_ISA_AVX2) return read_avx2(p, n, pf);
 #endif
     (void)isa;
+    (void)pf;
     return read_plain(p, n);
 }
 
@@ -310,7 +322,7 @@ static void *probe_main(void *arg) {
         pthread_barrier_wait(&sh->bar);
         t->t0[r] = now_s();
         if (run)
-            t->sink ^= sh->kind == PROBE_READ ? read_once(sh->isa, buf, sh->bytes)
+            t->sink ^= sh->kind == PROBE_READ ? read_once(sh->isa, buf, sh->bytes, r % 2 == 0)
                                               : compute_once(sh->kind, sh->isa, sh->iters);
         t->t1[r] = now_s();
     }
@@ -318,8 +330,9 @@ static void *probe_main(void *arg) {
     return NULL;
 }
 
-/* Runs the probe on nth pinned threads; returns work per second of the best rep. */
-static double probe_run(probe_kind kind, int n_threads, size_t bytes, long iters) {
+/* Runs the probe on nth pinned threads; returns work per second of the best rep.
+ * rates (may be NULL): each timed rep's work per second, PROBE_REPS - 1 of them. */
+static double probe_run(probe_kind kind, int n_threads, size_t bytes, long iters, double *rates) {
     tk_cpu cpu;
     cpu_detect(&cpu);
     int nth = n_threads > 0 ? n_threads : cpu.n_cores;
@@ -364,7 +377,9 @@ static double probe_run(probe_kind kind, int n_threads, size_t bytes, long iters
             if (ts[i].t0[r] < t0) t0 = ts[i].t0[r];
             if (ts[i].t1[r] > t1) t1 = ts[i].t1[r];
         }
-        if (t1 > t0 && total / (t1 - t0) > best) best = total / (t1 - t0);
+        double rate = t1 > t0 ? total / (t1 - t0) : 0;
+        if (rates) rates[r - 1] = rate;
+        if (rate > best) best = rate;
     }
 out:
     pthread_barrier_destroy(&sh.bar);
@@ -373,7 +388,12 @@ out:
     return best;
 }
 
-double probe_read_bw(int n_threads) {
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void probe_read_bw_stats(int n_threads, probe_stats *out) {
     tk_cpu cpu;
     cpu_detect(&cpu);
     int nth = n_threads > 0 ? n_threads : cpu.n_cores;
@@ -381,11 +401,36 @@ double probe_read_bw(int n_threads) {
     size_t per = PROBE_BYTES_TOTAL / (size_t)nth;
     if (per > PROBE_BYTES_PER_THREAD) per = PROBE_BYTES_PER_THREAD;
     per &= ~(size_t)4095;
-    return probe_run(PROBE_READ, nth, per, 0) * 1e-9;
+    double rates[PROBE_REPS - 1] = {0};
+    int n = PROBE_REPS - 1;
+    memset(out, 0, sizeof *out);
+    if (probe_run(PROBE_READ, nth, per, 0, rates) <= 0) return;
+    qsort(rates, (size_t)n, sizeof rates[0], cmp_double);
+    out->n = n;
+    out->min = rates[0] * 1e-9;
+    out->best = rates[n - 1] * 1e-9;
+    out->median = 0.5 * (rates[(n - 1) / 2] + rates[n / 2]) * 1e-9;
+}
+
+double probe_read_bw(int n_threads) {
+    probe_stats s;
+    probe_read_bw_stats(n_threads, &s);
+    return s.best;
 }
 
 /* About 10-40 ms per rep on a 3 GHz core: long enough to time, short enough
  * that the whole probe stays well under a second. */
-double probe_peak_gflops_f32(int n_threads) { return probe_run(PROBE_FMA, n_threads, 0, 16000000) * 1e-9; }
+double probe_peak_gflops_f32(int n_threads) {
+    return probe_run(PROBE_FMA, n_threads, 0, 16000000, NULL) * 1e-9;
+}
 
-double probe_peak_gops_int8(int n_threads) { return probe_run(PROBE_INT8, n_threads, 0, 16000000) * 1e-9; }
+double probe_peak_gops_int8(int n_threads) {
+    return probe_run(PROBE_INT8, n_threads, 0, 16000000, NULL) * 1e-9;
+}
+
+double probe_roofline_pct(double achieved_gbs, double probe_gbs, bool *shortfall) {
+    bool over = probe_gbs > 0 && achieved_gbs > probe_gbs;
+    if (shortfall) *shortfall = over;
+    if (probe_gbs <= 0) return 0;
+    return over ? 100.0 : 100.0 * achieved_gbs / probe_gbs;
+}

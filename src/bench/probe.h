@@ -5,6 +5,7 @@
 #ifndef TK_BENCH_PROBE_H
 #define TK_BENCH_PROBE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/cpu.h"
@@ -16,6 +17,21 @@
  * after a warm-up, total bytes over the wall time from the first thread's
  * start to the last thread's end. Returns 0 if memory or threads run out. */
 double probe_read_bw(int n_threads);
+
+/* The same probe's spread: the best, median and slowest of its n timed
+ * passes in GB/s (all 0 on failure). Half the passes use the kernels'
+ * software prefetch, half plain loads; best is what probe_read_bw returns. */
+typedef struct probe_stats {
+    double best, median, min;
+    int n;
+} probe_stats;
+void probe_read_bw_stats(int n_threads, probe_stats *out);
+
+/* A rate a run achieved against its probe: the percentage, capped so a
+ * roofline never reads above 100%. *shortfall is true when the run was
+ * faster than the probe (the probe under-read the machine; report it as a
+ * probe shortfall, not as a roofline above 100%). */
+double probe_roofline_pct(double achieved_gbs, double probe_gbs, bool *shortfall);
 
 /* Peak fp32 multiply-add throughput in GFLOP/s (an FMA counts 2 flops) from
  * independent FMA chains on every thread; 0 on failure. */

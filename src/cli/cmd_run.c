@@ -140,6 +140,8 @@ int cmd_run(int argc, char **argv) {
     int chunk = n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK;
     backend_cpu_opts bo = {.n_threads = o.engine.n_threads,
                            .pin_threads = o.engine.pin_threads,
+                           .cpus = o.engine.cpus,
+                           .numa = o.engine.numa,
                            .block_size = block,
                            .kv_type = o.engine.kv_type,
                            .kv_scale = o.engine.kv_scale,

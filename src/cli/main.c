@@ -19,6 +19,7 @@ static const subcommand CMDS[] = {
     {"tokenize", cmd_tokenize, "text to token ids"},
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"bench", cmd_bench, "TTFT/TPOT/ITL/throughput and the bandwidth roofline"},
+    {"profile", cmd_profile, "time per stage of a batched decode step against its floor"},
     {"kvcheck", cmd_kvcheck, "top-1 agreement and KL of int8/bf16/f16 KV against f32 KV"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (completions, chat, metrics)"},
     {"loadgen", cmd_loadgen, "TTFT/TPOT/ITL/throughput of any OpenAI-compatible server, over HTTP"},

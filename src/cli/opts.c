@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/error.h"
+#include "core/pool.h"
 
 /* The shared rows, one table per group, in --help order. */
 static const cli_opt MODEL_ROWS[] = {
@@ -54,6 +56,21 @@ static const cli_opt THREAD_ROWS[] = {
      .kind = CLI_FLAG,
      .dest = CLI_D_ENGINE,
      .off = offsetof(tk_engine_opts, pin_threads)},
+    {0},
+};
+
+static const cli_opt PLACE_ROWS[] = {
+    {.name = "--cpus",
+     .arg = "LIST",
+     .help = "run thread i on the list's i-th CPU, e.g. 0-3,8 (default threads: one per listed CPU)",
+     .kind = CLI_STR,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, cpus)},
+    {.name = "--numa",
+     .help = "interleave weights and KV over the threads' NUMA nodes (libnuma; one node: no-op)",
+     .kind = CLI_FLAG,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, numa)},
     {0},
 };
 
@@ -148,6 +165,31 @@ static const cli_opt SCHED_ROWS[] = {
      .kind = CLI_FLAG,
      .dest = CLI_D_ENGINE,
      .off = offsetof(tk_engine_opts, no_prefix_cache)},
+    {.name = "--spec",
+     .arg = "MODE",
+     .help = "speculative decoding: ngram (prompt lookup drafts, verified in the decode step; the\n"
+             "engine picks 0..--spec-k drafts per sequence and step from measured acceptance and\n"
+             "step cost) or off (default)",
+     .kind = CLI_ENUM,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, spec),
+     .names = &NAMES_SPEC},
+    {.name = "--spec-k",
+     .arg = "N",
+     .help = "most draft tokens a sequence verifies in one step (default 8)",
+     .kind = CLI_INT,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, spec_k),
+     .lo = 1,
+     .hi = 32},
+    {.name = "--spec-ngram",
+     .arg = "N",
+     .help = "n-gram the drafter matches, then shorter ones down to 2 (default 3)",
+     .kind = CLI_INT,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, spec_ngram),
+     .lo = 1,
+     .hi = 16},
     {.name = "--static-batching",
      .alias = "--static",
      .help = "static batching: a batch starts together and waits for its slowest",
@@ -237,11 +279,9 @@ typedef struct cli_group {
 } cli_group;
 
 static const cli_group GROUPS[] = {
-    {CLI_G_MODEL, "model", MODEL_ROWS},
-    {CLI_G_THREADS, "engine", THREAD_ROWS},
-    {CLI_G_KV, "engine", KV_ROWS},
-    {CLI_G_SCHED, "engine", SCHED_ROWS},
-    {CLI_G_SAMPLING, "sampling", SAMPLING_ROWS},
+    {CLI_G_MODEL, "model", MODEL_ROWS},  {CLI_G_THREADS, "engine", THREAD_ROWS},
+    {CLI_G_PLACE, "engine", PLACE_ROWS}, {CLI_G_KV, "engine", KV_ROWS},
+    {CLI_G_SCHED, "engine", SCHED_ROWS}, {CLI_G_SAMPLING, "sampling", SAMPLING_ROWS},
 };
 enum { N_GROUPS = sizeof GROUPS / sizeof GROUPS[0] };
 
@@ -494,6 +534,13 @@ static int check_groups(cli_opts *o) {
             fprintf(stderr, "tokamak %s: warning: --threads %d is more than the %d online cores; using %d\n",
                     c->name, e->n_threads, cores, cores);
             e->n_threads = cores;
+        }
+    }
+    if ((c->groups & CLI_G_PLACE) && e->cpus) {
+        int cpus[1024], n;
+        if (pool_parse_cpus(e->cpus, cpus, 1024, &n) != TK_OK) {
+            fprintf(stderr, "tokamak %s: --cpus: %s\n", c->name, tk_last_error());
+            return 2;
         }
     }
     if ((c->groups & CLI_G_SCHED) && e->step_tokens > 0 && e->step_tokens < e->max_batch) {

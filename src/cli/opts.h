@@ -76,7 +76,8 @@ enum {
     CLI_G_SCHED = 1 << 3,    /* --max-batch, --max-seqs, --step-tokens, --step-ms, --no-chunking,
                               * --static-batching, --unfused */
     CLI_G_SAMPLING = 1 << 4, /* --temp, --top-k, --top-p, --min-p, the penalties, --seed */
-    CLI_G_ENGINE = CLI_G_THREADS | CLI_G_KV | CLI_G_SCHED,
+    CLI_G_PLACE = 1 << 5,    /* --cpus, --numa (where the engine's threads and memory go) */
+    CLI_G_ENGINE = CLI_G_THREADS | CLI_G_PLACE | CLI_G_KV | CLI_G_SCHED,
 };
 
 /* Row flags. */

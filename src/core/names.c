@@ -21,6 +21,12 @@ static const names_row KV_SCALE[] = {
 };
 const names_table NAMES_KV_SCALE = {"KV scale", ROWS(KV_SCALE), NULL};
 
+static const names_row SPEC[] = {
+    {"off", TK_SPEC_OFF},
+    {"ngram", TK_SPEC_NGRAM},
+};
+const names_table NAMES_SPEC = {"speculation mode", ROWS(SPEC), NULL};
+
 static const names_row FINISH[] = {
     {"none", TK_FINISH_NONE},           {"stop", TK_FINISH_STOP},   {"length", TK_FINISH_LENGTH},
     {"cancelled", TK_FINISH_CANCELLED}, {"error", TK_FINISH_ERROR},

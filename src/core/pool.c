@@ -45,12 +45,13 @@ struct tk_pool {
     _Atomic unsigned long bar_passed;
 };
 
-static void pin_to(int cpu) {
+/* Bind thread t to cpu; false when the system refuses. */
+static bool pin_thread(pthread_t t, int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
-    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
-        tk_log_warn("pool: could not pin a thread to cpu %d", cpu);
+    return pthread_setaffinity_np(t, sizeof set, &set) == 0;
 }
 
 static void *worker_main(void *arg) {
@@ -80,7 +81,8 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-tk_status pool_init(int n_threads, bool pin, tk_pool **out) {
+/* cpus: NULL (no pinning, or thread i on CPU i with pin) or n_cpus CPUs. */
+static tk_status pool_start(int n_threads, bool pin, const int *cpus, int n_cpus, tk_pool **out) {
     *out = NULL;
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -99,7 +101,12 @@ tk_status pool_init(int n_threads, bool pin, tk_pool **out) {
             return tk_fail(TK_ERR_NOMEM, "pool: out of memory");
         }
     }
-    if (pin) pin_to(0);
+    if (cpus && !pin_thread(pthread_self(), cpus[0])) {
+        pool_free(p);
+        return tk_fail(TK_ERR_INVALID, "pool: cannot run a thread on cpu %d (not one this process may use)",
+                       cpus[0]);
+    }
+    if (!cpus && pin && !pin_thread(pthread_self(), 0)) tk_log_warn("pool: could not pin a thread to cpu 0");
     for (int i = 1; i < n_threads; i++) {
         worker *w = &p->workers[i];
         w->pool = p;
@@ -109,14 +116,68 @@ tk_status pool_init(int n_threads, bool pin, tk_pool **out) {
             pool_free(p);
             return tk_fail(TK_ERR_NOMEM, "pool: cannot create thread %d", i);
         }
-        if (pin) {
-            cpu_set_t set;
-            CPU_ZERO(&set);
-            CPU_SET(i % CPU_SETSIZE, &set);
-            pthread_setaffinity_np(w->tid, sizeof set, &set);
+        if (cpus && !pin_thread(w->tid, cpus[i % n_cpus])) {
+            p->n = i + 1;
+            pool_free(p);
+            return tk_fail(TK_ERR_INVALID,
+                           "pool: cannot run a thread on cpu %d (not one this process may use)",
+                           cpus[i % n_cpus]);
         }
+        if (!cpus && pin) pin_thread(w->tid, i % CPU_SETSIZE);
     }
     *out = p;
+    return TK_OK;
+}
+
+tk_status pool_init(int n_threads, bool pin, tk_pool **out) {
+    return pool_start(n_threads, pin, NULL, 0, out);
+}
+
+tk_status pool_init_cpus(int n_threads, const int *cpus, int n_cpus, tk_pool **out) {
+    if (!cpus || n_cpus <= 0) return tk_fail(TK_ERR_INVALID, "pool: no CPUs to run on");
+    return pool_start(n_threads, true, cpus, n_cpus, out);
+}
+
+static bool parse_id(const char **s, int *v) {
+    const char *c = *s;
+    long x = 0;
+    if (*c < '0' || *c > '9') return false;
+    while (*c >= '0' && *c <= '9') {
+        x = x * 10 + (*c++ - '0');
+        if (x >= CPU_SETSIZE) return false;
+    }
+    *v = (int)x;
+    *s = c;
+    return true;
+}
+
+tk_status pool_parse_cpus(const char *list, int *cpus, int max, int *n) {
+    *n = 0;
+    if (!list || !*list) return tk_fail(TK_ERR_INVALID, "cpus: empty list");
+    cpu_set_t seen;
+    CPU_ZERO(&seen);
+    for (const char *c = list;;) {
+        int a, b;
+        if (!parse_id(&c, &a))
+            return tk_fail(TK_ERR_INVALID, "cpus '%s': expected a CPU id below %d at '%s'", list, CPU_SETSIZE,
+                           c);
+        b = a;
+        if (*c == '-') {
+            c++;
+            if (!parse_id(&c, &b) || b < a)
+                return tk_fail(TK_ERR_INVALID, "cpus '%s': a range wants LO-HI with LO <= HI", list);
+        }
+        for (int x = a; x <= b; x++) {
+            if (CPU_ISSET(x, &seen))
+                return tk_fail(TK_ERR_INVALID, "cpus '%s': cpu %d listed twice", list, x);
+            if (*n == max) return tk_fail(TK_ERR_INVALID, "cpus '%s': more than %d CPUs", list, max);
+            CPU_SET(x, &seen);
+            cpus[(*n)++] = x;
+        }
+        if (*c == 0) break;
+        if (*c != ',') return tk_fail(TK_ERR_INVALID, "cpus '%s': unexpected '%c'", list, *c);
+        c++;
+    }
     return TK_OK;
 }
 

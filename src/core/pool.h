@@ -13,6 +13,14 @@ typedef void (*tk_pool_fn)(void *ctx, int ith, int nth);
 
 /* n_threads >= 1 (0 = one per online core). pin: bind thread i to CPU i. */
 tk_status pool_init(int n_threads, bool pin, tk_pool **out);
+/* As pool_init, with thread i bound to cpus[i % n_cpus] (n_cpus > 0; the
+ * caller is thread 0). A CPU the process may not run on is an error. */
+tk_status pool_init_cpus(int n_threads, const int *cpus, int n_cpus, tk_pool **out);
+
+/* Parse a CPU list ("0-3,8,10-11": ids and inclusive ranges, each CPU once)
+ * into cpus[0, *n) in the order written; at most max. TK_ERR_INVALID with a
+ * message naming the list on bad syntax, a repeat or more than max CPUs. */
+tk_status pool_parse_cpus(const char *list, int *cpus, int max, int *n);
 void pool_free(tk_pool *p);
 int pool_size(const tk_pool *p);
 /* Run fn(ctx, ith, nth) on all threads; returns when every thread has returned.

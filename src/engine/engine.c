@@ -19,6 +19,7 @@
 #include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
+#include "engine/spec.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -45,7 +46,9 @@ typedef struct eng_req {
     tk_on_finish on_finish;
     void *user;
     tk_request_times times;
-    bool in_sched, cancel;         /* cancel: under the engine mutex */
+    double spec_alpha;     /* acceptance estimate (spec.h) */
+    int32_t spec_first;    /* the first draft on offer this step (-1: none), scored when not verified */
+    bool in_sched, cancel; /* cancel: under the engine mutex */
     struct eng_req *lprev, *lnext; /* live list (under the mutex) */
     struct eng_req *inext;         /* inbox (under the mutex) */
     struct eng_req *cnext;         /* the loop's list of cancelled ones to finish */
@@ -75,10 +78,18 @@ struct tk_engine {
     int32_t *b_tokens;     /* (max step tokens) */
     int32_t *b_n, *b_pos0; /* (max_batch) */
     const int32_t **b_bt;  /* (max_batch) */
-    int32_t *b_want;       /* (max_batch) logits wanted: 0 or 1 */
-    float *logits;         /* (max_batch, n_vocab) */
-    char *tbuf;            /* (tok bound) detokenized bytes of one token */
-    char *obuf;            /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
+    int32_t *b_want;       /* (max_batch) logits wanted: 0, 1, or 1 + drafts */
+    float *logits;         /* (max_batch + spec max_total, n_vocab) */
+    /* speculative decoding (spec.h) */
+    spec_ctl spec;
+    eng_req **sp_req; /* (max_batch) the decodes offered drafts this step */
+    double *sp_alpha; /* (max_batch) */
+    int *sp_avail, *sp_k;
+    uint64_t sp_decodes, sp_verifies, sp_drafted, sp_accepted;
+    int sp_k_last;
+    bool sp_force; /* tests: verify every draft on offer (engine_set_spec_force) */
+    char *tbuf;    /* (tok bound) detokenized bytes of one token */
+    char *obuf;    /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
     size_t tbound;
 };
 
@@ -269,6 +280,8 @@ static tk_status req_build(tk_engine *e, const tk_request *r, eng_req **out) {
     q->user = r->user;
     q->seq.tokens = q->tokens;
     q->seq.n_tokens = r->n_prompt;
+    q->spec_alpha = SPEC_ALPHA_PRIOR;
+    q->spec_first = -1;
     q->times.n_prompt = r->n_prompt;
     *out = q;
     return TK_OK;
@@ -344,13 +357,14 @@ static bool is_stop_token(tk_engine *e, const eng_req *q, int32_t tok) {
     return !q->ignore_eos && e->be.tok && tok_is_eog(e->be.tok, tok);
 }
 
-/* Take the sampled token: callbacks, then finish if it ends the request. */
-static void req_accept_token(tk_engine *e, eng_req *q, int32_t tok, tk_token_event *ev) {
+/* Take the sampled token: callbacks, then finish if it ends the request.
+ * False when it did (q is gone). */
+static bool req_accept_token(tk_engine *e, eng_req *q, int32_t tok, tk_token_event *ev) {
     if (q->n_output == 0) q->times.first_token = ev->t;
     if (is_stop_token(e, q, tok)) {
         /* Stop ids and EOS are not output; text held before them is flushed at finish. */
         req_finish(e, q, TK_FINISH_STOP, NULL);
-        return;
+        return false;
     }
     q->tokens[q->n_prompt + q->n_output] = tok;
     q->n_output++;
@@ -371,15 +385,91 @@ static void req_accept_token(tk_engine *e, eng_req *q, int32_t tok, tk_token_eve
     ev->text = e->obuf;
     ev->text_len = tl;
     if (q->on_token) q->on_token(q->user, ev);
+    tk_finish why = TK_FINISH_NONE;
     if (hit)
-        req_finish(e, q, TK_FINISH_STOP, NULL);
+        why = TK_FINISH_STOP;
     else if (q->max_tokens > 0 && q->n_output >= q->max_tokens)
-        req_finish(e, q, TK_FINISH_LENGTH, NULL);
+        why = TK_FINISH_LENGTH;
     /* The new token sits at position n_prompt + n_output - 1; it can be fed only below ctx. */
     else if (q->n_prompt + q->n_output - 1 >= e->o.ctx)
-        req_finish(e, q, TK_FINISH_LENGTH, NULL);
+        why = TK_FINISH_LENGTH;
     else if (q->n_output >= q->cap - q->n_prompt + 1)
-        req_finish(e, q, TK_FINISH_LENGTH, NULL);
+        why = TK_FINISH_LENGTH;
+    if (why == TK_FINISH_NONE) return true;
+    req_finish(e, q, why, NULL);
+    return false;
+}
+
+/* ---- speculative decoding ------------------------------------------------------ */
+
+/* Before planning: every running decode drafts what it can, the controller
+ * chooses how many of them each verifies (sched_seq.n_draft). */
+static void spec_prepare(tk_engine *e) {
+    int n = 0;
+    for (sched_seq *s = sched_running(e->sc); s && n < e->o.max_batch; s = s->next) {
+        eng_req *q = (eng_req *)s;
+        q->spec_first = -1;
+        if (s->n_tokens - s->n_computed != 1) continue;
+        int room = e->o.spec_k;
+        if (room > q->cap - s->n_tokens) room = q->cap - s->n_tokens;
+        if (room > e->o.ctx - s->n_tokens) room = e->o.ctx - s->n_tokens;
+        if (q->max_tokens > 0 && room > q->max_tokens - q->n_output - 1)
+            room = q->max_tokens - q->n_output - 1;
+        int m = room > 0
+                    ? spec_ngram_draft(q->tokens, s->n_tokens, e->o.spec_ngram, room, q->tokens + s->n_tokens)
+                    : 0;
+        if (m == 0) continue;
+        q->spec_first = q->tokens[s->n_tokens];
+        e->sp_req[n] = q;
+        e->sp_alpha[n] = q->spec_alpha;
+        e->sp_avail[n] = m;
+        n++;
+    }
+    int total = spec_choose(&e->spec, n, e->sp_alpha, e->sp_avail, e->sp_k);
+    if (e->sp_force) {
+        total = 0;
+        for (int i = 0; i < n; i++) total += e->sp_k[i] = e->sp_avail[i];
+    }
+    for (int i = 0; i < n; i++) e->sp_req[i]->seq.n_draft = e->sp_k[i];
+    e->sp_decodes += (uint64_t)n;
+    e->sp_k_last = total;
+}
+
+/* Sample an item's rows (1 + n_draft) and take the tokens; returns how many
+ * were sampled. Without drafts: one token, the plain decode. With drafts: a
+ * draft is kept while it equals the token sampled at its position, and the
+ * first token that differs (or the one after the last draft) ends the run.
+ * Each row is sampled exactly as a plain decode of that position would be, so
+ * the output is the same. The KV past the last kept position is dropped
+ * (sched_spec_settle). */
+static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *logits) {
+    const int V = e->be.n_vocab, nd = it->n_draft;
+    int a = 0, sampled = 0;
+    for (int j = 0; j <= nd; j++) {
+        float *lg = logits + (size_t)j * (size_t)V;
+        int32_t draft = j < nd ? q->tokens[it->pos0 + 1 + j] : -1;
+        tk_token_event ev;
+        memset(&ev, 0, sizeof ev);
+        int32_t tok = sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
+        ev.t = tk_now_s();
+        if (tok < 0) {
+            req_finish(e, q, TK_FINISH_ERROR, "sampler: no token has a finite logit");
+            return sampled;
+        }
+        sampled++;
+        if (nd == 0 && q->spec_first >= 0) /* a draft on offer, not verified: score it for free */
+            q->spec_alpha = spec_alpha_update(q->spec_alpha, tok == q->spec_first, tok != q->spec_first);
+        else if (nd > 0 && (tok != draft || j == nd))
+            q->spec_alpha = spec_alpha_update(q->spec_alpha, a, j < nd);
+        q->spec_first = -1;
+        bool keep = j < nd && tok == draft;
+        e->sp_accepted += keep;
+        a += keep;
+        if (!req_accept_token(e, q, tok, &ev)) return sampled;
+        if (!keep) break;
+    }
+    if (nd > 0) sched_spec_settle(e->sc, &q->seq, it->pos0 + 1 + a);
+    return sampled;
 }
 
 static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t prompt_tok,
@@ -415,11 +505,22 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
     s->prefix_cache_hit_tokens = c.prefix_hit_tokens;
     s->prefix_cache_blocks = c.prefix_blocks;
     s->prefix_cache_evictions = c.prefix_evictions;
+    s->spec_decodes = e->sp_decodes;
+    s->spec_verifies = e->sp_verifies;
+    s->spec_drafted = e->sp_drafted;
+    s->spec_accepted = e->sp_accepted;
+    s->spec_k_last = e->sp_k_last;
+    double c0, c1;
+    if (e->o.spec != TK_SPEC_OFF && spec_cost_fit(&e->spec.cost, &c0, &c1)) {
+        s->spec_step_ms_base = c0 * 1e3;
+        s->spec_step_ms_per_token = c1 * 1e3;
+    }
     pthread_mutex_unlock(&e->stats_mu);
 }
 
 static void run_step(tk_engine *e) {
     double t_turn = tk_now_s();
+    if (e->o.spec != TK_SPEC_OFF) spec_prepare(e);
     const sched_plan *p = sched_plan_step(e->sc);
     if (p->n_items == 0) {
         publish_stats(e, NULL, 0, 0, 0);
@@ -440,8 +541,12 @@ static void run_step(tk_engine *e) {
         e->b_n[i] = it->n;
         e->b_pos0[i] = it->pos0;
         e->b_bt[i] = it->seq->bt;
-        e->b_want[i] = it->want_logits;
-        n_want += it->want_logits;
+        e->b_want[i] = it->want_logits ? 1 + it->n_draft : 0;
+        n_want += e->b_want[i];
+        if (it->n_draft > 0) {
+            e->sp_verifies++;
+            e->sp_drafted += (uint64_t)it->n_draft;
+        }
         /* Prompt tokens processed (recomputation after preemption included). */
         if (it->n > 1 || it->pos0 < q->n_prompt) prompt_tok += (uint64_t)it->n;
     }
@@ -467,9 +572,11 @@ static void run_step(tk_engine *e) {
     uint64_t out_tok = 0;
     int k = 0;
     for (int i = 0; i < p->n_items; i++) {
-        if (!p->items[i].want_logits) continue;
-        eng_req *q = (eng_req *)p->items[i].seq;
-        float *lg = e->logits + (size_t)k++ * (size_t)e->be.n_vocab;
+        const sched_item *it = &p->items[i];
+        if (!it->want_logits) continue;
+        eng_req *q = (eng_req *)it->seq;
+        float *lg = e->logits + (size_t)k * (size_t)e->be.n_vocab;
+        k += 1 + it->n_draft;
         if (!q->sampler) {
             if (sampler_init(&q->sampling, e->be.n_vocab, &q->sampler) != TK_OK) {
                 req_finish(e, q, TK_FINISH_ERROR, "sampler: out of memory");
@@ -477,23 +584,17 @@ static void run_step(tk_engine *e) {
             }
             sampler_set_n_prompt(q->sampler, q->n_prompt);
         }
-        tk_token_event ev;
-        memset(&ev, 0, sizeof ev);
-        int32_t tok = sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
-        ev.t = tk_now_s();
-        if (tok < 0) {
-            req_finish(e, q, TK_FINISH_ERROR, "sampler: no token has a finite logit");
-            continue;
-        }
-        out_tok++;
-        req_accept_token(e, q, tok, &ev);
+        out_tok += (uint64_t)take_tokens(e, q, it, lg);
     }
     (void)n_want;
     /* The budget's costs are whole turns (plan, forward, sampling, callbacks):
      * what a stream waits between two tokens. Sampling a 150k vocabulary per
      * sequence is a real share of a decode step on a CPU. sched_observe reads
      * only the plan's counts; finished requests are already gone. */
-    sched_observe(e->sc, p, tk_now_s() - t_turn);
+    double t_end = tk_now_s();
+    sched_observe(e->sc, p, t_end - t_turn);
+    if (e->o.spec != TK_SPEC_OFF && p->n_tok == p->n_decode + p->n_draft)
+        spec_cost_observe(&e->spec.cost, p->n_tok, t_end - t_turn);
     publish_stats(e, p, t1 - t0, prompt_tok, out_tok);
 }
 
@@ -611,6 +712,15 @@ static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
         return tk_fail(TK_ERR_INVALID, "engine: unknown kv_type %d", (int)o->kv_type);
     if ((unsigned)o->kv_scale > TK_KV_SCALE_TOKEN)
         return tk_fail(TK_ERR_INVALID, "engine: unknown kv_scale %d", (int)o->kv_scale);
+    if ((unsigned)o->spec > TK_SPEC_NGRAM)
+        return tk_fail(TK_ERR_INVALID, "engine: unknown spec mode %d", (int)o->spec);
+    if (o->spec_k == 0) o->spec_k = ENGINE_SPEC_K;
+    if (o->spec_ngram == 0) o->spec_ngram = ENGINE_SPEC_NGRAM;
+    if (o->spec_k < 1 || o->spec_k > ENGINE_SPEC_K_MAX)
+        return tk_fail(TK_ERR_INVALID, "engine: spec_k %d, expected 1..%d", o->spec_k, ENGINE_SPEC_K_MAX);
+    if (o->spec_ngram < 1 || o->spec_ngram > ENGINE_SPEC_NGRAM_MAX)
+        return tk_fail(TK_ERR_INVALID, "engine: spec_ngram %d, expected 1..%d", o->spec_ngram,
+                       ENGINE_SPEC_NGRAM_MAX);
     return TK_OK;
 }
 
@@ -673,7 +783,24 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     e->b_pos0 = tk_calloc((size_t)o.max_batch, sizeof *e->b_pos0);
     e->b_bt = tk_calloc((size_t)o.max_batch, sizeof *e->b_bt);
     e->b_want = tk_calloc((size_t)o.max_batch, sizeof *e->b_want);
-    e->logits = tk_calloc((size_t)o.max_batch * (size_t)be->n_vocab, sizeof *e->logits);
+    /* Drafts: at most spec_k a sequence and what the step cap leaves after the decodes. */
+    int max_draft = 0;
+    if (o.spec != TK_SPEC_OFF) {
+        max_draft = o.max_batch * o.spec_k;
+        if (max_draft > ENGINE_SPEC_MAX_ROWS) max_draft = ENGINE_SPEC_MAX_ROWS;
+        if (max_draft > max_tok - o.max_batch) max_draft = max_tok - o.max_batch;
+        if (max_draft < 0) max_draft = 0;
+        e->spec = (spec_ctl){.k_max = o.spec_k, .max_total = max_draft};
+        e->sp_req = tk_calloc((size_t)o.max_batch, sizeof *e->sp_req);
+        e->sp_alpha = tk_calloc((size_t)o.max_batch, sizeof *e->sp_alpha);
+        e->sp_avail = tk_calloc((size_t)o.max_batch, sizeof *e->sp_avail);
+        e->sp_k = tk_calloc((size_t)o.max_batch, sizeof *e->sp_k);
+        if (!e->sp_req || !e->sp_alpha || !e->sp_avail || !e->sp_k) {
+            st = tk_fail(TK_ERR_NOMEM, "engine: out of memory for the speculation state");
+            goto fail;
+        }
+    }
+    e->logits = tk_calloc((size_t)(o.max_batch + max_draft) * (size_t)be->n_vocab, sizeof *e->logits);
     e->tbuf = tk_malloc(e->tbound + 1);
     e->obuf = tk_malloc(ob);
     if (!e->b_tokens || !e->b_n || !e->b_pos0 || !e->b_bt || !e->b_want || !e->logits || !e->tbuf ||
@@ -699,6 +826,8 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     s->weight_dtype = be->weight_dtype;
     s->kv_blocks_total = be->n_blocks;
     s->prefix_cache = e->so.prefix_cache;
+    s->spec = o.spec;
+    s->spec_k = o.spec != TK_SPEC_OFF ? o.spec_k : 0;
     if (pthread_create(&e->thread, NULL, engine_loop, e) != 0) {
         st = tk_fail(TK_ERR_NOMEM, "engine: cannot start the loop thread");
         goto fail;
@@ -728,6 +857,10 @@ void tk_engine_free(tk_engine *e) {
     tk_free(e->b_bt);
     tk_free(e->b_want);
     tk_free(e->logits);
+    tk_free(e->sp_req);
+    tk_free(e->sp_alpha);
+    tk_free(e->sp_avail);
+    tk_free(e->sp_k);
     tk_free(e->tbuf);
     tk_free(e->obuf);
     pthread_mutex_destroy(&e->mu);
@@ -737,6 +870,8 @@ void tk_engine_free(tk_engine *e) {
 }
 
 void engine_set_prefix_hash(tk_engine *e, prefix_hash_fn fn) { sched_set_prefix_hash(e->sc, fn); }
+
+void engine_set_spec_force(tk_engine *e, bool on) { e->sp_force = on; }
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
     if (!e || !out) return tk_fail(TK_ERR_INVALID, "stats: NULL argument");
@@ -766,6 +901,8 @@ tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_eng
     backend_cpu_opts bo = {
         .n_threads = o.n_threads,
         .pin_threads = o.pin_threads,
+        .cpus = o.cpus,
+        .numa = o.numa,
         .block_size = o.block_size,
         .kv_type = o.kv_type,
         .kv_scale = o.kv_scale,

@@ -25,6 +25,15 @@ int engine_default_step_tokens(int max_batch);
 #define ENGINE_STEP_MAX_S     1.0
 #define ENGINE_STEP_MIN_CHUNK 16
 
+/* Speculative decoding: the default and largest draft cap per sequence, the
+ * default and longest n-gram, and the most draft rows one step verifies (the
+ * logits buffer is sized for max_batch plus these). */
+#define ENGINE_SPEC_K         8
+#define ENGINE_SPEC_K_MAX     32
+#define ENGINE_SPEC_NGRAM     3
+#define ENGINE_SPEC_NGRAM_MAX 16
+#define ENGINE_SPEC_MAX_ROWS  256
+
 /* The default time-based budget options (adaptive, automatic target). */
 void engine_default_budget(sched_budget_opts *b);
 /* Whether opts ask for a time-based budget: step_tokens 0 (the default) or
@@ -40,5 +49,10 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
  * constant one, which the token comparison must catch). Call it before the
  * first tk_engine_submit; no-op when the engine runs without the cache. */
 void engine_set_prefix_hash(tk_engine *e, prefix_hash_fn fn);
+
+/* Tests: with speculation on, verify every draft on offer instead of what the
+ * controller chooses (the cap and the step's room still apply), so outputs
+ * are checked with many rejected drafts. Call it before the first submit. */
+void engine_set_spec_force(tk_engine *e, bool on);
 
 #endif

@@ -1,4 +1,5 @@
 #include "engine/sampler.h"
+#include "engine/sampler_simd.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -295,19 +296,17 @@ int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int
                        tk_token_event *ev) {
     const int V = s->n_vocab;
     const uint64_t draw = s->draws++;
-    for (int t = 0; t < V; t++)
-        if (isnan(logits[t])) logits[t] = -INFINITY;
+    const samp_simd *sv = samp_simd_default();
+    /* NaN logits become -inf in the maximum's pass below: a NaN stays NaN
+     * through the bias and the penalties, so the result is the same as
+     * cleaning first. */
     for (int i = 0; i < s->p.n_logit_bias; i++) logits[s->bias[i].token] += s->bias[i].bias;
     if (history && n_history > 0) apply_penalties(s, logits, history, n_history);
 
-    /* log-sum-exp of the processed distribution, for logprobs. */
-    float vmax = -INFINITY;
+    /* log-sum-exp of the processed distribution, for logprobs; the argmax
+     * (ties: the lowest id) is the greedy token. */
     int32_t best = -1;
-    for (int t = 0; t < V; t++)
-        if (logits[t] > vmax) {
-            vmax = logits[t];
-            best = t;
-        }
+    float vmax = sv->max_clean(logits, V, &best);
     if (best < 0 || vmax == INFINITY) {
         if (best >= 0) { /* +inf logits: take the first as certain */
             ev->token = best;
@@ -317,9 +316,7 @@ int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int
         }
         return -1;
     }
-    double z = 0;
-    for (int t = 0; t < V; t++) z += exp((double)(logits[t] - vmax));
-    const float lse = vmax + (float)log(z);
+    const float lse = vmax + (float)log(sv->sum_exp(logits, V, vmax));
 
     int32_t tok = best;
     if (s->p.temperature > 0) tok = sample_temperature(s, logits, sampler_uniform(s->p.seed, draw));

@@ -158,6 +158,7 @@ tk_status sched_add(sched *s, sched_seq *seq, uint64_t order) {
     seq->preempted = false;
     seq->n_preempted = 0;
     seq->n_hit = 0;
+    seq->n_draft = 0;
     seq->pc_n = 0;
     seq->pc_off = false;
     seq->prev = seq->next = NULL;
@@ -314,9 +315,9 @@ static bool admit_blocks(sched *s, sched_seq *seq) {
 /* Cache the blocks of seq that filled: a block equal to a cached one (same
  * tokens after the same chain) stays the sequence's own, and its chain goes on
  * from the cached one. */
-static void cache_full_blocks(sched *s, sched_seq *seq) {
+static void cache_full_blocks(sched *s, sched_seq *seq, int n_known) {
     const int bs = s->o.block_size;
-    while (!seq->pc_off && (seq->pc_n + 1) * bs <= seq->n_computed) {
+    while (!seq->pc_off && (seq->pc_n + 1) * bs <= n_known) {
         if (!prefix_link_valid(s->pc, &seq->pc)) {
             seq->pc_off = true; /* the chain's last entry was evicted: nothing after it can be found */
             break;
@@ -338,6 +339,7 @@ static void preempt(sched *s, sched_seq *seq) {
     list_unlink(&s->running, seq);
     seq->state = SCHED_WAITING;
     seq->n_computed = 0;
+    seq->n_draft = 0;
     seq->preempted = true;
     seq->n_preempted++;
     s->preemptions++;
@@ -345,13 +347,15 @@ static void preempt(sched *s, sched_seq *seq) {
     list_insert_sorted(&s->waiting, seq);
 }
 
-static void plan_add(sched *s, sched_seq *seq, int n) {
+static void plan_add(sched *s, sched_seq *seq, int n, int n_draft) {
     sched_item *it = &s->plan.items[s->plan.n_items++];
     it->seq = seq;
     it->pos0 = seq->n_computed;
-    it->n = n;
+    it->n = n + n_draft;
+    it->n_draft = n_draft;
     it->want_logits = seq->n_computed + n == seq->n_tokens;
-    s->plan.n_tok += n;
+    s->plan.n_tok += n + n_draft;
+    s->plan.n_draft += n_draft;
 }
 
 /* ---- the time-based budget ---------------------------------------------------- */
@@ -413,7 +417,8 @@ int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap
 }
 
 void sched_observe(sched *s, const sched_plan *p, double seconds) {
-    sched_cost_observe(&s->cost, p->n_decode, p->n_tok - p->n_decode, seconds);
+    /* A verified draft costs what a decode token does (one more logits row). */
+    sched_cost_observe(&s->cost, p->n_decode + p->n_draft, p->n_tok - p->n_decode - p->n_draft, seconds);
 }
 
 /* How much of seq's remaining prefill goes in this step (0: none). */
@@ -427,7 +432,7 @@ static int prefill_chunk(const sched *s, const sched_seq *seq, int budget, bool 
 
 const sched_plan *sched_plan_step(sched *s) {
     sched_plan *p = &s->plan;
-    p->n_items = p->n_tok = p->n_decode = p->n_preempted = 0;
+    p->n_items = p->n_tok = p->n_decode = p->n_draft = p->n_preempted = 0;
 
     /* 1. Blocks for every running sequence's known tokens; preempt the newest
      * until they fit (it may be the one asking). */
@@ -454,17 +459,29 @@ const sched_plan *sched_plan_step(sched *s) {
     p->budget = budget;
     p->target_s = s->o.budget.adaptive ? sched_budget_target(&s->o.budget, &s->cost, n_decode) : 0;
     bool prefill_added = false;
+    /* Drafts ride on their decodes within the step cap (never preempting
+     * anyone for their blocks); they do not eat the prefill budget. */
+    int draft_room = s->o.step_tokens - n_decode;
     for (sched_seq *q = s->running.head; q && budget > 0; q = q->next) {
+        int nd = q->n_draft;
+        q->n_draft = 0;
         if (q->n_tokens - q->n_computed != 1) continue;
-        plan_add(s, q, 1);
+        if (nd > draft_room) nd = draft_room;
+        if (nd > s->o.ctx - q->n_tokens) nd = s->o.ctx - q->n_tokens; /* positions stay below ctx */
+        if (nd > 0 && !reserve(s, q, q->n_tokens + nd)) nd = 0;
+        if (nd < 0) nd = 0;
+        draft_room -= nd;
+        plan_add(s, q, 1, nd);
         p->n_decode++;
         budget--;
     }
+    if (budget > s->o.step_tokens - p->n_tok) budget = s->o.step_tokens - p->n_tok;
+    if (budget < 0) budget = 0;
     for (sched_seq *q = s->running.head; q; q = q->next) {
         if (q->n_tokens - q->n_computed <= 1) continue;
         int c = prefill_chunk(s, q, budget, prefill_added);
         if (c <= 0) continue;
-        plan_add(s, q, c);
+        plan_add(s, q, c, 0);
         budget -= c;
         if (budget < 0) budget = 0;
         prefill_added = true;
@@ -492,7 +509,7 @@ const sched_plan *sched_plan_step(sched *s) {
         list_insert_sorted(&s->running, q);
         int c = budget > 0 ? prefill_chunk(s, q, budget, prefill_added) : 0;
         if (c > 0) {
-            plan_add(s, q, c);
+            plan_add(s, q, c, 0);
             budget -= c;
             if (budget < 0) budget = 0;
             prefill_added = true;
@@ -518,9 +535,24 @@ void sched_advance(sched *s, const sched_plan *p) {
     for (int i = 0; i < p->n_items; i++) {
         sched_seq *q = p->items[i].seq;
         q->n_computed += p->items[i].n;
-        if (s->pc && q->tokens) cache_full_blocks(s, q);
+        if (s->pc && q->tokens) cache_full_blocks(s, q, q->n_computed - p->items[i].n_draft);
     }
 }
+
+void sched_spec_settle(sched *s, sched_seq *seq, int n_keep) {
+    if (!seq || seq->state != SCHED_RUNNING) return;
+    if (n_keep > seq->n_computed) n_keep = seq->n_computed;
+    if (n_keep < 0) n_keep = 0;
+    const int bs = s->o.block_size;
+    /* A dropped position in the block of n_keep - 1 may have rescaled it. */
+    if (s->o.rewrite_block && n_keep < seq->n_computed && n_keep % bs != 0) n_keep -= n_keep % bs;
+    seq->n_computed = n_keep;
+    int keep = sched_blocks_for(s, seq->n_tokens > n_keep ? seq->n_tokens : n_keep);
+    while (seq->n_blocks > keep) drop_block(s, seq->bt[--seq->n_blocks]);
+    if (s->pc && seq->tokens) cache_full_blocks(s, seq, seq->n_computed);
+}
+
+sched_seq *sched_running(const sched *s) { return s->running.head; }
 
 void sched_counts_get(const sched *s, sched_counts *out) {
     memset(out, 0, sizeof *out);

@@ -105,6 +105,11 @@ typedef struct sched_seq {
     bool preempted;        /* waiting to be recomputed */
     int n_preempted;       /* times preempted */
     int n_hit;             /* tokens the prefix cache held at the last admission */
+    /* Speculative decoding: draft tokens the owner wrote at tokens[n_tokens,
+     * n_tokens + n_draft) for the next plan to verify after the sequence's
+     * decode token (the owner sets it before sched_plan_step, which consumes
+     * it: it may cut it, to 0 when blocks or the step cap are short). */
+    int n_draft;
     /* The prefix chain of the blocks [0, pc_n): cached (matched, or cached by
      * this sequence when they filled) or equal to a cached block; pc_off once
      * the chain's last entry was evicted (nothing later can be found). */
@@ -119,12 +124,14 @@ typedef struct sched_item {
     int pos0;         /* first position fed this step (= n_computed) */
     int n;            /* tokens fed */
     bool want_logits; /* the chunk reaches the end of the known tokens */
+    int n_draft;      /* of n, draft tokens verified after the decode token (logits: n_draft + 1) */
 } sched_item;
 
 typedef struct sched_plan {
     int n_items;
     int n_tok;         /* sum of items[].n */
-    int n_decode;      /* items that are single-token decodes */
+    int n_decode;      /* items that are decodes (a token, plus its drafts if any) */
+    int n_draft;       /* draft tokens of the decodes (sum of items[].n_draft) */
     int n_preempted;   /* preemptions made while planning this step */
     int budget;        /* tokens this step could hold (decodes included) */
     double target_s;   /* the step time the budget aimed at; 0 for a fixed budget */
@@ -166,8 +173,20 @@ tk_status sched_add(sched *s, sched_seq *seq, uint64_t order);
 void sched_remove(sched *s, sched_seq *seq);
 /* Plan one step. The plan stays valid until the next sched_* call. */
 const sched_plan *sched_plan_step(sched *s);
-/* The plan ran: every item's n_computed += n. */
+/* The plan ran: every item's n_computed += n. Positions of draft tokens are
+ * computed but not yet known: sched_spec_settle says which stay. */
 void sched_advance(sched *s, const sched_plan *p);
+/* After a decode with drafts ran and its owner took the accepted tokens
+ * (n_tokens raised for each): the KV of positions [0, n_keep) is that of known
+ * tokens, the rest is dropped. Blocks past n_tokens go back to the pool. With
+ * a KV type that rewrites a block from its first slot (rewrite_block), a
+ * dropped draft that shared a block with position n_keep - 1 may have changed
+ * the block's scales, so the block is computed again from its first slot (the
+ * next plan prefills it). Blocks enter the prefix cache only once their
+ * positions are known, so no cached block ever held a draft. */
+void sched_spec_settle(sched *s, sched_seq *seq, int n_keep);
+/* The running sequences, oldest first (iterate with ->next); NULL when none. */
+sched_seq *sched_running(const sched *s);
 /* The step of plan p took seconds: update the cost estimates. Reads only
  * p's counts (n_tok, n_decode), so its items may have been removed since;
  * call it before the next sched_plan_step. */

@@ -29,6 +29,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "model/fwd_prof.h"
 #include "model/model_internal.h"
 
 /* Activation slots: the inputs of the matmuls, by width. */
@@ -105,6 +106,7 @@ struct fwd_ctx {
     int32_t *out_tok;  /* (max_tokens) tokens whose logits are wanted, in order */
     int n_out;
     uint64_t last_bytes;
+    fwd_prof *prof; /* stage timing (fwd_set_profile); NULL: off */
 
     /* the attention plan of the current step (attn_plan) */
     attn_unit *units; /* (max_units) in (sequence, head chunk, part) order */
@@ -116,6 +118,12 @@ struct fwd_ctx {
     float *part_recs; /* (ATTN_SPLIT_PARTS, n_head, KV_PART_REC(head_dim)) part records */
     int attn_chunk;   /* heads per attention unit: whole quantization blocks and GQA groups */
 };
+
+/* The end of a piece of work of stage s on thread ith (profiling only). */
+#define MARK(f, ith, s)                                                                                      \
+    do {                                                                                                     \
+        if ((f)->prof) fwd_prof_mark((f)->prof, (ith), (s));                                                 \
+    } while (0)
 
 /* ---- activation helpers -------------------------------------------------------------- */
 
@@ -329,7 +337,10 @@ static void add_rows(fwd_ctx *f, int64_t r0, int64_t r1) {
 static void attn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
     int t0, t1;
     split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
-    if (l == 0) embed_tokens(f, t0, t1);
+    if (l == 0) {
+        embed_tokens(f, t0, t1);
+        MARK(f, ith, FWD_ST_EMBED);
+    }
     rmsnorm_tokens(f, f->m->layers[l].attn_norm, t0, t1);
     quant_cols(f, SLOT_EMBD, t0, t1, 0, f->hp->n_embd);
 }
@@ -348,6 +359,7 @@ static void attn_qkv_rope(fwd_ctx *f, int l, int ith, int nth) {
     matmul_rows(f, &L->wq, SLOT_EMBD, n_tok, (int64_t)q0 * hd, (int64_t)q1 * hd, f->q, f->q_dim);
     matmul_rows(f, &L->wk, SLOT_EMBD, n_tok, (int64_t)k0 * hd, (int64_t)k1 * hd, f->k, f->kv_dim);
     matmul_rows(f, &L->wv, SLOT_EMBD, n_tok, (int64_t)v0 * hd, (int64_t)v1 * hd, f->v, f->kv_dim);
+    MARK(f, ith, FWD_ST_QKV);
     heads_bias_norm_rope(f, f->q, f->q_dim, L->bq, L->q_norm, true, q0, q1, 0, n_tok);
     heads_bias_norm_rope(f, f->k, f->kv_dim, L->bk, L->k_norm, true, k0, k1, 0, n_tok);
     heads_bias_norm_rope(f, f->v, f->kv_dim, L->bv, NULL, false, v0, v1, 0, n_tok);
@@ -357,6 +369,7 @@ static void attn_out_residual(fwd_ctx *f, int l, int ith, int nth) {
     long r0, r1;
     pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
     matmul_rows(f, &f->m->layers[l].wo, SLOT_ATT, f->b->n_tok, r0, r1, f->y, f->hp->n_embd);
+    MARK(f, ith, FWD_ST_O);
     add_rows(f, r0, r1);
 }
 
@@ -376,6 +389,7 @@ static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
     if (r0 >= r1) return;
     matmul_rows(f, &L->w_gate, SLOT_EMBD, n_tok, r0, r1, f->gate, ff);
     matmul_rows(f, &L->w_up, SLOT_EMBD, n_tok, r0, r1, f->up, ff);
+    MARK(f, ith, FWD_ST_GATE_UP);
     for (int t = 0; t < n_tok; t++)
         f->K->silu_mul(f->gate + t * ff + r0, f->gate + t * ff + r0, f->up + t * ff + r0, r1 - r0);
     quant_cols(f, SLOT_FF, 0, n_tok, r0, r1);
@@ -385,6 +399,7 @@ static void ffn_down_residual(fwd_ctx *f, int l, int ith, int nth) {
     long r0, r1;
     pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
     matmul_rows(f, &f->m->layers[l].w_down, SLOT_FF, f->b->n_tok, r0, r1, f->y, f->hp->n_embd);
+    MARK(f, ith, FWD_ST_DOWN);
     add_rows(f, r0, r1);
 }
 
@@ -411,29 +426,37 @@ static void output_logits(fwd_ctx *f, int ith, int nth) {
             memcpy(f->logits + i * V + r0, f->logits_pad + i * V + r0, (size_t)(r1 - r0) * sizeof(float));
 }
 
+/* Stage s's work ends: a barrier (its wait timed apart when profiling). */
+static void stage_end(fwd_ctx *f, int ith, fwd_stage s) {
+    MARK(f, ith, s);
+    pool_barrier(f->pool);
+    MARK(f, ith, FWD_ST_WAIT);
+}
+
 static void forward_fused(fwd_ctx *f, int ith, int nth) {
     for (int l = 0; l < f->hp->n_layer; l++) {
         attn_norm_quant(f, l, ith, nth);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_NORM);
         attn_qkv_rope(f, l, ith, nth);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_ROPE);
         kv_store(f, l, ith, nth);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_KV_STORE);
         attention_units(f, l, ith, nth, true);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_ATTN);
         attn_out_residual(f, l, ith, nth);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_RESID);
         ffn_norm_quant(f, l, ith, nth);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_NORM);
         ffn_gate_up_silu_quant(f, l, ith, nth);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_ACT);
         ffn_down_residual(f, l, ith, nth);
-        pool_barrier(f->pool);
+        stage_end(f, ith, FWD_ST_RESID);
     }
     if (f->n_out == 0) return;
     output_norm_quant(f, ith, nth);
-    pool_barrier(f->pool);
+    stage_end(f, ith, FWD_ST_NORM);
     output_logits(f, ith, nth);
+    MARK(f, ith, FWD_ST_LM_HEAD);
 }
 
 /* ---- the unfused plan: one op per stage, a barrier after each ----------------------------- */
@@ -509,6 +532,7 @@ static void forward_unfused(fwd_ctx *f, int ith, int nth) {
 
 static void fwd_worker(void *ctx, int ith, int nth) {
     fwd_ctx *f = ctx;
+    if (f->prof && ith > 0) fwd_prof_start(f->prof, ith); /* thread 0 started in fwd_step */
     if (f->o.unfused)
         forward_unfused(f, ith, nth);
     else
@@ -708,6 +732,7 @@ static tk_status batch_check(const fwd_ctx *f, const tk_batch *b) {
 
 tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     if (!f || !b) return tk_fail(TK_ERR_INVALID, "forward: NULL argument");
+    if (f->prof) fwd_prof_start(f->prof, 0);
     tk_status st = batch_check(f, b);
     if (st) return st;
     int n_out = 0, t = 0;
@@ -730,12 +755,28 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     uint64_t bytes = f->m->decode_bytes - f->emb_row_bytes + (uint64_t)b->n_tok * f->emb_row_bytes;
     if (n_out == 0) bytes -= f->m->output.nbytes;
     f->last_bytes = bytes + kv_tokens * f->kv_bytes_tok;
-    if (b->n_tok > 0) {
-        attn_plan(f);
-        pool_run(f->pool, fwd_worker, f);
+    unsigned long bar0 = f->prof ? pool_barrier_count(f->pool) : 0;
+    if (b->n_tok > 0) attn_plan(f);
+    MARK(f, 0, FWD_ST_PLAN);
+    if (b->n_tok > 0) pool_run(f->pool, fwd_worker, f);
+    if (f->prof) {
+        MARK(f, 0, FWD_ST_WAIT); /* thread 0 waiting for the others to return */
+        f->prof->barriers += pool_barrier_count(f->pool) - bar0;
+        f->prof->steps++;
     }
     f->b = NULL;
     return TK_OK;
 }
 
 uint64_t fwd_last_bytes(const fwd_ctx *f) { return f ? f->last_bytes : 0; }
+
+tk_status fwd_set_profile(fwd_ctx *f, fwd_prof *p) {
+    if (!f) return tk_fail(TK_ERR_INVALID, "forward: NULL context");
+    if (p && f->o.unfused)
+        return tk_fail(TK_ERR_UNSUPPORTED, "forward: stage timing covers the fused plan only");
+    if (p && (!p->rows || p->n_threads != f->nth))
+        return tk_fail(TK_ERR_INVALID, "forward: a profile of %d thread rows for a pool of %d",
+                       p ? p->n_threads : 0, f->nth);
+    f->prof = p;
+    return TK_OK;
+}

@@ -35,4 +35,10 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits);
 /* Weight + KV bytes the last step had to read (for the roofline). */
 uint64_t fwd_last_bytes(const fwd_ctx *f);
 
+struct fwd_prof;
+/* Attach stage timing (model/fwd_prof.h) to the following steps, or detach
+ * it (NULL). p must hold one row per pool thread and outlive its use; the
+ * fused plan only. Not during a step. */
+tk_status fwd_set_profile(fwd_ctx *f, struct fwd_prof *p);
+
 #endif

@@ -49,6 +49,10 @@ bool tk_weight_type_from_name(const char *name, tk_weight_type *out) {
 const tk_hparams *model_hparams(const tk_model *m) { return &m->hp; }
 const struct tk_tokenizer *model_tokenizer(const tk_model *m) { return m->tok; }
 uint64_t model_decode_bytes(const tk_model *m) { return m->decode_bytes; }
+void model_resident_region(const tk_model *m, void **p, size_t *n) {
+    *p = m->resident;
+    *n = m->resident ? m->resident_size : 0;
+}
 const char *model_weight_dtype(const tk_model *m) { return m->weight_dtype; }
 
 void tk_model_free(tk_model *m) {

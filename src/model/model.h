@@ -17,6 +17,9 @@ const struct tk_tokenizer *model_tokenizer(const tk_model *m);
 /* Bytes of weights one decode token reads: every matmul weight, the norms, the
  * output matrix and one embedding row. */
 uint64_t model_decode_bytes(const tk_model *m);
+/* The one huge-page copy holding the matmul weights (NULL, 0 when the
+ * weights are read through the file mapping): what --numa places. */
+void model_resident_region(const tk_model *m, void **p, size_t *n);
 /* Bytes of weights held per type (index: tk_dtype id; norms and biases count
  * as f32, the form they are held in). Fills TK_DTYPE_COUNT entries. */
 void model_dtype_bytes(const tk_model *m, uint64_t *bytes);

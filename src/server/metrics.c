@@ -217,6 +217,18 @@ char *srv_metrics_render(srv_metrics *m, const tk_engine_stats *st, int live, si
             st->prefix_cache_blocks);
         one(&b, "tokamak_prefix_cache_evictions_total", "counter",
             "Idle cached KV blocks evicted to make room.", (double)st->prefix_cache_evictions);
+        one(&b, "tokamak_spec_drafted_tokens_total", "counter",
+            "Draft tokens verified by speculative decoding.", (double)st->spec_drafted);
+        one(&b, "tokamak_spec_accepted_tokens_total", "counter", "Draft tokens accepted.",
+            (double)st->spec_accepted);
+        one(&b, "tokamak_spec_acceptance_ratio", "gauge", "Accepted over drafted tokens (0..1).",
+            st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0);
+        one(&b, "tokamak_spec_verify_decodes_total", "counter", "Decodes that verified drafts.",
+            (double)st->spec_verifies);
+        one(&b, "tokamak_spec_offered_decodes_total", "counter",
+            "Decodes with a draft on offer (the controller chose k for them).", (double)st->spec_decodes);
+        one(&b, "tokamak_spec_k_last", "gauge", "Draft tokens the controller chose in the last step.",
+            st->spec_k_last);
         one(&b, "tokamak_engine_steps_total", "counter", "Engine steps run.", (double)st->steps);
         one(&b, "tokamak_engine_step_duration_seconds", "gauge", "Wall time of the last engine step.",
             st->step_time_last);

@@ -103,7 +103,8 @@ for p in s["points"]:
         if run["decode_steps"]:
             b = sum(st["bytes"] for st in run["decode_steps"]); t = sum(st["time_s"] for st in run["decode_steps"])
             assert close(m["decode_read_gb_s"], b / t / 1e9)
-            assert close(m["roofline_pct"], 100 * b / t / 1e9 / run["read_bw_gbs"])
+            # capped at 100: a run faster than its probe is the probe's shortfall
+            assert close(m["roofline_pct"], min(100.0, 100 * b / t / 1e9 / run["read_bw_gbs"]))
 print("json ok")
 PY
 

@@ -422,10 +422,48 @@ static void test_bench_plot(void **state) {
     free_result(&r);
 }
 
+/* A run that reads faster than its probe: the roofline stops at 100% and the
+ * report names the probe's shortfall with both rates. */
+static void test_bench_probe_shortfall(void **state) {
+    (void)state;
+    bool sf = true;
+    assert_near(probe_roofline_pct(20, 40, &sf), 50, 1e-12);
+    assert_false(sf);
+    assert_near(probe_roofline_pct(30.4, 26.6, &sf), 100, 1e-12);
+    assert_true(sf);
+    assert_near(probe_roofline_pct(10, 0, &sf), 0, 1e-12);
+    assert_false(sf);
+    bench_result r;
+    make_result(&r);
+    char path[512];
+    tmp_path(path, sizeof path, "sf.md");
+    for (int pass = 0; pass < 2; pass++) {
+        r.info.read_bw_gbs = pass == 0 ? 1e6 : 1e-3; /* far above, then far below every level's rate */
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        report_markdown(&r, f);
+        fclose(f);
+        char *text = read_all(path);
+        if (pass == 0) {
+            assert_null(strstr(text, "probe shortfall"));
+        } else {
+            assert_non_null(strstr(text, "probe shortfall: run read "));
+            assert_non_null(strstr(text, " 100.0 * |"));
+        }
+        free(text);
+    }
+    unlink(path);
+    free_result(&r);
+}
+
 static void test_bench_probe_sane(void **state) {
     (void)state;
     double bw = probe_read_bw(1);
     assert_true(bw > 0.5 && bw < 2000);
+    probe_stats ps;
+    probe_read_bw_stats(1, &ps);
+    assert_true(ps.n > 2);
+    assert_true(ps.min > 0 && ps.min <= ps.median && ps.median <= ps.best);
     double gf = probe_peak_gflops_f32(1);
     assert_true(gf > 0.1 && gf < 100000);
     double gi = probe_peak_gops_int8(1);
@@ -440,7 +478,7 @@ int main(void) {
         cmocka_unit_test(test_bench_ablation_ratios),  cmocka_unit_test(test_bench_json_report),
         cmocka_unit_test(test_bench_csv_and_markdown), cmocka_unit_test(test_bench_plot),
         cmocka_unit_test(test_bench_probe_sane),       cmocka_unit_test(test_bench_window_gaps),
-        cmocka_unit_test(test_bench_bg_finalize),
+        cmocka_unit_test(test_bench_bg_finalize),      cmocka_unit_test(test_bench_probe_shortfall),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* Core utilities: dtype conversions, checked arithmetic, the pool and its barrier. */
 #include <math.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,6 +90,59 @@ static void test_core_pool_barrier(void **state) {
     }
 }
 
+/* Where each thread of a pool_init_cpus pool runs. */
+typedef struct cpu_ctx {
+    int cpu[8];
+} cpu_ctx;
+
+static void where_fn(void *ctx, int ith, int nth) {
+    (void)nth;
+    ((cpu_ctx *)ctx)->cpu[ith] = sched_getcpu();
+}
+
+static void test_core_pool_cpus(void **state) {
+    (void)state;
+    int cpus[16], n = 0;
+    assert_int_equal(pool_parse_cpus("0-3,8,10-11", cpus, 16, &n), TK_OK);
+    int want[] = {0, 1, 2, 3, 8, 10, 11};
+    assert_int_equal(n, 7);
+    assert_memory_equal(cpus, want, sizeof want);
+    assert_int_equal(pool_parse_cpus("5", cpus, 16, &n), TK_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(cpus[0], 5);
+    const char *bad[] = {"", "x", "1,", ",1", "3-1", "1-", "1,1", "0-2,2", "1 2", "99999", "0-20"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(pool_parse_cpus(bad[i], cpus, 16, &n), TK_ERR_INVALID);
+        assert_non_null(strstr(tk_last_error(), "cpus"));
+    }
+    /* the CPUs this process may use: every thread lands on its listed CPU */
+    cpu_set_t mine;
+    assert_int_equal(sched_getaffinity(0, sizeof mine, &mine), 0);
+    int allowed[8], na = 0, not_allowed = -1;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (CPU_ISSET(c, &mine) && na < 8) allowed[na++] = c;
+        if (!CPU_ISSET(c, &mine) && not_allowed < 0) not_allowed = c;
+    }
+    assert_true(na >= 1);
+    int list[2] = {allowed[na - 1], allowed[0]};
+    tk_pool *p;
+    assert_int_equal(pool_init_cpus(3, list, 2, &p), TK_OK);
+    cpu_ctx c = {{-1, -1, -1}};
+    pool_run(p, where_fn, &c);
+    pool_free(p);
+    assert_int_equal(c.cpu[0], list[0]);
+    assert_int_equal(c.cpu[1], list[1]);
+    assert_int_equal(c.cpu[2], list[0]);                           /* cycling */
+    assert_int_equal(sched_setaffinity(0, sizeof mine, &mine), 0); /* thread 0 was the caller */
+    if (not_allowed >= 0) {
+        int bad_cpu[1] = {not_allowed};
+        assert_int_equal(pool_init_cpus(2, bad_cpu, 1, &p), TK_ERR_INVALID);
+        assert_non_null(strstr(tk_last_error(), "cpu"));
+        assert_int_equal(sched_setaffinity(0, sizeof mine, &mine), 0);
+    }
+    assert_int_equal(pool_init_cpus(2, NULL, 0, &p), TK_ERR_INVALID);
+}
+
 static void test_core_split(void **state) {
     (void)state;
     long covered = 0, prev = 0;
@@ -129,7 +183,8 @@ int main(void) {
         cmocka_unit_test(test_core_f16_roundtrip), cmocka_unit_test(test_core_bf16_rounding),
         cmocka_unit_test(test_core_dtype_rows),    cmocka_unit_test(test_core_checked),
         cmocka_unit_test(test_core_pool_barrier),  cmocka_unit_test(test_core_split),
-        cmocka_unit_test(test_core_alloc_counts),  cmocka_unit_test(test_core_error_message),
+        cmocka_unit_test(test_core_pool_cpus),     cmocka_unit_test(test_core_alloc_counts),
+        cmocka_unit_test(test_core_error_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@
 #include "engine/sampler.h"
 #include "engine/sched.h"
 #include "engine_wait.h"
+#include "tiny_model.h"
 #include "tokamak.h"
 
 static uint64_t hash_const(uint64_t parent, const int32_t *tokens, int n) {
@@ -349,52 +350,7 @@ static void test_prefix_cache_sched_forced_collision(void **state) {
 #define FBS 16
 #define CTX 256
 
-typedef struct fake {
-    int n_blocks, n_free;
-    int *free_ids;    /* (n_blocks) */
-    int *refs;        /* (n_blocks) holders */
-    int32_t *store;   /* (n_blocks, FBS) the token at each slot, -1 if none */
-    _Atomic int fail; /* a bad batch, a write into a shared block, a stale read, a bad free */
-} fake;
-
-static void fake_fail(fake *f, int why) {
-    if (!f->fail) f->fail = why;
-}
-
-static int f_alloc(void *c) {
-    fake *f = c;
-    if (!f->n_free) return -1;
-    int b = f->free_ids[--f->n_free];
-    if (f->refs[b]) fake_fail(f, 1);
-    f->refs[b] = 1;
-    for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1;
-    return b;
-}
-static void f_free(void *c, int b) {
-    fake *f = c;
-    if (b < 0 || b >= f->n_blocks || f->refs[b] <= 0) {
-        fake_fail(f, 2);
-        return;
-    }
-    if (--f->refs[b] == 0) {
-        for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1; /* a freed block's KV is gone */
-        f->free_ids[f->n_free++] = b;
-    }
-}
-static int f_n_free(void *c) { return ((fake *)c)->n_free; }
-static void f_ref(void *c, int b) {
-    fake *f = c;
-    if (b < 0 || b >= f->n_blocks || f->refs[b] <= 0)
-        fake_fail(f, 3);
-    else
-        f->refs[b]++;
-}
-static int f_refs(void *c, int b) { return ((fake *)c)->refs[b]; }
-static void f_copy(void *c, int dst, int src) {
-    fake *f = c;
-    if (f->refs[dst] <= 0 || f->refs[src] <= 0) fake_fail(f, 4);
-    memcpy(f->store + (size_t)dst * FBS, f->store + (size_t)src * FBS, FBS * sizeof *f->store);
-}
+#include "fake_pool.h"
 
 static tk_status f_step(void *c, const tk_batch *b, float *logits) {
     fake *f = c;
@@ -422,23 +378,6 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
         for (int v = 0; v < FV; v++) l[v] = (float)(sampler_uniform(h, (uint64_t)v) * 8.0);
     }
     return TK_OK;
-}
-
-static fake *fake_new(int n_blocks) {
-    fake *f = tk_calloc(1, sizeof *f);
-    f->n_blocks = f->n_free = n_blocks;
-    f->free_ids = tk_calloc((size_t)n_blocks, sizeof *f->free_ids);
-    f->refs = tk_calloc((size_t)n_blocks, sizeof *f->refs);
-    f->store = tk_calloc((size_t)n_blocks * FBS, sizeof *f->store);
-    for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
-    return f;
-}
-
-static void fake_delete(fake *f) {
-    tk_free(f->free_ids);
-    tk_free(f->refs);
-    tk_free(f->store);
-    tk_free(f);
 }
 
 static tk_engine *mk_engine(fake *f, bool cache, prefix_hash_fn hash) {
@@ -707,25 +646,6 @@ static void test_prefix_cache_engine_off(void **state) {
 }
 
 /* ---- the engine over a real model ------------------------------------------------------ */
-
-/* The tiny synthetic qwen3 (F32 weights) that tests/e2e makes too; NULL (the
- * test is skipped) without the CLI to make it. */
-static tk_model *open_tiny(void) {
-    const char *tmp = getenv("TK_TMP"), *cli = getenv("TK_CLI");
-    if (!tmp || !cli) return NULL;
-    char path[512], part[600], cmd[4096];
-    snprintf(path, sizeof path, "%s/engine_tiny_f32.gguf", tmp);
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        snprintf(part, sizeof part, "%s.%d", path, (int)getpid());
-        snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --dtype f32 -o '%s' >/dev/null && mv '%s' '%s'",
-                 cli, part, part, path);
-        if (system(cmd) != 0) fail_msg("synth failed: %s", cmd);
-    }
-    tk_model *m = NULL;
-    if (tk_model_open(path, NULL, &m) != TK_OK) fail_msg("open %s: %s", path, tk_last_error());
-    return m;
-}
 
 #define MREQ 12
 #define MOUT 4

@@ -1,0 +1,603 @@
+/* tokamak profile: where a batched decode step spends its time. B sequences
+ * are built at context C (one prompt prefilled, its KV blocks copied to the
+ * others, not timed), then N decode steps run with stage timing attached to
+ * the forward pass. Per stage: the median over steps of its work (the longest
+ * busy time of any thread), the bytes it reads and the operations it does,
+ * the rates as a share of the probe's bandwidth and int8/fp32 peak, its own
+ * floor max(bytes / bandwidth, ops / peak) and its time over that floor. The
+ * rest of a step (threads idle at barriers, the pool's start and end) is the
+ * barrier_wait row; sampling the B rows of logits is timed apart. */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "backend/backend.h"
+#include "bench/probe.h"
+#include "cli/cli.h"
+#include "cli/opts.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/cpu.h"
+#include "core/error.h"
+#include "core/names.h"
+#include "engine/sampler.h"
+#include "model/fwd_prof.h"
+#include "model/model.h"
+#include "tokamak.h"
+
+#define PF_WARMUP 2
+/* Rows of the report: the forward's stages, then sampling. */
+#define PF_SAMPLE FWD_ST_COUNT
+#define PF_ROWS   (FWD_ST_COUNT + 1)
+
+typedef struct pf_args {
+    int batch, steps;
+    double bw, peak_int8, peak_f32;
+    const char *json;
+} pf_args;
+
+static const cli_opt PF_ROWS_OPT[] = {
+    {.name = "--batch",
+     .arg = "B",
+     .help = "sequences decoding together (default 8)",
+     .kind = CLI_INT,
+     .off = offsetof(pf_args, batch),
+     .lo = 1,
+     .hi = 1024},
+    {.name = "--steps",
+     .arg = "N",
+     .help = "timed decode steps (default 16; 2 more warm up first)",
+     .kind = CLI_INT,
+     .off = offsetof(pf_args, steps),
+     .lo = 1,
+     .hi = 100000},
+    {.name = "--bw",
+     .arg = "GBPS",
+     .help = "read bandwidth for the floors (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(pf_args, bw),
+     .lo = 0,
+     .hi = 1e6,
+     .flags = CLI_LO_OPEN},
+    {.name = "--peak-int8",
+     .arg = "GOPS",
+     .help = "int8 peak for the floors (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(pf_args, peak_int8),
+     .lo = 0,
+     .hi = 1e9,
+     .flags = CLI_LO_OPEN},
+    {.name = "--peak-f32",
+     .arg = "GFLOPS",
+     .help = "fp32 peak for the floors (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(pf_args, peak_f32),
+     .lo = 0,
+     .hi = 1e9,
+     .flags = CLI_LO_OPEN},
+    {.name = "--json",
+     .arg = "FILE",
+     .help = "also write the report as JSON",
+     .kind = CLI_STR,
+     .off = offsetof(pf_args, json)},
+    {0},
+};
+
+static const cli_cmd PF_CMD = {
+    "profile",
+    "usage: tokamak profile -m MODEL [--batch B] [--ctx C] [--kv-type T] [--steps N] [--json FILE]",
+    CLI_G_MODEL | CLI_G_THREADS | CLI_G_PLACE | CLI_G_KV | CLI_G_SAMPLING,
+    PF_ROWS_OPT,
+    "--ctx is the context each sequence holds when the timed steps start (default 512).\n"
+    "--bw, --peak-int8 and --peak-f32 replace the probes (a quiet machine's figures when this one is "
+    "loaded).\n"
+    "Times the fused plan. Floors use the bandwidth and peaks probed at the start of the run.",
+    0,
+    NULL,
+};
+
+/* Per step, per row: ns of work; plus the step's wall time and barriers. */
+typedef struct pf_data {
+    int n_steps;
+    double *ns[PF_ROWS];   /* (n_steps) */
+    double *step_ns;       /* forward + sampling */
+    double *fwd_ns;        /* the forward step alone */
+    double *cpu[PF_ROWS];  /* (n_steps) the largest CPU time of any thread in the stage */
+    double *offcpu;        /* (n_steps) share of the threads' busy time off the CPU (preempted) */
+    double thread_sum_err; /* largest |thread 0's marks - fwd wall| / fwd wall */
+    uint64_t barriers;
+    fwd_stage_cost cost[PF_ROWS];
+    uint64_t fwd_bytes; /* backend last_bytes of a timed step */
+} pf_data;
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(const double *v, int n, double *tmp) {
+    memcpy(tmp, v, (size_t)n * sizeof *v);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_dbl);
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+static double mean_of(const double *v, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return n ? s / n : 0;
+}
+
+typedef struct pf_machine {
+    int threads;
+    probe_stats bw; /* GB/s */
+    double gops_int8, gflops_f32;
+    bool int8_given, f32_given;
+    /* The bandwidth floors use: the probe's best, or a stage's own read rate
+     * where one read faster (the probe's shortfall, named in the report). */
+    double ceil_gbs;
+    const char *over_stage; /* the stage that set ceil_gbs above the probe, or NULL */
+} pf_machine;
+
+/* One stage's summary row. */
+typedef struct pf_row {
+    const char *name;
+    double ms, mean_ms, cpu_ms, mb, gbs, bw_pct, gop, gops, peak_pct, floor_ms, x_floor;
+    bool int8;
+} pf_row;
+
+static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp) {
+    pf_row o = {.name = r == PF_SAMPLE ? "sampling" : fwd_stage_name((fwd_stage)r)};
+    const fwd_stage_cost *c = &d->cost[r];
+    o.ms = median_of(d->ns[r], d->n_steps, tmp) / 1e6;
+    o.mean_ms = mean_of(d->ns[r], d->n_steps) / 1e6;
+    o.cpu_ms = median_of(d->cpu[r], d->n_steps, tmp) / 1e6;
+    o.mb = (double)c->bytes / 1e6;
+    o.gop = c->ops / 1e9;
+    o.int8 = c->int8;
+    double s = o.ms / 1e3, peak = c->int8 ? mc->gops_int8 : mc->gflops_f32;
+    o.gbs = s > 0 ? (double)c->bytes / 1e9 / s : 0;
+    o.gops = s > 0 ? o.gop / s : 0;
+    o.bw_pct = mc->ceil_gbs > 0 ? 100.0 * o.gbs / mc->ceil_gbs : 0;
+    o.peak_pct = peak > 0 ? 100.0 * o.gops / peak : 0;
+    double fb = mc->ceil_gbs > 0 ? (double)c->bytes / (mc->ceil_gbs * 1e9) : 0;
+    double fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
+    o.floor_ms = 1e3 * (fb > fo ? fb : fo);
+    if (o.floor_ms < 1e-3) o.floor_ms = 0; /* under a microsecond: no floor worth a ratio */
+    o.x_floor = o.floor_ms > 0 ? o.ms / o.floor_ms : 0;
+    return o;
+}
+
+/* Stages reading at least 1 MB per step (weights, KV) whose median rate beat
+ * the probe raise the bandwidth the floors use: a floor the step beat is no
+ * floor. A stage's time can only be stretched by interference, never
+ * shortened, so its rate is a lower bound of what the machine gives. */
+static void set_ceiling(const pf_data *d, pf_machine *mc, double *tmp) {
+    mc->ceil_gbs = mc->bw.best;
+    mc->over_stage = NULL;
+    for (int r = 0; r < FWD_ST_COUNT; r++) {
+        if (d->cost[r].bytes < 1000000) continue;
+        double s = median_of(d->ns[r], d->n_steps, tmp) / 1e9;
+        double gbs = s > 0 ? (double)d->cost[r].bytes / 1e9 / s : 0;
+        if (gbs > mc->ceil_gbs) {
+            mc->ceil_gbs = gbs;
+            mc->over_stage = fwd_stage_name((fwd_stage)r);
+        }
+    }
+}
+
+typedef struct pf_run {
+    const char *model;
+    const char *weight_dtype;
+    const char *kv_type;
+    int batch, ctx, steps, threads;
+} pf_run;
+
+static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data *d, const pf_row *rows,
+                           double step_ms, double fwd_ms, double off) {
+    printf("# tokamak profile\n\n");
+    printf("- model %s (%s weights), %d threads, batch %d at context %d, KV %s, %d timed decode steps "
+           "(medians)\n",
+           ru->model, ru->weight_dtype, ru->threads, ru->batch, ru->ctx, ru->kv_type, ru->steps);
+    if (mc->bw.n > 0)
+        printf("- probe (%d threads): read %.1f GB/s (best of %d passes; min %.1f, median %.1f), ",
+               mc->threads, mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median);
+    else
+        printf("- read bandwidth %.1f GB/s (given), ", mc->bw.best);
+    printf("peak int8 %.0f GOP/s%s, peak fp32 %.0f GFLOP/s%s\n\n", mc->gops_int8,
+           mc->int8_given ? " (given)" : "", mc->gflops_f32, mc->f32_given ? " (given)" : "");
+    if (mc->over_stage)
+        printf(
+            "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
+            "%.1f GB/s\n\n",
+            mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
+    printf("| stage | ms | cpu ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | "
+           "floor ms | "
+           "x floor | cpu x floor |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    double floor_sum = 0, cpu_sum = 0;
+    for (int r = 0; r < PF_ROWS; r++) {
+        const pf_row *o = &rows[r];
+        floor_sum += o->floor_ms;
+        cpu_sum += o->cpu_ms;
+        printf("| %s | %.3f | %.3f | %.1f | ", o->name, o->ms, o->cpu_ms,
+               step_ms > 0 ? 100.0 * o->ms / step_ms : 0);
+        if (o->mb > 0)
+            printf("%.1f | %.1f | %.0f | ", o->mb, o->gbs, o->bw_pct);
+        else
+            printf("- | - | - | ");
+        if (o->gop > 0)
+            printf("%.2f | %.0f | %.0f (%s) | ", o->gop, o->gops, o->peak_pct, o->int8 ? "int8" : "fp32");
+        else
+            printf("- | - | - | ");
+        if (o->floor_ms > 0)
+            printf("%.3f | %.1f | %.1f |\n", o->floor_ms, o->x_floor, o->cpu_ms / o->floor_ms);
+        else
+            printf("- | - | - |\n");
+    }
+    printf("| **step** | **%.3f** | %.3f | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** | %.1f |\n\n",
+           step_ms, cpu_sum, (double)d->fwd_bytes / 1e6,
+           step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
+           step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
+           floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0, floor_sum > 0 ? cpu_sum / floor_sum : 0);
+    printf("- forward %.3f ms + sampling %.3f ms; %.1f output tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
+           step_ms > 0 ? 1e3 * ru->batch / step_ms : 0);
+    printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
+    printf("- the threads were off the CPU %.1f%% of their busy time (median)%s\n", 100.0 * off,
+           off > 0.02 ? ": the machine was loaded; a stage's cpu ms is its work without the waits for a core"
+                      : "");
+    printf("- a stage's ms is the longest busy time of any thread; barrier_wait is the rest of the forward "
+           "step (threads idle at barriers, the pool's start and end)\n");
+}
+
+static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, const pf_row *rows,
+                      double step_ms, double fwd_ms, double off) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "model", ru->model);
+    cJSON_AddStringToObject(root, "weight_dtype", ru->weight_dtype);
+    cJSON_AddStringToObject(root, "kv_type", ru->kv_type);
+    cJSON_AddNumberToObject(root, "threads", ru->threads);
+    cJSON_AddNumberToObject(root, "batch", ru->batch);
+    cJSON_AddNumberToObject(root, "ctx", ru->ctx);
+    cJSON_AddNumberToObject(root, "steps", ru->steps);
+    cJSON *pr = cJSON_AddObjectToObject(root, "probe");
+    cJSON_AddNumberToObject(pr, "threads", mc->threads);
+    cJSON_AddNumberToObject(pr, "read_gbs", mc->bw.best);
+    cJSON_AddNumberToObject(pr, "floor_gbs", mc->ceil_gbs);
+    if (mc->over_stage) cJSON_AddStringToObject(pr, "shortfall_stage", mc->over_stage);
+    cJSON_AddNumberToObject(pr, "read_gbs_min", mc->bw.min);
+    cJSON_AddNumberToObject(pr, "read_gbs_median", mc->bw.median);
+    cJSON_AddNumberToObject(pr, "read_passes", mc->bw.n);
+    cJSON_AddNumberToObject(pr, "peak_gops_int8", mc->gops_int8);
+    cJSON_AddNumberToObject(pr, "peak_gflops_f32", mc->gflops_f32);
+    cJSON *st = cJSON_AddArrayToObject(root, "stages");
+    double floor_sum = 0, stage_sum = 0;
+    for (int r = 0; r < PF_ROWS; r++) {
+        const pf_row *o = &rows[r];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "stage", o->name);
+        cJSON_AddNumberToObject(j, "ms", o->ms);
+        cJSON_AddNumberToObject(j, "mean_ms", o->mean_ms);
+        cJSON_AddNumberToObject(j, "cpu_ms", o->cpu_ms);
+        cJSON_AddNumberToObject(j, "bytes", (double)d->cost[r].bytes);
+        cJSON_AddNumberToObject(j, "ops", d->cost[r].ops);
+        cJSON_AddStringToObject(j, "peak", o->int8 ? "int8" : "fp32");
+        cJSON_AddNumberToObject(j, "gbs", o->gbs);
+        cJSON_AddNumberToObject(j, "bw_pct", o->bw_pct);
+        cJSON_AddNumberToObject(j, "gops", o->gops);
+        cJSON_AddNumberToObject(j, "peak_pct", o->peak_pct);
+        cJSON_AddNumberToObject(j, "floor_ms", o->floor_ms);
+        cJSON_AddNumberToObject(j, "x_floor", o->x_floor);
+        cJSON_AddItemToArray(st, j);
+        floor_sum += o->floor_ms;
+        stage_sum += o->mean_ms;
+    }
+    cJSON *sp = cJSON_AddObjectToObject(root, "step");
+    cJSON_AddNumberToObject(sp, "ms", step_ms);
+    cJSON_AddNumberToObject(sp, "mean_ms", mean_of(d->step_ns, d->n_steps) / 1e6);
+    cJSON_AddNumberToObject(sp, "forward_ms", fwd_ms);
+    cJSON_AddNumberToObject(sp, "stages_mean_sum_ms", stage_sum);
+    cJSON_AddNumberToObject(sp, "thread0_mark_error", d->thread_sum_err);
+    cJSON_AddNumberToObject(sp, "off_cpu", off);
+    cJSON_AddNumberToObject(sp, "bytes", (double)d->fwd_bytes);
+    cJSON_AddNumberToObject(sp, "floor_ms", floor_sum);
+    cJSON_AddNumberToObject(sp, "x_floor", floor_sum > 0 ? step_ms / floor_sum : 0);
+    cJSON_AddNumberToObject(sp, "barriers", d->n_steps ? (double)d->barriers / d->n_steps : 0);
+    cJSON_AddNumberToObject(sp, "output_tok_s", step_ms > 0 ? 1e3 * ru->batch / step_ms : 0);
+    return root;
+}
+
+static tk_status write_json(const char *path, cJSON *root) {
+    char *text = root ? cJSON_Print(root) : NULL;
+    if (!text) return tk_fail(TK_ERR_NOMEM, "profile: cannot build the JSON report");
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        cJSON_free(text);
+        return tk_fail(TK_ERR_IO, "profile: cannot write %s: %s", path, strerror(errno));
+    }
+    size_t n = strlen(text);
+    bool ok = fwrite(text, 1, n, f) == n;
+    ok &= fclose(f) == 0;
+    cJSON_free(text);
+    return ok ? TK_OK : tk_fail(TK_ERR_IO, "profile: writing %s failed", path);
+}
+
+/* Everything the run holds, freed by pf_free. */
+typedef struct pf_state {
+    backend be;
+    int32_t **bt; /* (batch) block tables */
+    int32_t *tok, *n, *pos0, *n_logits;
+    float *logits; /* (batch, n_vocab) */
+    float *prompt_logits;
+    tk_sampler **smp; /* (batch) */
+    fwd_prof prof;
+    pf_data d;
+    double *tmp;
+} pf_state;
+
+static void pf_free(pf_state *s, int batch) {
+    if (s->bt)
+        for (int i = 0; i < batch; i++) tk_free(s->bt[i]);
+    if (s->smp)
+        for (int i = 0; i < batch; i++) sampler_free(s->smp[i]);
+    tk_free(s->bt);
+    tk_free(s->smp);
+    tk_free(s->tok);
+    tk_free(s->n);
+    tk_free(s->pos0);
+    tk_free(s->n_logits);
+    tk_free_aligned(s->logits);
+    tk_free(s->prompt_logits);
+    tk_free_aligned(s->prof.rows);
+    for (int r = 0; r < PF_ROWS; r++) {
+        tk_free(s->d.ns[r]);
+        tk_free(s->d.cpu[r]);
+    }
+    tk_free(s->d.offcpu);
+    tk_free(s->d.step_ns);
+    tk_free(s->d.fwd_ns);
+    tk_free(s->tmp);
+    backend_free(&s->be); /* blocks go with the pool */
+}
+
+/* The prompt: sequence 0 prefilled in chunks of the step budget, then its
+ * blocks copied to every other sequence (same KV, separate memory). */
+static tk_status build_context(pf_state *s, int batch, int ctx, int nb_seq, int n_vocab) {
+    const backend *be = &s->be;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int32_t *chunk = tk_calloc((size_t)be->max_tokens, sizeof *chunk);
+    if (!chunk) return tk_fail(TK_ERR_NOMEM, "profile: out of memory");
+    tk_status st = TK_OK;
+    for (int p = 0; p < ctx && st == TK_OK;) {
+        int n = ctx - p < be->max_tokens ? ctx - p : be->max_tokens;
+        for (int i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            chunk[i] = (int32_t)(x % (uint64_t)n_vocab);
+        }
+        int32_t nl = p + n == ctx;
+        const int32_t *bt0 = s->bt[0];
+        int32_t pos = p;
+        tk_batch b = {
+            .n_seq = 1, .n_tok = n, .tokens = chunk, .n = &n, .pos0 = &pos, .bt = &bt0, .n_logits = &nl};
+        st = be->step(be->ctx, &b, nl ? s->prompt_logits : NULL);
+        p += n;
+    }
+    tk_free(chunk);
+    if (st != TK_OK) return st;
+    for (int q = 1; q < batch; q++)
+        for (int j = 0; j < nb_seq; j++) be->block_copy(be->ctx, s->bt[q][j], s->bt[0][j]);
+    return TK_OK;
+}
+
+static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch, int ctx, int steps,
+                          int *nb_seq) {
+    const tk_engine_opts *e = &o->engine;
+    int total = ctx + PF_WARMUP + steps, bs = e->block_size;
+    int nbs = (total + bs - 1) / bs;
+    *nb_seq = nbs;
+    if ((int64_t)nbs * batch > (1 << 30)) return tk_fail(TK_ERR_RANGE, "profile: too many KV blocks");
+    int max_tok = batch > 512 ? batch : 512;
+    backend_cpu_opts bo = {.n_threads = e->n_threads,
+                           .pin_threads = e->pin_threads,
+                           .cpus = e->cpus,
+                           .numa = e->numa,
+                           .block_size = bs,
+                           .kv_type = e->kv_type,
+                           .kv_scale = e->kv_scale,
+                           .n_blocks = nbs * batch,
+                           .max_tokens = max_tok,
+                           .max_seqs = batch,
+                           .max_ctx = nbs * bs};
+    tk_status st = backend_cpu_create(m, &bo, &s->be);
+    if (st != TK_OK) return st;
+    int V = s->be.n_vocab, nth = s->be.n_threads;
+    s->bt = tk_calloc((size_t)batch, sizeof *s->bt);
+    s->smp = tk_calloc((size_t)batch, sizeof *s->smp);
+    s->tok = tk_calloc((size_t)batch, sizeof *s->tok);
+    s->n = tk_calloc((size_t)batch, sizeof *s->n);
+    s->pos0 = tk_calloc((size_t)batch, sizeof *s->pos0);
+    s->n_logits = tk_calloc((size_t)batch, sizeof *s->n_logits);
+    s->logits = tk_alloc_aligned((size_t)batch * (size_t)V * sizeof(float), 64);
+    s->prompt_logits = tk_calloc((size_t)V, sizeof(float));
+    s->prof.rows = tk_alloc_aligned((size_t)nth * sizeof(fwd_prof_thread), 64);
+    s->prof.n_threads = nth;
+    s->d.n_steps = steps;
+    for (int r = 0; r < PF_ROWS; r++) {
+        s->d.ns[r] = tk_calloc((size_t)steps, sizeof(double));
+        s->d.cpu[r] = tk_calloc((size_t)steps, sizeof(double));
+    }
+    s->d.offcpu = tk_calloc((size_t)steps, sizeof(double));
+    s->d.step_ns = tk_calloc((size_t)steps, sizeof(double));
+    s->d.fwd_ns = tk_calloc((size_t)steps, sizeof(double));
+    s->tmp = tk_calloc((size_t)steps, sizeof(double));
+    bool ok = s->bt && s->smp && s->tok && s->n && s->pos0 && s->n_logits && s->logits && s->prompt_logits &&
+              s->prof.rows && s->d.step_ns && s->d.fwd_ns && s->tmp;
+    for (int r = 0; r < PF_ROWS; r++) ok &= s->d.ns[r] && s->d.cpu[r];
+    ok &= s->d.offcpu != NULL;
+    for (int q = 0; ok && q < batch; q++) ok = (s->bt[q] = tk_calloc((size_t)nbs, sizeof(int32_t))) != NULL;
+    if (!ok) return tk_fail(TK_ERR_NOMEM, "profile: out of memory for a batch of %d", batch);
+    memset(s->prof.rows, 0, (size_t)nth * sizeof(fwd_prof_thread));
+    for (int q = 0; q < batch; q++)
+        for (int j = 0; j < nbs; j++)
+            if ((s->bt[q][j] = s->be.block_alloc(s->be.ctx)) < 0)
+                return tk_fail(TK_ERR_NOMEM, "profile: KV pool out of blocks");
+    for (int q = 0; q < batch; q++) {
+        tk_sampling sp = o->sampling;
+        sp.seed += (uint64_t)q;
+        if ((st = sampler_init(&sp, V, &s->smp[q])) != TK_OK) return st;
+    }
+    return build_context(s, batch, ctx, nbs, V);
+}
+
+/* One decode step of every sequence at position pos; timed when i >= 0. */
+static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int pos, int i) {
+    const backend *be = &s->be;
+    int V = be->n_vocab, nth = be->n_threads;
+    for (int q = 0; q < batch; q++) {
+        s->n[q] = 1;
+        s->pos0[q] = pos;
+        s->n_logits[q] = 1;
+    }
+    tk_batch b = {.n_seq = batch,
+                  .n_tok = batch,
+                  .tokens = s->tok,
+                  .n = s->n,
+                  .pos0 = s->pos0,
+                  .bt = (const int32_t *const *)s->bt,
+                  .n_logits = s->n_logits};
+    for (int t = 0; t < nth; t++) {
+        memset(s->prof.rows[t].ns, 0, sizeof s->prof.rows[t].ns);
+        memset(s->prof.rows[t].cpu_ns, 0, sizeof s->prof.rows[t].cpu_ns);
+    }
+    uint64_t t0 = tk_now_ns();
+    tk_status st = be->step(be->ctx, &b, s->logits);
+    uint64_t t1 = tk_now_ns(), c1 = fwd_prof_cpu_ns();
+    if (st != TK_OK) return st;
+    for (int q = 0; q < batch; q++) {
+        tk_token_event ev;
+        int32_t tok = sampler_sample(s->smp[q], s->logits + (size_t)q * V, NULL, 0, &ev);
+        s->tok[q] = tok >= 0 ? tok : 0;
+    }
+    uint64_t t2 = tk_now_ns(), c2 = fwd_prof_cpu_ns();
+    if (i < 0) return TK_OK;
+    pf_data *d = &s->d;
+    double work = 0, th0 = 0, wall_all = 0, cpu_all = 0;
+    for (int r = 0; r < FWD_ST_COUNT; r++) {
+        uint64_t mx = 0, mc = 0;
+        for (int t = 0; t < nth; t++) {
+            const fwd_prof_thread *row = &s->prof.rows[t];
+            if (row->ns[r] > mx) mx = row->ns[r];
+            if (row->cpu_ns[r] > mc) mc = row->cpu_ns[r];
+            if (r != FWD_ST_WAIT) { /* a barrier's wait may yield its core on purpose */
+                wall_all += (double)row->ns[r];
+                cpu_all += (double)row->cpu_ns[r];
+            }
+        }
+        th0 += (double)s->prof.rows[0].ns[r];
+        d->cpu[r][i] = (double)mc;
+        if (r != FWD_ST_WAIT) {
+            d->ns[r][i] = (double)mx;
+            work += (double)mx;
+        }
+    }
+    d->offcpu[i] = wall_all > 0 && cpu_all < wall_all ? 1.0 - cpu_all / wall_all : 0;
+    d->cpu[PF_SAMPLE][i] = (double)(c2 - c1);
+    double fwd = (double)(t1 - t0);
+    d->ns[FWD_ST_WAIT][i] = fwd > work ? fwd - work : 0;
+    d->ns[PF_SAMPLE][i] = (double)(t2 - t1);
+    d->fwd_ns[i] = fwd;
+    d->step_ns[i] = (double)(t2 - t0);
+    double err = fabs(th0 - fwd) / fwd;
+    if (err > d->thread_sum_err) d->thread_sum_err = err;
+    if (i == 0) {
+        d->fwd_bytes = be->last_bytes ? be->last_bytes(be->ctx) : 0;
+        fwd_step_shape sh = {.n_tok = batch,
+                             .n_out = batch,
+                             .kv_tokens = (uint64_t)batch * (uint64_t)(pos + 1),
+                             .attn_pairs = (uint64_t)batch * (uint64_t)(pos + 1)};
+        fwd_prof_costs(m, be->kv_bytes_per_token, be->kv_type == TK_KV_INT8, &sh, d->cost);
+        d->cost[PF_SAMPLE] = (fwd_stage_cost){.bytes = (uint64_t)batch * (uint64_t)V * sizeof(float)};
+    }
+    return TK_OK;
+}
+
+int cmd_profile(int argc, char **argv) {
+    pf_args pa = {.batch = 8, .steps = 16};
+    cli_opts o;
+    cli_opts_init(&o, &PF_CMD, &pa);
+    o.engine.ctx = 512;
+    int prc = cli_opts_parse(&o, argc, argv);
+    if (prc != CLI_GO_ON) return prc;
+    if (!o.model_path) {
+        cli_error(&PF_CMD, "-m MODEL is required; 'tokamak profile --help' lists the options");
+        return 2;
+    }
+    if (cli_opts_given(&o, "--kv-mem")) {
+        cli_error(&PF_CMD, "--kv-mem: profile sizes the KV pool to its batch and context itself");
+        return 2;
+    }
+    int batch = pa.batch, steps = pa.steps, ctx = o.engine.ctx;
+    if (o.engine.n_threads == 0) {
+        tk_cpu c;
+        cpu_detect(&c);
+        o.engine.n_threads = c.n_cores > 0 ? c.n_cores : 1;
+    }
+    pf_machine mc = {.threads = o.engine.n_threads};
+    /* The probes start their own threads: before the backend's exist. */
+    if (pa.bw > 0)
+        mc.bw = (probe_stats){.best = pa.bw, .median = pa.bw, .min = pa.bw, .n = 0};
+    else
+        probe_read_bw_stats(mc.threads, &mc.bw);
+    mc.int8_given = pa.peak_int8 > 0;
+    mc.f32_given = pa.peak_f32 > 0;
+    mc.gops_int8 = pa.peak_int8 > 0 ? pa.peak_int8 : probe_peak_gops_int8(mc.threads);
+    mc.gflops_f32 = pa.peak_f32 > 0 ? pa.peak_f32 : probe_peak_gflops_f32(mc.threads);
+    tk_model *m = NULL;
+    if (tk_model_open(o.model_path, &o.model, &m) != TK_OK) {
+        fprintf(stderr, "tokamak profile: %s\n", tk_last_error());
+        return 1;
+    }
+    pf_state s;
+    memset(&s, 0, sizeof s);
+    int nb_seq = 0, rc = 1;
+    tk_status st = pf_setup(&s, m, &o, batch, ctx, steps, &nb_seq);
+    for (int i = 0; st == TK_OK && i < PF_WARMUP; i++) st = pf_step(&s, m, batch, ctx + i, -1);
+    if (st == TK_OK) st = backend_cpu_profile(&s.be, &s.prof);
+    for (int i = 0; st == TK_OK && i < steps; i++) st = pf_step(&s, m, batch, ctx + PF_WARMUP + i, i);
+    if (st == TK_OK) {
+        s.d.barriers = s.prof.barriers;
+        backend_cpu_profile(&s.be, NULL);
+        pf_row rows[PF_ROWS];
+        set_ceiling(&s.d, &mc, s.tmp);
+        for (int r = 0; r < PF_ROWS; r++) rows[r] = row_of(&s.d, &mc, r, s.tmp);
+        double step_ms = median_of(s.d.step_ns, steps, s.tmp) / 1e6;
+        double fwd_ms = median_of(s.d.fwd_ns, steps, s.tmp) / 1e6;
+        tk_model_info in;
+        tk_model_get_info(m, &in);
+        pf_run ru = {.model = in.name ? in.name : o.model_path,
+                     .weight_dtype = in.weight_dtype,
+                     .kv_type = names_str(&NAMES_KV_TYPE, (int)s.be.kv_type),
+                     .batch = batch,
+                     .ctx = ctx,
+                     .steps = steps,
+                     .threads = s.be.n_threads};
+        double off = median_of(s.d.offcpu, steps, s.tmp);
+        print_markdown(&ru, &mc, &s.d, rows, step_ms, fwd_ms, off);
+        rc = 0;
+        if (pa.json) {
+            cJSON *root = json_of(&ru, &mc, &s.d, rows, step_ms, fwd_ms, off);
+            st = write_json(pa.json, root);
+            cJSON_Delete(root);
+            if (st != TK_OK) rc = 1;
+        }
+    }
+    if (st != TK_OK) fprintf(stderr, "tokamak profile: %s\n", tk_last_error());
+    pf_free(&s, batch);
+    tk_model_free(m);
+    return rc;
+}

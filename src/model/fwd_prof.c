@@ -1,0 +1,51 @@
+/* Stage costs and names of the forward step's profile (see fwd_prof.h). */
+#include "model/fwd_prof.h"
+
+#include "kernels/kernels.h"
+#include "model/model_internal.h"
+
+static const char *const STAGE_NAMES[FWD_ST_COUNT] = {
+    [FWD_ST_PLAN] = "plan",       [FWD_ST_EMBED] = "embed",        [FWD_ST_NORM] = "norm_quant",
+    [FWD_ST_QKV] = "qkv",         [FWD_ST_ROPE] = "qk_norm_rope",  [FWD_ST_KV_STORE] = "kv_store",
+    [FWD_ST_ATTN] = "attention",  [FWD_ST_O] = "o_proj",           [FWD_ST_RESID] = "residual",
+    [FWD_ST_GATE_UP] = "gate_up", [FWD_ST_ACT] = "silu_mul_quant", [FWD_ST_DOWN] = "down",
+    [FWD_ST_LM_HEAD] = "lm_head", [FWD_ST_WAIT] = "barrier_wait",
+};
+
+const char *fwd_stage_name(fwd_stage s) { return (unsigned)s < FWD_ST_COUNT ? STAGE_NAMES[s] : "?"; }
+
+/* A projection of weight w over n tokens. */
+static void add_matmul(fwd_stage_cost *c, const tk_tensor *w, int n) {
+    c->bytes += w->nbytes;
+    c->ops += 2.0 * (double)w->ne[0] * (double)w->ne[1] * n;
+    c->int8 = kern_act_type(w->type) != TK_DTYPE_F32;
+}
+
+void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8, const fwd_step_shape *sh,
+                    fwd_stage_cost out[FWD_ST_COUNT]) {
+    const tk_hparams *hp = &m->hp;
+    for (int s = 0; s < FWD_ST_COUNT; s++) out[s] = (fwd_stage_cost){0, 0, false};
+    int n = sh->n_tok;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const tk_layer *L = &m->layers[l];
+        add_matmul(&out[FWD_ST_QKV], &L->wq, n);
+        add_matmul(&out[FWD_ST_QKV], &L->wk, n);
+        add_matmul(&out[FWD_ST_QKV], &L->wv, n);
+        add_matmul(&out[FWD_ST_O], &L->wo, n);
+        add_matmul(&out[FWD_ST_GATE_UP], &L->w_gate, n);
+        add_matmul(&out[FWD_ST_GATE_UP], &L->w_up, n);
+        add_matmul(&out[FWD_ST_DOWN], &L->w_down, n);
+        /* the layer's vectors, as decode_bytes counts them */
+        out[FWD_ST_NORM].bytes += 2 * (uint64_t)hp->n_embd * sizeof(float);
+        int64_t qkd = (int64_t)hp->n_head * hp->head_dim + 2 * (int64_t)hp->n_head_kv * hp->head_dim;
+        if (L->bq) out[FWD_ST_ROPE].bytes += (uint64_t)qkd * sizeof(float);
+        if (L->q_norm) out[FWD_ST_ROPE].bytes += 2 * (uint64_t)hp->head_dim * sizeof(float);
+    }
+    out[FWD_ST_EMBED].bytes = (uint64_t)n * (m->tok_embd.nbytes / (uint64_t)hp->n_vocab);
+    out[FWD_ST_NORM].bytes += (uint64_t)hp->n_embd * sizeof(float); /* the output norm */
+    if (sh->n_out > 0) add_matmul(&out[FWD_ST_LM_HEAD], &m->output, sh->n_out);
+    /* Every layer reads the context's K and V; per pair and head, q.k and p.v. */
+    out[FWD_ST_ATTN].bytes = sh->kv_tokens * kv_bytes_tok;
+    out[FWD_ST_ATTN].ops = 4.0 * (double)sh->attn_pairs * hp->n_head * hp->head_dim * hp->n_layer;
+    out[FWD_ST_ATTN].int8 = kv_int8;
+}

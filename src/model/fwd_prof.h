@@ -1,0 +1,100 @@
+/* Stage timing of a forward step, for `tokamak profile`. The forward pass
+ * marks the end of each piece of work on every thread; time since the
+ * thread's previous mark goes to the stage the mark names. With no profile
+ * attached (the default) a mark is one NULL check per stage, never per token.
+ *
+ * Each thread owns one cache-line aligned row, so marks never share a line.
+ * The caller reads the rows between steps (pool_run has returned). */
+#ifndef TK_MODEL_FWD_PROF_H
+#define TK_MODEL_FWD_PROF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "core/clock.h"
+
+typedef enum fwd_stage {
+    FWD_ST_PLAN = 0, /* the step's token tables and checks, before the pool runs */
+    FWD_ST_EMBED,    /* embedding rows of the step's tokens */
+    FWD_ST_NORM,     /* RMSNorm and the activation quantization after it */
+    FWD_ST_QKV,      /* q, k, v projections */
+    FWD_ST_ROPE,     /* bias, QK-norm, RoPE */
+    FWD_ST_KV_STORE, /* new K and V into the paged cache */
+    FWD_ST_ATTN,     /* attention over the paged KV (and its output quantization) */
+    FWD_ST_O,        /* output projection */
+    FWD_ST_RESID,    /* residual adds */
+    FWD_ST_GATE_UP,  /* gate and up projections */
+    FWD_ST_ACT,      /* silu(gate) * up and its quantization */
+    FWD_ST_DOWN,     /* down projection */
+    FWD_ST_LM_HEAD,  /* the output (vocabulary) projection */
+    FWD_ST_WAIT,     /* inside barriers, and the end of the run */
+    FWD_ST_COUNT
+} fwd_stage;
+
+typedef struct fwd_prof_thread {
+    uint64_t last, last_cpu;       /* the thread's previous mark: wall and own CPU time, ns */
+    uint64_t ns[FWD_ST_COUNT];     /* wall time accumulated since the caller last cleared */
+    uint64_t cpu_ns[FWD_ST_COUNT]; /* the thread's CPU time in the same spans: less than ns
+                                    * when the thread was descheduled (a loaded machine) */
+} __attribute__((aligned(64))) fwd_prof_thread;
+
+/* rows: one per pool thread (pool_size). */
+typedef struct fwd_prof {
+    int n_threads;
+    fwd_prof_thread *rows;
+    uint64_t steps;    /* steps run with this profile attached */
+    uint64_t barriers; /* pool barriers passed in those steps */
+} fwd_prof;
+
+/* What a stage reads (weights and KV) and computes in one step, for its floor:
+ * max(bytes / bandwidth, ops / peak), with the int8 peak where the stage's
+ * multiply-adds run on quantized activations, else the fp32 one. */
+typedef struct fwd_stage_cost {
+    uint64_t bytes;
+    double ops; /* a multiply-add counts 2 */
+    bool int8;
+} fwd_stage_cost;
+
+/* The shape of a step: n_tok tokens, n_out logits rows, kv_tokens positions
+ * of context read (the sum over sequences of pos0 + n) and attn_pairs
+ * (query, key) pairs attended (the sum over tokens of their position + 1). */
+typedef struct fwd_step_shape {
+    int n_tok, n_out;
+    uint64_t kv_tokens, attn_pairs;
+} fwd_step_shape;
+
+struct tk_model;
+/* Costs of every stage of the fused plan; the bytes add up to what
+ * fwd_last_bytes reports for the step. kv_bytes_tok: KV bytes per token of
+ * context (all layers); kv_int8: INT8 KV (its dot products run in int8). */
+void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8, const fwd_step_shape *sh,
+                    fwd_stage_cost out[FWD_ST_COUNT]);
+
+/* "qkv", "attention", ... (stable: the JSON keys of tokamak profile). */
+const char *fwd_stage_name(fwd_stage s);
+
+/* The calling thread's CPU time, ns. */
+static inline uint64_t fwd_prof_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Start thread ith's timeline (the beginning of its part of a step). */
+static inline void fwd_prof_start(fwd_prof *p, int ith) {
+    p->rows[ith].last = tk_now_ns();
+    p->rows[ith].last_cpu = fwd_prof_cpu_ns();
+}
+
+static inline void fwd_prof_mark(fwd_prof *p, int ith, fwd_stage s) {
+    fwd_prof_thread *r = &p->rows[ith];
+    uint64_t now = tk_now_ns(), cpu = fwd_prof_cpu_ns();
+    r->ns[s] += now - r->last;
+    r->cpu_ns[s] += cpu - r->last_cpu;
+    r->last = now;
+    r->last_cpu = cpu;
+}
+
+#endif

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# tokamak profile: the per-stage table and its JSON on a tiny model. The
+# stage times add up to the step time, thread 0's marks cover its forward
+# step, the stage bytes add up to the bytes the step reads (the model's
+# decode bytes and the KV at the context), barriers are counted, and bad
+# options are refused with a message.
+set -euo pipefail
+: "${TK_CLI:?}" "${TK_TMP:?}" "${TK_PYTHON:=/usr/bin/python3}"
+mkdir -p "$TK_TMP"
+W=$(mktemp -d "$TK_TMP/profile.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+fail() {
+    echo "FAIL: $*"
+    exit 1
+}
+
+"$TK_CLI" synth --preset tiny --dtype q8_0 --layers 2 -o "$W/m.gguf" 2>/dev/null
+"$TK_CLI" info -m "$W/m.gguf" --bw 10 >"$W/info.txt"
+for b in 1 4; do
+    bw=""
+    [ $b -eq 4 ] && bw="--bw 20 --peak-int8 500 --peak-f32 100" # the probes once are enough
+    # shellcheck disable=SC2086
+    "$TK_CLI" profile -m "$W/m.gguf" --batch $b --ctx 32 --steps 4 --kv-type int8 --block-size 128 --threads 2 \
+        $bw --json "$W/p$b.json" >"$W/p$b.md" || fail "profile --batch $b exited $?"
+    grep -q '^| attention | ' "$W/p$b.md" || fail "no attention row (batch $b)"
+    grep -q '^| \*\*step\*\* | ' "$W/p$b.md" || fail "no step row (batch $b)"
+    grep -q '^- barriers per step: ' "$W/p$b.md" || fail "no barrier count (batch $b)"
+done
+cat "$W/p4.md"
+
+"$TK_PYTHON" - "$W" <<'PY'
+import json, re, sys
+w = sys.argv[1]
+info = open(w + "/info.txt").read()
+decode = int(re.search(r"decode bytes/token\s+(\d+)", info).group(1))
+kv8 = int(re.search(r"kv bytes/token\s+f16 \d+, int8 (\d+)", info).group(1))
+names = ["plan", "embed", "norm_quant", "qkv", "qk_norm_rope", "kv_store", "attention", "o_proj", "residual",
+         "gate_up", "silu_mul_quant", "down", "lm_head", "barrier_wait", "sampling"]
+for b in (1, 4):
+    j = json.load(open(f"{w}/p{b}.json"))
+    st, step = j["stages"], j["step"]
+    got = [s["stage"] for s in st]
+    assert got == names, f"stages {got}"
+    assert j["batch"] == b and j["ctx"] == 32 and j["steps"] == 4
+    # times: the stages (barrier wait and sampling included) are the step
+    total = sum(s["mean_ms"] for s in st)
+    assert abs(total - step["mean_ms"]) <= 0.01 * step["mean_ms"] + 1e-3, f"stages {total} ms, step {step['mean_ms']} ms"
+    work = sum(s["mean_ms"] for s in st if s["stage"] not in ("barrier_wait", "sampling"))
+    assert 0 < work <= step["mean_ms"], f"work {work} ms, step {step['mean_ms']} ms"
+    assert step["thread0_mark_error"] < 0.05, f"thread 0's marks off its step by {step['thread0_mark_error']}"
+    for s in st:
+        assert s["ms"] >= 0 and s["bytes"] >= 0 and s["ops"] >= 0 and s["cpu_ms"] >= 0, s
+    assert 0 <= step["off_cpu"] <= 1
+    # bytes: the forward stages read what the step reads
+    fwd = sum(s["bytes"] for s in st if s["stage"] != "sampling")
+    assert fwd == step["bytes"], f"stage bytes {fwd} != step bytes {step['bytes']}"
+    if b == 1:  # one token: the model's decode bytes, plus the KV of 32 + 2 warm-up + 1 positions
+        want = decode + 35 * kv8
+        assert fwd == want, f"stage bytes {fwd}, model says {decode} + 35 x {kv8} = {want}"
+    assert step["barriers"] > 0, "no barriers counted"
+    assert step["floor_ms"] > 0 and step["x_floor"] > 0
+    pr = j["probe"]
+    assert pr["read_gbs"] > 0 and pr["read_gbs_min"] <= pr["read_gbs_median"] <= pr["read_gbs"]
+    assert pr["floor_gbs"] >= pr["read_gbs"]
+    if b == 4:
+        assert pr["read_gbs"] == 20 and pr["read_passes"] == 0 and pr["peak_gops_int8"] == 500
+    # no stage reading a megabyte or more (from memory, not cache) beats the
+    # bandwidth its floor uses: a faster one raises it
+    for s in st:
+        assert s["bytes"] < 1e6 or s["bw_pct"] <= 100.0 + 1e-6, s
+print("ok: profile JSON")
+PY
+
+# placement: both threads on CPU 0 (the list cycles), --numa (on one node it says so)
+"$TK_CLI" profile -m "$W/m.gguf" --batch 2 --ctx 16 --steps 2 --threads 2 --cpus 0 --numa --bw 20 \
+    --peak-int8 500 --peak-f32 100 \
+    --json "$W/pc.json" >"$W/pc.md" 2>"$W/pc.err" || fail "profile --cpus 0 --numa exited $?"
+grep -q '"threads":	2' "$W/pc.json" || fail "profile --cpus 0 --threads 2: not 2 threads"
+grep -q "numa" "$W/pc.err" || grep -q . "$W/pc.md" || fail "--numa: no output"
+
+for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--kv-mem 64" "--bogus"; do
+    set +e
+    # shellcheck disable=SC2086
+    "$TK_CLI" profile -m "$W/m.gguf" $args >/dev/null 2>"$W/err.txt"
+    rc=$?
+    set -e
+    [ "$rc" -eq 2 ] || fail "profile $args exited $rc, expected 2"
+    grep -q "tokamak profile:" "$W/err.txt" || fail "profile $args: no message"
+done
+set +e
+"$TK_CLI" profile >/dev/null 2>"$W/err.txt"
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "profile without -m exited $rc"
+echo "ok: tokamak profile"

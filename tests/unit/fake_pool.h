@@ -1,0 +1,81 @@
+/* A fake KV block pool for engine tests over a fake forward (the includer
+ * defines FBS, the block size, and writes the step): reference-counted blocks
+ * whose slots hold the token written there (-1: none; a freed block's slots
+ * are cleared), and a failure code for any misuse (a bad free, a stale read,
+ * a write into a shared block, which the step reports with fake_fail).
+ * Include after cmocka.h. */
+#ifndef TK_TEST_FAKE_POOL_H
+#define TK_TEST_FAKE_POOL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+typedef struct fake {
+    int n_blocks, n_free;
+    int *free_ids;    /* (n_blocks) */
+    int *refs;        /* (n_blocks) holders */
+    int32_t *store;   /* (n_blocks, FBS) the token at each slot, -1 if none */
+    _Atomic int fail; /* a bad batch, a write into a shared block, a stale read, a bad free */
+    _Atomic int step_us,
+        tok_us; /* sleep per step and per token of a step (a machine whose steps cost time) */
+} fake;
+
+static void fake_fail(fake *f, int why) {
+    if (!f->fail) f->fail = why;
+}
+
+static int f_alloc(void *c) {
+    fake *f = c;
+    if (!f->n_free) return -1;
+    int b = f->free_ids[--f->n_free];
+    if (f->refs[b]) fake_fail(f, 1);
+    f->refs[b] = 1;
+    for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1;
+    return b;
+}
+static void f_free(void *c, int b) {
+    fake *f = c;
+    if (b < 0 || b >= f->n_blocks || f->refs[b] <= 0) {
+        fake_fail(f, 2);
+        return;
+    }
+    if (--f->refs[b] == 0) {
+        for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1; /* a freed block's KV is gone */
+        f->free_ids[f->n_free++] = b;
+    }
+}
+static int f_n_free(void *c) { return ((fake *)c)->n_free; }
+static void f_ref(void *c, int b) {
+    fake *f = c;
+    if (b < 0 || b >= f->n_blocks || f->refs[b] <= 0)
+        fake_fail(f, 3);
+    else
+        f->refs[b]++;
+}
+static int f_refs(void *c, int b) { return ((fake *)c)->refs[b]; }
+static void f_copy(void *c, int dst, int src) {
+    fake *f = c;
+    if (f->refs[dst] <= 0 || f->refs[src] <= 0) fake_fail(f, 4);
+    memcpy(f->store + (size_t)dst * FBS, f->store + (size_t)src * FBS, FBS * sizeof *f->store);
+}
+
+static fake *fake_new(int n_blocks) {
+    fake *f = tk_calloc(1, sizeof *f);
+    f->n_blocks = f->n_free = n_blocks;
+    f->free_ids = tk_calloc((size_t)n_blocks, sizeof *f->free_ids);
+    f->refs = tk_calloc((size_t)n_blocks, sizeof *f->refs);
+    f->store = tk_calloc((size_t)n_blocks * FBS, sizeof *f->store);
+    for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
+    return f;
+}
+
+static void fake_delete(fake *f) {
+    tk_free(f->free_ids);
+    tk_free(f->refs);
+    tk_free(f->store);
+    tk_free(f);
+}
+
+#endif
