@@ -297,38 +297,57 @@ bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k) {
     }
 }
 
-/* ---- the 8-row interleaved Q8_0 layout (kernels_ref.h) --------------------------- */
+/* ---- the 8- and 16-row interleaved Q8_0 layouts (kernels_ref.h) ------------------ */
 
-bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k) {
-    if (rows <= 0 || rows % 8 || k <= 0 || k % TK_QK8_0) return false;
+/* Group of R rows, block b: R f16 scales, then chunk c (0..7) of R 4-byte
+ * pieces, row i's at 2R + 4Rc + 4i; R * 34 bytes per block. */
+static bool pack_q8_0_xr(int R, const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % R || k <= 0 || k % TK_QK8_0) return false;
     const int64_t nb = k / TK_QK8_0;
-    const size_t rb = (size_t)nb * sizeof(tk_block_q8_0);
-    for (int64_t g = 0; g < rows / 8; g++)
-        for (int i = 0; i < 8; i++) {
+    const size_t rb = (size_t)nb * sizeof(tk_block_q8_0), bb = (size_t)R * sizeof(tk_block_q8_0);
+    for (int64_t g = 0; g < rows / R; g++)
+        for (int i = 0; i < R; i++) {
             const tk_block_q8_0 *src =
-                (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(8 * g + i) * rb);
+                (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(R * g + i) * rb);
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t *blk = (uint8_t *)out + (size_t)g * 8 * rb + (size_t)b * 272;
+                uint8_t *blk = (uint8_t *)out + (size_t)g * (size_t)R * rb + (size_t)b * bb;
                 memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
-                for (int c = 0; c < 8; c++) memcpy(blk + 16 + 32 * c + 4 * i, src[b].qs + 4 * c, 4);
+                for (int c = 0; c < 8; c++) memcpy(blk + 2 * R + 4 * R * c + 4 * i, src[b].qs + 4 * c, 4);
             }
         }
     return true;
 }
 
-void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out) {
+static void dequant_q8_0_xr_row(int R, const void *w, int64_t k, int64_t row, float *out) {
     const int64_t nb = k / TK_QK8_0;
-    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 8) * (size_t)nb * 272;
-    const int i = (int)(row % 8);
+    const size_t bb = (size_t)R * sizeof(tk_block_q8_0);
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / R) * (size_t)nb * bb;
+    const int i = (int)(row % R);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = g + (size_t)b * 272;
+        const uint8_t *blk = g + (size_t)b * bb;
         tk_f16 d;
         memcpy(&d, blk + 2 * i, sizeof d);
         float s = tk_f16_to_f32(d);
         for (int c = 0; c < 8; c++)
             for (int j = 0; j < 4; j++)
-                out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[16 + 32 * c + 4 * i + j];
+                out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[2 * R + 4 * R * c + 4 * i + j];
     }
+}
+
+bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    return pack_q8_0_xr(8, rows_in, out, rows, k);
+}
+
+void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out) {
+    dequant_q8_0_xr_row(8, w, k, row, out);
+}
+
+bool kern_pack_q8_0_x16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    return pack_q8_0_xr(16, rows_in, out, rows, k);
+}
+
+void kern_dequant_q8_0_x16_row(const void *w, int64_t k, int64_t row, float *out) {
+    dequant_q8_0_xr_row(16, w, k, row, out);
 }
 
 /* ---- BF16 interleaved by 4 rows (kernels_ref.h) ----------------------------------- */
