@@ -183,6 +183,33 @@ void kern_gemv_q8_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, co
     gemv_q8_0_xr(16, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 
+/* Reads the 16-row interleaved Q4_0 layout directly: the same integer block
+ * dots and float sums as kern_dot_q4_0_ref, so its bits. */
+void kern_gemv_q4_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = k / TK_QK4_0;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * 288;
+        const int i = (int)(r % 16);
+        for (int t = 0; t < n_tok; t++) {
+            const tk_block_q8_0 *x = (const tk_block_q8_0 *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = g + (size_t)b * 288;
+                int32_t acc = 0;
+                for (int j = 0; j < 16; j++) {
+                    acc += (kern_q4_0_x16_q(blk, i, j) - 8) * x[b].qs[j];
+                    acc += (kern_q4_0_x16_q(blk, i, j + 16) - 8) * x[b].qs[j + 16];
+                }
+                tk_f16 d;
+                memcpy(&d, blk + 2 * i, sizeof d);
+                s += tk_f16_to_f32(d) * tk_f16_to_f32(x[b].d) * (float)acc;
+            }
+            y[t * ldy + r] = s;
+        }
+    }
+}
+
 /* Reads the 4-row interleaved BF16 layout directly; the same sums in the same
  * order as kern_dot_bf16_ref over the row. */
 void kern_gemv_bf16_x4_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,

@@ -350,6 +350,52 @@ void kern_dequant_q8_0_x16_row(const void *w, int64_t k, int64_t row, float *out
     dequant_q8_0_xr_row(16, w, k, row, out);
 }
 
+/* ---- Q4_0 interleaved by 16 rows (kernels_ref.h) ---------------------------------- */
+
+/* Byte offset, within a 288-byte X16 block, of row i's element e (0..31);
+ * the element is that byte's high nibble when (e / 4) is odd. */
+static size_t q4_0_x16_at(int i, int e) {
+    return 32 + 64 * (size_t)(e / 8) + 4 * (size_t)i + (size_t)(e % 4);
+}
+
+bool kern_pack_q4_0_x16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % 16 || k <= 0 || k % TK_QK4_0) return false;
+    const int64_t nb = k / TK_QK4_0;
+    const size_t rb = (size_t)nb * sizeof(tk_block_q4_0);
+    memset(out, 0, (size_t)rows * rb);
+    for (int64_t g = 0; g < rows / 16; g++)
+        for (int i = 0; i < 16; i++) {
+            const tk_block_q4_0 *src =
+                (const tk_block_q4_0 *)((const char *)rows_in + (size_t)(16 * g + i) * rb);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *blk = (uint8_t *)out + (size_t)g * 16 * rb + (size_t)b * 288;
+                memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
+                for (int e = 0; e < 32; e++) {
+                    int q = e < 16 ? src[b].qs[e] & 0x0f : src[b].qs[e - 16] >> 4;
+                    blk[q4_0_x16_at(i, e)] |= (uint8_t)(q << ((e / 4) % 2 * 4));
+                }
+            }
+        }
+    return true;
+}
+
+int kern_q4_0_x16_q(const uint8_t *blk, int i, int e) {
+    return (blk[q4_0_x16_at(i, e)] >> ((e / 4) % 2 * 4)) & 0x0f;
+}
+
+void kern_dequant_q4_0_x16_row(const void *w, int64_t k, int64_t row, float *out) {
+    const int64_t nb = k / TK_QK4_0;
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 16) * (size_t)nb * 288;
+    const int i = (int)(row % 16);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 288;
+        tk_f16 d;
+        memcpy(&d, blk + 2 * i, sizeof d);
+        float s = tk_f16_to_f32(d);
+        for (int e = 0; e < 32; e++) out[b * 32 + e] = s * (float)(kern_q4_0_x16_q(blk, i, e) - 8);
+    }
+}
+
 /* ---- BF16 interleaved by 4 rows (kernels_ref.h) ----------------------------------- */
 
 bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k) {

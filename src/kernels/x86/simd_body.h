@@ -464,21 +464,26 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
     xr_gemv(8, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 
-#if defined(X16_ZMM)
-/* ---- Q8_0 by 16 rows (TK_LAYOUT_X16) in 512-bit registers ------------------------------ */
+/* ---- 16-row interleaved Q8_0 and Q4_0 (TK_LAYOUT_X16) ---------------------------------- */
 
-/* The 512-bit VNNI dot is u8 x s8: the weights are made unsigned by w ^ 0x80
- * (= w + 128, one op per 64 weights, shared by the token tile) and the
- * activations stay signed, so sum((w + 128) x) - 128 sum(x) is the exact
- * integer block dot. -128 sum(x) and the activation scale as a float are
- * computed once per (token, block) per call (x16_act) and start each block's
- * integer chain, so a chunk costs one vpdpbusd per token whose activation
- * operand is a broadcast from memory. */
+/* The VNNI dot is u8 x s8. Q8_0 weights are made unsigned by w ^ 0x80
+ * (= w + 128, one op per 64 weights, shared by the token tile), Q4_0 ones
+ * are their 0..15 nibbles; the activations stay signed, so
+ * sum(u x) - off * sum(x) (off 128 or 8) is the exact integer block dot.
+ * -off * sum(x) and the activation scale as a float are computed once per
+ * (token, block) per call (x16_act) and start each block's integer chain,
+ * so a chunk costs one dot per token whose activation operand is a
+ * broadcast from memory. */
 #ifndef X16_ACT_MAX
 #define X16_ACT_MAX 8192 /* (token, block) terms per pass: 64 KB of stack */
 #endif
+#if defined(X16_ZMM)
+#define X16_NT KNT_X16
+#else
+#define X16_NT KNT_X8
+#endif
 
-AI void x16_act(const void *x, size_t xs, int n_tok, int64_t nb, int32_t *corr, float *dx) {
+AI void x16_act(int off, const void *x, size_t xs, int n_tok, int64_t nb, int32_t *corr, float *dx) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (int t = 0; t < n_tok; t++) {
         const tk_block_q8_0 *xt = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
@@ -488,40 +493,51 @@ AI void x16_act(const void *x, size_t xs, int n_tok, int64_t nb, int32_t *corr, 
             __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
             __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
             int32_t sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
-            corr[(size_t)t * (size_t)nb + (size_t)b] = -128 * sum;
+            corr[(size_t)t * (size_t)nb + (size_t)b] = -off * sum;
             dx[(size_t)t * (size_t)nb + (size_t)b] = f16_to_f32(xt[b].d);
         }
     }
 }
 
+AI int32_t x_chunk(const tk_block_q8_0 *xb, int e) {
+    int32_t xi;
+    memcpy(&xi, xb->qs + e, 4);
+    return xi;
+}
+
+#if defined(X16_ZMM)
 /* One group of 16 rows against nt tokens: acc[t] holds the 16 row sums of
  * token t, one chain per (row, token) over the blocks whatever nt is. */
-AI void x16_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, const int32_t *corr,
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size_t xs, const int32_t *corr,
                  const float *dx, float *y, int64_t ldy, int nt) {
-    const tk_block_q8_0 *xt[KNT_X16];
+    const size_t bb = q4 ? 288 : 544;
+    const tk_block_q8_0 *xt[X16_NT];
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
-    __m512 acc[KNT_X16];
+    __m512 acc[X16_NT];
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i flip = _mm512_set1_epi8((char)0x80), m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *blk = g + (size_t)b * 544, *qb = blk + 32;
+        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
         if (X8_PREFETCH > 0)
 #pragma GCC unroll 9
-            for (int o = 0; o < 544; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
-        __m512i is[KNT_X16];
+            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+        __m512i is[X16_NT];
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) is[t] = _mm512_set1_epi32(corr[(size_t)t * (size_t)nb + (size_t)b]);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            __m512i wv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
-#pragma GCC unroll 16
-            for (int t = 0; t < nt; t++) {
-                int32_t xi;
-                memcpy(&xi, xt[t][b].qs + 4 * c, 4);
-                is[t] = _mm512_dpbusd_epi32(is[t], wv, _mm512_set1_epi32(xi));
+            __m512i wv;
+            if (q4) { /* chunk c: elements 4c..4c+3, nibbles of the 64 bytes at c / 2 */
+                __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * (c / 2)));
+                wv = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+            } else {
+                wv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
             }
+#pragma GCC unroll 16
+            for (int t = 0; t < nt; t++)
+                is[t] = _mm512_dpbusd_epi32(is[t], wv, _mm512_set1_epi32(x_chunk(&xt[t][b], 4 * c)));
         }
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
 #pragma GCC unroll 16
@@ -533,31 +549,74 @@ AI void x16_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, c
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
 }
+#else
+/* Q4_0 only, in 256-bit halves of 8 rows: the chains of the 512-bit tile,
+ * the same integer block dots. */
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size_t xs, const int32_t *corr,
+                 const float *dx, float *y, int64_t ldy, int nt) {
+    (void)q4;
+    const tk_block_q8_0 *xt[X16_NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[X16_NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const unsigned char *blk = g + (size_t)b * 288, *qb = blk + 32 + 32 * h;
+            if (X8_PREFETCH > 0 && h == 0)
+#pragma GCC unroll 5
+                for (int o = 0; o < 288; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+            __m256i is[X16_NT];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) is[t] = _mm256_set1_epi32(corr[(size_t)t * (size_t)nb + (size_t)b]);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
+                __m256i wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++)
+                    is[t] =
+                        _mm256_add_epi32(is[t], dot_u8s8(wv, _mm256_set1_epi32(x_chunk(&xt[t][b], 4 * c))));
+            }
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(dx[(size_t)t * (size_t)nb + (size_t)b]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), d, acc[t]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * h, acc[t]);
+    }
+}
+#endif
 
 /* Tokens in passes of at most X16_ACT_MAX / nb (their activation terms on
  * the stack), each pass over the 16-row groups [r0, r1) touches; a group cut
  * by r0 or r1 is computed whole into a scratch tile, as in xr_gemv. */
-void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                        int n_tok, float *y, int64_t ldy) {
+AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                 int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
     if (nb > X16_ACT_MAX) { /* k beyond 262144: no pass fits; the definition */
-        kern_gemv_q8_0_x16_ref(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+        (q4 ? kern_gemv_q4_0_x16_ref : kern_gemv_q8_0_x16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
         return;
     }
     const int pass = (int)(X16_ACT_MAX / nb);
-    const size_t gb = (size_t)nb * 544;
+    const size_t gb = (size_t)nb * (q4 ? 288 : 544);
     int32_t corr[X16_ACT_MAX];
     float dx[X16_ACT_MAX];
     for (int p0 = 0; p0 < n_tok; p0 += pass) {
         const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
         const char *xp = (const char *)xq + (size_t)p0 * xq_stride;
-        x16_act(xp, xq_stride, np, nb, corr, dx);
+        x16_act(q4 ? 8 : 128, xp, xq_stride, np, nb, corr, dx);
         for (int64_t g0 = r0 / 16 * 16; g0 < r1; g0 += 16) {
             const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
             bool whole = g0 >= r0 && g0 + 16 <= r1;
-            for (int t = 0; t < np; t += KNT_X16) {
-                int nt = np - t < KNT_X16 ? np - t : KNT_X16;
-                float tmp[KNT_X16 * 16];
+            for (int t = 0; t < np; t += X16_NT) {
+                int nt = np - t < X16_NT ? np - t : X16_NT;
+                float tmp[X16_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
                 const void *xt = xp + (size_t)t * xq_stride;
@@ -566,23 +625,25 @@ void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
                 switch (nt) {
 #define X16_CASE(n)                                                                                          \
     case n:                                                                                                  \
-        x16_tile(nb, g, xt, xq_stride, ct, dt, dst, ld, n);                                                  \
+        x16_tile(q4, nb, g, xt, xq_stride, ct, dt, dst, ld, n);                                              \
         break;
                     X16_CASE(1)
                     X16_CASE(2)
                     X16_CASE(3)
                     X16_CASE(4)
+#if X16_NT > 4
                     X16_CASE(5)
                     X16_CASE(6)
                     X16_CASE(7)
                     X16_CASE(8)
-#if KNT_X16 > 8
+#endif
+#if X16_NT > 8
                     X16_CASE(9)
                     X16_CASE(10)
                     X16_CASE(11)
                     X16_CASE(12)
 #endif
-#if KNT_X16 > 12
+#if X16_NT > 12
                     X16_CASE(13)
                     X16_CASE(14)
 #endif
@@ -598,13 +659,26 @@ void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
         }
     }
 }
+
+void KFN(gemv_q4_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    x16_gemv(1, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+#if defined(X16_ZMM)
+void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    x16_gemv(0, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
 #else
-/* Without 512-bit registers: X8's kernel on each 8-row half of a group. */
+/* Without 512-bit registers: X8's kernel on each 8-row half of a group (the
+ * sign trick needs no activation sums). */
 void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
     xr_gemv(16, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 #endif
+#undef X16_NT
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
 
