@@ -7,10 +7,17 @@
 #include "dtype.h"
 
 /* How a matmul weight's rows sit in memory. ROWS is the file's order (row r
- * at r * row bytes); X8 is Q8_0 interleaved by 8 rows, X4 BF16 interleaved
- * by 4 rows, for the decode kernels (the layout rows of src/kernels/dispatch.c,
+ * at r * row bytes); X16 and X8 are Q8_0 interleaved by 16 and 8 rows (the
+ * loader takes X16 where rows % 16 == 0, X8 where only rows % 8 == 0), X4
+ * BF16 interleaved by 4 rows, for the decode kernels (the layout rows of src/kernels/dispatch.c,
  * docs/kernels.md), made when the weights are copied at load. */
-typedef enum tk_layout { TK_LAYOUT_ROWS = 0, TK_LAYOUT_X8 = 1, TK_LAYOUT_X4 = 2, TK_LAYOUT_COUNT } tk_layout;
+typedef enum tk_layout {
+    TK_LAYOUT_ROWS = 0,
+    TK_LAYOUT_X16 = 1,
+    TK_LAYOUT_X8 = 2,
+    TK_LAYOUT_X4 = 3,
+    TK_LAYOUT_COUNT
+} tk_layout;
 
 typedef struct tk_tensor {
     const char *name; /* NUL-terminated, owned by the file object */

@@ -145,24 +145,30 @@ void kern_gemv_q8_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const 
                ldy);
 }
 
-/* Reads the interleaved layout directly (kernels.h): the same integer block
- * dots and float sums as kern_dot_q8_0_ref, so equal to the row-order
- * reference bit for bit. */
-void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                           int n_tok, float *y, int64_t ldy) {
+/* Element e (0..31) of row i in a block of an interleaved layout
+ * (kernels_ref.h): Q8_0 by R rows, or Q4_0 by 16 (q4) as q - 8. */
+static int xr_weight(int q4, int R, const uint8_t *blk, int i, int e) {
+    if (q4) return kern_q4_0_x16_q(blk, i, e) - 8;
+    return (int8_t)blk[2 * R + 4 * R * (e / 4) + 4 * i + e % 4];
+}
+
+/* Reads an interleaved layout directly: the same integer block dots and
+ * float sums as kern_dot_q8_0_ref / kern_dot_q4_0_ref, so equal to the
+ * row-order reference bit for bit. */
+static void gemv_xr(int q4, int R, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                    size_t xq_stride, int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
+    const size_t bb = (size_t)R * (q4 ? sizeof(tk_block_q4_0) : sizeof(tk_block_q8_0));
     for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *g = (const uint8_t *)w + (size_t)(r / 8) * (size_t)nb * 272;
-        const int i = (int)(r % 8);
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / R) * (size_t)nb * bb;
+        const int i = (int)(r % R);
         for (int t = 0; t < n_tok; t++) {
             const tk_block_q8_0 *x = (const tk_block_q8_0 *)((const char *)xq + (size_t)t * xq_stride);
             float s = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = g + (size_t)b * 272;
+                const uint8_t *blk = g + (size_t)b * bb;
                 int32_t acc = 0;
-                for (int c = 0; c < 8; c++)
-                    for (int j = 0; j < 4; j++)
-                        acc += (int32_t)(int8_t)blk[16 + 32 * c + 4 * i + j] * x[b].qs[4 * c + j];
+                for (int e = 0; e < 32; e++) acc += xr_weight(q4, R, blk, i, e) * x[b].qs[e];
                 tk_f16 d;
                 memcpy(&d, blk + 2 * i, sizeof d);
                 s += tk_f16_to_f32(d) * tk_f16_to_f32(x[b].d) * (float)acc;
@@ -170,6 +176,21 @@ void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, con
             y[t * ldy + r] = s;
         }
     }
+}
+
+void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy) {
+    gemv_xr(0, 8, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+void kern_gemv_q8_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    gemv_xr(0, 16, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+void kern_gemv_q4_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    gemv_xr(1, 16, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 
 /* Reads the 4-row interleaved BF16 layout directly; the same sums in the same

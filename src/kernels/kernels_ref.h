@@ -50,6 +50,10 @@ void kern_gemv_q8_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const 
                         int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_x8_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_x4_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
@@ -78,6 +82,34 @@ void kern_silu_mul_ref(float *out, const float *gate, const float *up, int64_t n
 bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k);
 /* Row `row` of an X8 matrix of row length k, dequantized (embedding lookup). */
 void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out);
+
+/* Q8_0 interleaved by 16 rows (TK_LAYOUT_X16): X8's scheme for groups of 16
+ * rows. For rows % 16 == 0, group g (rows 16g..16g+15) takes nb * 544 bytes,
+ * one 544-byte block after another:
+ *   32 bytes of scales: row i's f16 d of this block, i = 0..15
+ *   512 bytes of quants: 4-byte chunk c (0..7), row i (0..15) at 32 + 64c + 4i
+ *                        holds w[16g + i][32b + 4c .. 32b + 4c + 3]
+ * One 64-byte load is the same four columns of sixteen rows: a 512-bit VNNI
+ * dot against a broadcast activation chunk gives sixteen row sums; the two
+ * 32-byte halves of each chunk are X8's chunks of rows 0..7 and 8..15, so
+ * the AVX2 kernel is X8's run on each half. */
+bool kern_pack_q8_0_x16(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_q8_0_x16_row(const void *w, int64_t k, int64_t row, float *out);
+
+/* Q4_0 interleaved by 16 rows (TK_LAYOUT_X16), for rows % 16 == 0: group g
+ * takes nb * 288 bytes, one 288-byte block after another:
+ *   32 bytes of scales: row i's f16 d of this block, i = 0..15
+ *   256 bytes of nibbles: chunk c (0..3), row i (0..15) at 32 + 64c + 4i,
+ *                        byte j (0..3) holding q[8c + j] in its low nibble
+ *                        and q[8c + 4 + j] in its high one
+ * (q[e] is the row's unsigned 0..15 value of block element e, w = d (q - 8)).
+ * One 64-byte load masked gives elements 8c..8c+3 of sixteen rows, shifted
+ * 8c+4..8c+7: the same 512-bit dot as Q8_0's X16, with no sign fix-up (the
+ * nibbles are the unsigned operand) and 8 sum(x) subtracted per block. */
+bool kern_pack_q4_0_x16(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_q4_0_x16_row(const void *w, int64_t k, int64_t row, float *out);
+/* q[e] of row i (0..15) in a 288-byte block. */
+int kern_q4_0_x16_q(const uint8_t *blk, int i, int e);
 
 /* BF16 interleaved by 4 rows (TK_LAYOUT_X4), for rows % 4 == 0 and
  * k % 16 == 0: group g (rows 4g..4g+3) is k / 16 chunks of 128 bytes, chunk j
@@ -109,6 +141,10 @@ void kern_gemv_q8_0_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const
                          int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_x8_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_x4_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
@@ -142,6 +178,10 @@ void kern_gemv_q8_0_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, con
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_x8_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_x4_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,

@@ -297,37 +297,102 @@ bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k) {
     }
 }
 
-/* ---- the 8-row interleaved Q8_0 layout (kernels_ref.h) --------------------------- */
+/* ---- the 8- and 16-row interleaved Q8_0 layouts (kernels_ref.h) ------------------ */
 
-bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k) {
-    if (rows <= 0 || rows % 8 || k <= 0 || k % TK_QK8_0) return false;
+/* Group of R rows, block b: R f16 scales, then chunk c (0..7) of R 4-byte
+ * pieces, row i's at 2R + 4Rc + 4i; R * 34 bytes per block. */
+static bool pack_q8_0_xr(int R, const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % R || k <= 0 || k % TK_QK8_0) return false;
     const int64_t nb = k / TK_QK8_0;
-    const size_t rb = (size_t)nb * sizeof(tk_block_q8_0);
-    for (int64_t g = 0; g < rows / 8; g++)
-        for (int i = 0; i < 8; i++) {
+    const size_t rb = (size_t)nb * sizeof(tk_block_q8_0), bb = (size_t)R * sizeof(tk_block_q8_0);
+    for (int64_t g = 0; g < rows / R; g++)
+        for (int i = 0; i < R; i++) {
             const tk_block_q8_0 *src =
-                (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(8 * g + i) * rb);
+                (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(R * g + i) * rb);
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t *blk = (uint8_t *)out + (size_t)g * 8 * rb + (size_t)b * 272;
+                uint8_t *blk = (uint8_t *)out + (size_t)g * (size_t)R * rb + (size_t)b * bb;
                 memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
-                for (int c = 0; c < 8; c++) memcpy(blk + 16 + 32 * c + 4 * i, src[b].qs + 4 * c, 4);
+                for (int c = 0; c < 8; c++) memcpy(blk + 2 * R + 4 * R * c + 4 * i, src[b].qs + 4 * c, 4);
             }
         }
     return true;
 }
 
-void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out) {
+static void dequant_q8_0_xr_row(int R, const void *w, int64_t k, int64_t row, float *out) {
     const int64_t nb = k / TK_QK8_0;
-    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 8) * (size_t)nb * 272;
-    const int i = (int)(row % 8);
+    const size_t bb = (size_t)R * sizeof(tk_block_q8_0);
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / R) * (size_t)nb * bb;
+    const int i = (int)(row % R);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = g + (size_t)b * 272;
+        const uint8_t *blk = g + (size_t)b * bb;
         tk_f16 d;
         memcpy(&d, blk + 2 * i, sizeof d);
         float s = tk_f16_to_f32(d);
         for (int c = 0; c < 8; c++)
             for (int j = 0; j < 4; j++)
-                out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[16 + 32 * c + 4 * i + j];
+                out[b * 32 + 4 * c + j] = s * (float)(int8_t)blk[2 * R + 4 * R * c + 4 * i + j];
+    }
+}
+
+bool kern_pack_q8_0_x8(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    return pack_q8_0_xr(8, rows_in, out, rows, k);
+}
+
+void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out) {
+    dequant_q8_0_xr_row(8, w, k, row, out);
+}
+
+bool kern_pack_q8_0_x16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    return pack_q8_0_xr(16, rows_in, out, rows, k);
+}
+
+void kern_dequant_q8_0_x16_row(const void *w, int64_t k, int64_t row, float *out) {
+    dequant_q8_0_xr_row(16, w, k, row, out);
+}
+
+/* ---- Q4_0 interleaved by 16 rows (kernels_ref.h) ---------------------------------- */
+
+/* Byte offset, within a 288-byte X16 block, of row i's element e (0..31);
+ * the element is that byte's high nibble when (e / 4) is odd. */
+static size_t q4_0_x16_at(int i, int e) {
+    return 32 + 64 * (size_t)(e / 8) + 4 * (size_t)i + (size_t)(e % 4);
+}
+
+bool kern_pack_q4_0_x16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % 16 || k <= 0 || k % TK_QK4_0) return false;
+    const int64_t nb = k / TK_QK4_0;
+    const size_t rb = (size_t)nb * sizeof(tk_block_q4_0);
+    memset(out, 0, (size_t)rows * rb);
+    for (int64_t g = 0; g < rows / 16; g++)
+        for (int i = 0; i < 16; i++) {
+            const tk_block_q4_0 *src =
+                (const tk_block_q4_0 *)((const char *)rows_in + (size_t)(16 * g + i) * rb);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *blk = (uint8_t *)out + (size_t)g * 16 * rb + (size_t)b * 288;
+                memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
+                for (int e = 0; e < 32; e++) {
+                    int q = e < 16 ? src[b].qs[e] & 0x0f : src[b].qs[e - 16] >> 4;
+                    blk[q4_0_x16_at(i, e)] |= (uint8_t)(q << ((e / 4) % 2 * 4));
+                }
+            }
+        }
+    return true;
+}
+
+int kern_q4_0_x16_q(const uint8_t *blk, int i, int e) {
+    return (blk[q4_0_x16_at(i, e)] >> ((e / 4) % 2 * 4)) & 0x0f;
+}
+
+void kern_dequant_q4_0_x16_row(const void *w, int64_t k, int64_t row, float *out) {
+    const int64_t nb = k / TK_QK4_0;
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 16) * (size_t)nb * 288;
+    const int i = (int)(row % 16);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 288;
+        tk_f16 d;
+        memcpy(&d, blk + 2 * i, sizeof d);
+        float s = tk_f16_to_f32(d);
+        for (int e = 0; e < 32; e++) out[b * 32 + e] = s * (float)(kern_q4_0_x16_q(blk, i, e) - 8);
     }
 }
 

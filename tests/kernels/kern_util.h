@@ -86,41 +86,45 @@ static inline void kt_check_invariance(tk_gemv_fn fn, tk_dtype t, kt_rng *r, con
     free(xq);
 }
 
-/* Random Q8_0 rows (rows a multiple of 8) and their 8-row interleaved copy. */
-static inline void kt_q8_0_x8_matrix(kt_rng *r, int64_t rows, int64_t k, char **wq, char **w8) {
+/* Random rows of type t (Q8_0 or Q4_0; rows a multiple of R) and their
+ * R-row interleaved copy (Q8_0 R = 8: X8, 16: X16; Q4_0 R = 16: X16). */
+static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int64_t k, char **wq, char **w8) {
     uint64_t rb;
-    assert_true(dtype_row_bytes(TK_DTYPE_Q8_0, (uint64_t)k, &rb));
+    assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
     float *f = malloc((size_t)k * sizeof *f);
     *wq = malloc((size_t)(rows * (int64_t)rb));
     *w8 = malloc((size_t)(rows * (int64_t)rb));
     for (int64_t i = 0; i < rows; i++) {
         kt_fill(r, f, k, 0.5f);
-        assert_true(kern_quantize_row(TK_DTYPE_Q8_0, f, *wq + i * (int64_t)rb, k));
+        assert_true(kern_quantize_row(t, f, *wq + i * (int64_t)rb, k));
     }
-    assert_true(kern_pack_q8_0_x8(*wq, *w8, rows, k));
+    if (t == TK_DTYPE_Q4_0)
+        assert_true(R == 16 && kern_pack_q4_0_x16(*wq, *w8, rows, k));
+    else
+        assert_true(R == 16 ? kern_pack_q8_0_x16(*wq, *w8, rows, k) : kern_pack_q8_0_x8(*wq, *w8, rows, k));
     free(f);
 }
 
-/* One random case of an interleaved Q8_0 gemv against the row-order
- * reference: ragged [r0, r1) (groups cut anywhere), k with odd and even block
- * counts, padded activation stride, NaN-filled y to catch stray writes.
- * exact: the result must equal the reference bit for bit (the scalar one). */
-static inline void kt_x8_case(tk_gemv_fn fn, kt_rng *r, int n_tok, bool exact, const char *what) {
-    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
-    int64_t k = 32 * kt_int(r, 1, 12), rows = 8 * kt_int(r, 1, 4);
+/* One case of an R-row interleaved gemv of type t against the row-order
+ * reference: ragged [r0, r1) (groups cut anywhere), padded activation stride,
+ * NaN-filled y to catch stray writes. exact: the result must equal the
+ * reference bit for bit (the scalar one). */
+static inline void kt_xr_shape(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int64_t rows, int64_t k,
+                               int n_tok, bool exact, const char *what) {
+    const tk_kernels *R0 = kernels_get(TK_ISA_SCALAR);
     int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
             ldy = rows + kt_int(r, 0, 3);
     size_t xb = kern_act_row_bytes(TK_DTYPE_Q8_0, k) + (size_t)kt_int(r, 0, 3) * 2;
     char *wq, *w8, *xq = malloc(xb * (size_t)n_tok);
-    kt_q8_0_x8_matrix(r, rows, k, &wq, &w8);
+    kt_xr_matrix(tw, r, R, rows, k, &wq, &w8);
     float *xf = malloc((size_t)k * sizeof *xf), *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
           *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, xf, k, 2.0f);
-        R->quant_q8_0(xf, xq + (size_t)i * xb, k);
+        R0->quant_q8_0(xf, xq + (size_t)i * xb, k);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
-    kern_gemv(R, TK_DTYPE_Q8_0, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
+    kern_gemv(R0, tw, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
     fn(k, w8, r0, r1, xq, xb, n_tok, y, ldy);
     double num = 0, den = 0;
     for (int t = 0; t < n_tok; t++)
@@ -136,8 +140,8 @@ static inline void kt_x8_case(tk_gemv_fn fn, kt_rng *r, int n_tok, bool exact, c
             den += (double)b * b;
         }
     if (!(num <= 1e-9 * den))
-        fail_msg("%s: k %lld rows [%lld,%lld) n_tok %d: nmse %.3g", what, (long long)k, (long long)r0,
-                 (long long)r1, n_tok, num / den);
+        fail_msg("%s: %s x%d k %lld rows [%lld,%lld) n_tok %d: nmse %.3g", what, dtype_name(tw), R,
+                 (long long)k, (long long)r0, (long long)r1, n_tok, num / den);
     free(wq);
     free(w8);
     free(xq);
@@ -146,28 +150,39 @@ static inline void kt_x8_case(tk_gemv_fn fn, kt_rng *r, int n_tok, bool exact, c
     free(want);
 }
 
-/* kt_check_invariance for the interleaved Q8_0 layout: the rows are cut
- * inside groups too. */
-static inline void kt_check_invariance_x8(tk_gemv_fn fn, kt_rng *r, const char *what) {
-    const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
-    const int64_t k = 96, rows = 24;
-    const int n_tok = 11;
+/* kt_xr_shape at a random shape: k with odd and even block counts, 1..4 groups. */
+static inline void kt_xr_case(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int n_tok, bool exact,
+                              const char *what) {
+    int64_t k = 32 * kt_int(r, 1, 12), rows = R * kt_int(r, 1, 4);
+    kt_xr_shape(tw, fn, R, r, rows, k, n_tok, exact, what);
+}
+
+/* kt_check_invariance for an R-row interleaved Q8_0 layout: n_tok tokens
+ * (at most 32) against 3 groups, rows cut inside groups too. */
+static inline void kt_check_invariance_xr(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int64_t k, int n_tok,
+                                          const char *what) {
+    const tk_kernels *R0 = kernels_get(TK_ISA_SCALAR);
+    const int64_t rows = 3 * R;
     size_t xb = kern_act_row_bytes(TK_DTYPE_Q8_0, k);
-    char *wq, *w8, *xq = malloc(xb * n_tok);
-    kt_q8_0_x8_matrix(r, rows, k, &wq, &w8);
-    float f[96], all[11 * 24], part[11 * 24];
+    char *wq, *w8, *xq = malloc(xb * (size_t)n_tok);
+    kt_xr_matrix(tw, r, R, rows, k, &wq, &w8);
+    float *f = malloc((size_t)k * sizeof *f), all[32 * 48], part[32 * 48];
+    const size_t sz = (size_t)(n_tok * rows) * sizeof(float);
+    assert_true(n_tok <= 32 && rows <= 48);
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, f, k, 1.0f);
-        R->quant_q8_0(f, xq + i * xb, k);
+        R0->quant_q8_0(f, xq + (size_t)i * xb, k);
     }
     fn(k, w8, 0, rows, xq, xb, n_tok, all, rows);
-    for (int i = 0; i < n_tok; i++) fn(k, w8, 0, rows, xq + i * xb, xb, 1, part + i * rows, rows);
-    if (memcmp(all, part, sizeof all)) fail_msg("%s q8_0 x8: one token at a time differs", what);
-    fn(k, w8, 0, rows, xq + 2 * xb, xb, 7, part + 2 * rows, rows);
-    if (memcmp(all, part, sizeof all)) fail_msg("%s q8_0 x8: tokens 2..8 alone differ", what);
-    static const int64_t cuts[] = {0, 3, 5, 8, 13, 16, 23, 24};
+    for (int i = 0; i < n_tok; i++) fn(k, w8, 0, rows, xq + (size_t)i * xb, xb, 1, part + i * rows, rows);
+    if (memcmp(all, part, sz)) fail_msg("%s %s x%d: one token at a time differs", what, dtype_name(tw), R);
+    fn(k, w8, 0, rows, xq + 2 * xb, xb, n_tok - 4, part + 2 * rows, rows);
+    if (memcmp(all, part, sz))
+        fail_msg("%s %s x%d: tokens 2..%d alone differ", what, dtype_name(tw), R, n_tok - 3);
+    const int64_t cuts[] = {0, 3, 5, R, R + 5, 2 * R, 3 * R - 1, 3 * R};
     for (int c = 0; c + 1 < 8; c++) fn(k, w8, cuts[c], cuts[c + 1], xq, xb, n_tok, part, rows);
-    if (memcmp(all, part, sizeof all)) fail_msg("%s q8_0 x8: rows cut inside groups differ", what);
+    if (memcmp(all, part, sz)) fail_msg("%s %s x%d: rows cut inside groups differ", what, dtype_name(tw), R);
+    free(f);
     free(wq);
     free(w8);
     free(xq);

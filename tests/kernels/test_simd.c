@@ -405,8 +405,32 @@ static void test_simd_gemv_q8_0_x8(void **state) {
     const bool exact = K->isa == TK_ISA_SCALAR;
     kt_rng r = {808};
     for (int n_tok = 1; n_tok <= 11; n_tok++)
-        for (int rep = 0; rep < 4; rep++) kt_x8_case(fn, &r, n_tok, exact, cpu_isa_name(K->isa));
-    kt_check_invariance_x8(fn, &r, cpu_isa_name(K->isa));
+        for (int rep = 0; rep < 4; rep++)
+            kt_xr_case(TK_DTYPE_Q8_0, fn, 8, &r, n_tok, exact, cpu_isa_name(K->isa));
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, fn, 8, &r, 96, 11, cpu_isa_name(K->isa));
+}
+
+/* The 16-row interleaved layouts (Q8_0 and Q4_0), as X8, with token counts
+ * past the AVX-512 tile (12) and the stack's per-pass share of tokens:
+ * k = 16384 has 512 blocks, so 16 tokens a pass and 29 tokens make two
+ * passes of a full and a partial tile each; k beyond 262144 takes no pass
+ * (the definition). Q4_0's scalar kernel equals its row-order reference. */
+static void test_simd_gemv_x16(void **state) {
+    const tk_kernels *K = level_of(state);
+    const bool exact = K->isa == TK_ISA_SCALAR;
+    const char *what = cpu_isa_name(K->isa);
+    static const tk_dtype types[] = {TK_DTYPE_Q8_0, TK_DTYPE_Q4_0};
+    kt_rng r = {1616};
+    for (int c = 0; c < 2; c++) {
+        const tk_dtype t = types[c];
+        const tk_gemv_fn fn = kern_gemv(K, t, TK_LAYOUT_X16);
+        for (int n_tok = 1; n_tok <= 30; n_tok++)
+            for (int rep = 0; rep < 2; rep++) kt_xr_case(t, fn, 16, &r, n_tok, exact, what);
+        kt_check_invariance_xr(t, fn, 16, &r, 96, 29, what);
+        kt_check_invariance_xr(t, fn, 16, &r, 16384, 29, what);
+        kt_xr_shape(t, fn, 16, &r, 48, 16384, 29, exact, what);
+        kt_xr_shape(t, fn, 16, &r, 16, 32 * 8200, 2, exact, what);
+    }
 }
 
 /* The 4-row interleaved BF16 layout gives the row layout's bits at every
@@ -499,6 +523,8 @@ static void test_simd_tables_complete(void **state) {
         }
         assert_non_null(K->dequant_row[TK_DTYPE_Q8_K]);
         assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X8));
+        assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X16));
+        assert_non_null(kern_gemv(K, TK_DTYPE_Q4_0, TK_LAYOUT_X16));
         assert_non_null(kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_X4));
         assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
         assert_true(K->attn && K->kv_to_f16 && K->attn_lanes >= 1);
@@ -534,25 +560,38 @@ static void test_simd_tables_complete(void **state) {
 static void test_simd_pack(void **state) {
     (void)state;
     kt_rng r = {808};
-    const int64_t k = 160, rows = 16;
-    char *wq, *w8;
-    kt_q8_0_x8_matrix(&r, rows, k, &wq, &w8);
+    const int64_t k = 160, rows = 24;
+    char *wq, *w8, *w16, *wq16;
+    kt_xr_matrix(TK_DTYPE_Q8_0, &r, 8, rows, k, &wq, &w8);
+    kt_xr_matrix(TK_DTYPE_Q8_0, &r, 16, 32, k, &wq16, &w16);
     float a[160], b[160];
     for (int64_t i = 0; i < rows; i++) {
         kern_dequant_q8_0_ref(wq + i * (int64_t)(k / 32 * sizeof(tk_block_q8_0)), a, k);
         kern_dequant_q8_0_x8_row(w8, k, i, b);
         assert_memory_equal(a, b, sizeof a);
     }
-    assert_false(kern_pack_q8_0_x8(wq, w8, 12, k)); /* rows not a multiple of 8 */
-    assert_false(kern_pack_q8_0_x8(wq, w8, 8, 40)); /* k not a multiple of 32 */
+    for (int64_t i = 0; i < 32; i++) {
+        kern_dequant_q8_0_ref(wq16 + i * (int64_t)(k / 32 * sizeof(tk_block_q8_0)), a, k);
+        kern_dequant_q8_0_x16_row(w16, k, i, b);
+        assert_memory_equal(a, b, sizeof a);
+    }
+    assert_false(kern_pack_q8_0_x8(wq, w8, 12, k));   /* rows not a multiple of 8 */
+    assert_false(kern_pack_q8_0_x8(wq, w8, 8, 40));   /* k not a multiple of 32 */
+    assert_false(kern_pack_q8_0_x16(wq, w8, 24, k));  /* rows not a multiple of 16 */
+    assert_false(kern_pack_q8_0_x16(wq, w8, 16, 40)); /* k not a multiple of 32 */
     size_t bytes = (size_t)rows * (k / 32) * sizeof(tk_block_q8_0);
-    char *out = malloc(bytes);
+    char *out = malloc(2 * bytes);
+    /* 16-row groups where rows % 16 == 0, 8-row ones where only rows % 8 == 0 */
+    assert_int_equal(kern_pack(TK_DTYPE_Q8_0, wq16, out, 32, k), TK_LAYOUT_X16);
+    assert_memory_equal(out, w16, (size_t)32 * (k / 32) * sizeof(tk_block_q8_0));
     assert_int_equal(kern_pack(TK_DTYPE_Q8_0, wq, out, rows, k), TK_LAYOUT_X8);
     assert_memory_equal(out, w8, bytes);
+    free(w16);
+    free(wq16);
     memset(out, 0x5a, bytes);
     assert_int_equal(kern_pack(TK_DTYPE_Q8_0, wq, out, 12, k), TK_LAYOUT_ROWS);
     for (size_t i = 0; i < bytes; i++) assert_int_equal((unsigned char)out[i], 0x5a); /* nothing written */
-    assert_int_equal(kern_pack(TK_DTYPE_Q4_0, wq, out, 8, 64), TK_LAYOUT_ROWS);
+    assert_int_equal(kern_pack(TK_DTYPE_Q4_0, wq, out, 8, 64), TK_LAYOUT_ROWS);       /* rows % 16 */
     assert_int_equal(kern_pack(TK_DTYPE_COUNT, wq, out, 8, 64), TK_LAYOUT_ROWS);
     free(out);
     free(wq);
@@ -633,6 +672,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_prestate(test_simd_elementwise, &level),
         cmocka_unit_test_prestate(test_simd_weight_rows, &level),
         cmocka_unit_test_prestate(test_simd_gemv_q8_0_x8, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_x16, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_x4, &level),
         cmocka_unit_test_prestate(test_simd_attention, &level),
     };

@@ -102,8 +102,14 @@ static void test_simd_tiles_four_tokens(void **state) {
         kt_check_invariance(T4[types[ci]], types[ci], &r, "avx2 4-token tiles");
     /* the interleaved Q8_0 kernel with AVX-512's 8-token tile */
     for (int n_tok = 1; n_tok <= 17; n_tok++)
-        kt_x8_case(t4_gemv_q8_0_x8, &r, n_tok, false, "avx2 8-token x8 tiles");
-    kt_check_invariance_x8(t4_gemv_q8_0_x8, &r, "avx2 8-token x8 tiles");
+        kt_xr_case(TK_DTYPE_Q8_0, t4_gemv_q8_0_x8, 8, &r, n_tok, false, "avx2 8-token x8 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, t4_gemv_q8_0_x8, 8, &r, 96, 11, "avx2 8-token x8 tiles");
+    for (int n_tok = 1; n_tok <= 17; n_tok++)
+        kt_xr_case(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16, 16, &r, n_tok, false, "avx2 8-token x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16, 16, &r, 96, 11, "avx2 8-token x16 tiles");
+    for (int n_tok = 1; n_tok <= 17; n_tok++)
+        kt_xr_case(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, 16, &r, n_tok, false, "avx2 8-token x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, 16, &r, 96, 11, "avx2 8-token x16 tiles");
     for (int n_tok = 1; n_tok <= 9; n_tok++)
         kt_bf16_x4_case(t4_gemv_bf16_x4, t4_gemv_bf16, &r, n_tok, "avx2 4-token tiles");
 #endif

@@ -15,6 +15,11 @@
 #ifndef KNT_X8
 #define KNT_X8 8
 #endif
+#ifndef KNT_X16
+#define KNT_X16 12
+#endif
+/* X16 in 512-bit registers (simd_body.h) */
+#define X16_ZMM 1
 #ifndef KFN
 #define KFN(name) kern_##name##_avx512
 #endif

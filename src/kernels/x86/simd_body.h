@@ -373,8 +373,11 @@ void KFN(gemv_q4_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void
  * partial sums in the eight int32 lanes: no horizontal sums, one sequential
  * stream of weights, and a block's integer dot is exact before its one scale
  * multiply. A (row, token) result is one chain over the blocks whatever the
- * tile, so it does not depend on the batch. */
-AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, float *y, int64_t ldy, int nt) {
+ * tile, so it does not depend on the batch. R is the layout's group (8 for
+ * X8, 16 for X16, kernels_ref.h), h the 8-row half of it this tile reads. */
+AI void x8_tile(int R, int h, int64_t nb, const unsigned char *g, const void *x, size_t xs, float *y,
+                int64_t ldy, int nt) {
+    const size_t bb = (size_t)R * 34;
     const tk_block_q8_0 *xt[KNT_X8];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
@@ -382,17 +385,17 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *blk = g + (size_t)b * 272, *qb = blk + 16;
+        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 2 * R + 32 * h;
         /* the weights are one stream per thread: fetch a few blocks ahead */
-        if (X8_PREFETCH > 0)
-#pragma GCC unroll 4
-            for (int o = 0; o < 272; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+        if (X8_PREFETCH > 0 && h == 0)
+#pragma GCC unroll 9
+            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
         __m256i is[KNT_X8];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(qb + 32 * c));
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(qb + 4 * R * c));
             __m256i aw = _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
@@ -401,7 +404,7 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
                 is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(xi));
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_to_f32(xt[t][b].d)));
@@ -412,48 +415,270 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
 }
 
-/* Runs the whole groups that [r0, r1) touches; a group cut by r0 or r1 is
- * computed whole into a scratch tile and only its rows in range are copied,
- * so every row's value is the same wherever the range is cut. */
-void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                       int n_tok, float *y, int64_t ldy) {
+/* Runs the whole R-row groups that [r0, r1) touches, each as R / 8 halves of
+ * eight rows; a group cut by r0 or r1 is computed whole into a scratch tile
+ * and only its rows in range are copied, so every row's value is the same
+ * wherever the range is cut. */
+AI void xr_gemv(int R, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
-    const size_t gb = (size_t)nb * 272;
-    for (int64_t g0 = r0 / 8 * 8; g0 < r1; g0 += 8) {
-        const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 8) * gb;
-        bool whole = g0 >= r0 && g0 + 8 <= r1;
+    const size_t gb = (size_t)nb * (size_t)R * 34;
+    for (int64_t g0 = r0 / R * R; g0 < r1; g0 += R) {
+        const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / R) * gb;
+        bool whole = g0 >= r0 && g0 + R <= r1;
         for (int t = 0; t < n_tok; t += KNT_X8) {
             int nt = n_tok - t < KNT_X8 ? n_tok - t : KNT_X8;
-            float tmp[KNT_X8 * 8];
+            float tmp[KNT_X8 * 16];
             float *dst = whole ? y + (size_t)t * (size_t)ldy + g0 : tmp;
-            int64_t ld = whole ? ldy : 8;
+            int64_t ld = whole ? ldy : R;
             const void *xt = (const char *)xq + (size_t)t * xq_stride;
-            switch (nt) {
+            for (int h = 0; h < R / 8; h++) switch (nt) {
 #define X8_CASE(n)                                                                                           \
     case n:                                                                                                  \
-        x8_tile(nb, g, xt, xq_stride, dst, ld, n);                                                           \
+        x8_tile(R, h, nb, g, xt, xq_stride, dst + 8 * h, ld, n);                                             \
         break;
-                X8_CASE(1)
-                X8_CASE(2)
-                X8_CASE(3)
-                X8_CASE(4)
+                    X8_CASE(1)
+                    X8_CASE(2)
+                    X8_CASE(3)
+                    X8_CASE(4)
 #if KNT_X8 > 4
-                X8_CASE(5)
-                X8_CASE(6)
-                X8_CASE(7)
-                X8_CASE(8)
+                    X8_CASE(5)
+                    X8_CASE(6)
+                    X8_CASE(7)
+                    X8_CASE(8)
 #endif
 #undef X8_CASE
-            default:
-                break;
-            }
+                default:
+                    break;
+                }
             if (!whole)
                 for (int tt = 0; tt < nt; tt++)
-                    for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + 8 && r < r1; r++)
-                        y[(size_t)(t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * 8 + (r - g0)];
+                    for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + R && r < r1; r++)
+                        y[(size_t)(t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * R + (r - g0)];
         }
     }
 }
+
+void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                       int n_tok, float *y, int64_t ldy) {
+    xr_gemv(8, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+/* ---- 16-row interleaved Q8_0 and Q4_0 (TK_LAYOUT_X16) ---------------------------------- */
+
+/* The VNNI dot is u8 x s8. Q8_0 weights are made unsigned by w ^ 0x80
+ * (= w + 128, one op per 64 weights, shared by the token tile), Q4_0 ones
+ * are their 0..15 nibbles; the activations stay signed, so
+ * sum(u x) - off * sum(x) (off 128 or 8) is the exact integer block dot.
+ * -off * sum(x) and the activation scale as a float are computed once per
+ * (token, block) per call (x16_act) and start each block's integer chain,
+ * so a chunk costs one dot per token whose activation operand is a
+ * broadcast from memory. */
+#ifndef X16_ACT_MAX
+#define X16_ACT_MAX 8192 /* (token, block) terms per pass: 64 KB of stack */
+#endif
+#if defined(X16_ZMM)
+#define X16_NT KNT_X16
+#else
+#define X16_NT KNT_X8
+#endif
+
+AI void x16_act(int off, const void *x, size_t xs, int n_tok, int64_t nb, int32_t *corr, float *dx) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int t = 0; t < n_tok; t++) {
+        const tk_block_q8_0 *xt = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
+        for (int64_t b = 0; b < nb; b++) {
+            /* sum(x + 128) by byte absolute differences from 0, in four 64-bit lanes */
+            __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), flip);
+            __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
+            __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+            int32_t sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
+            corr[(size_t)t * (size_t)nb + (size_t)b] = -off * sum;
+            dx[(size_t)t * (size_t)nb + (size_t)b] = f16_to_f32(xt[b].d);
+        }
+    }
+}
+
+AI int32_t x_chunk(const tk_block_q8_0 *xb, int e) {
+    int32_t xi;
+    memcpy(&xi, xb->qs + e, 4);
+    return xi;
+}
+
+#if defined(X16_ZMM)
+/* One group of 16 rows against nt tokens: acc[t] holds the 16 row sums of
+ * token t, one chain per (row, token) over the blocks whatever nt is. */
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size_t xs, const int32_t *corr,
+                 const float *dx, float *y, int64_t ldy, int nt) {
+    const size_t bb = q4 ? 288 : 544;
+    const tk_block_q8_0 *xt[X16_NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
+    __m512 acc[X16_NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i flip = _mm512_set1_epi8((char)0x80), m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
+        if (X8_PREFETCH > 0)
+#pragma GCC unroll 9
+            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+        __m512i is[X16_NT];
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) is[t] = _mm512_set1_epi32(corr[(size_t)t * (size_t)nb + (size_t)b]);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m512i wv;
+            if (q4) { /* chunk c: elements 4c..4c+3, nibbles of the 64 bytes at c / 2 */
+                __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * (c / 2)));
+                wv = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+            } else {
+                wv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
+            }
+#pragma GCC unroll 16
+            for (int t = 0; t < nt; t++)
+                is[t] = _mm512_dpbusd_epi32(is[t], wv, _mm512_set1_epi32(x_chunk(&xt[t][b], 4 * c)));
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) {
+            __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dx[(size_t)t * (size_t)nb + (size_t)b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), d, acc[t]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
+}
+#else
+/* Q4_0 only, in 256-bit halves of 8 rows: the chains of the 512-bit tile,
+ * the same integer block dots. */
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size_t xs, const int32_t *corr,
+                 const float *dx, float *y, int64_t ldy, int nt) {
+    (void)q4;
+    const tk_block_q8_0 *xt[X16_NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[X16_NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const unsigned char *blk = g + (size_t)b * 288, *qb = blk + 32 + 32 * h;
+            if (X8_PREFETCH > 0 && h == 0)
+#pragma GCC unroll 5
+                for (int o = 0; o < 288; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+            __m256i is[X16_NT];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) is[t] = _mm256_set1_epi32(corr[(size_t)t * (size_t)nb + (size_t)b]);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
+                __m256i wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++)
+                    is[t] =
+                        _mm256_add_epi32(is[t], dot_u8s8(wv, _mm256_set1_epi32(x_chunk(&xt[t][b], 4 * c))));
+            }
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(dx[(size_t)t * (size_t)nb + (size_t)b]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), d, acc[t]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * h, acc[t]);
+    }
+}
+#endif
+
+/* Tokens in passes of at most X16_ACT_MAX / nb (their activation terms on
+ * the stack), each pass over the 16-row groups [r0, r1) touches; a group cut
+ * by r0 or r1 is computed whole into a scratch tile, as in xr_gemv. */
+AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                 int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = k / TK_QK8_0;
+    if (nb > X16_ACT_MAX) { /* k beyond 262144: no pass fits; the definition */
+        (q4 ? kern_gemv_q4_0_x16_ref : kern_gemv_q8_0_x16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+        return;
+    }
+    const int pass = (int)(X16_ACT_MAX / nb);
+    const size_t gb = (size_t)nb * (q4 ? 288 : 544);
+    int32_t corr[X16_ACT_MAX];
+    float dx[X16_ACT_MAX];
+    for (int p0 = 0; p0 < n_tok; p0 += pass) {
+        const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
+        const char *xp = (const char *)xq + (size_t)p0 * xq_stride;
+        x16_act(q4 ? 8 : 128, xp, xq_stride, np, nb, corr, dx);
+        for (int64_t g0 = r0 / 16 * 16; g0 < r1; g0 += 16) {
+            const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
+            bool whole = g0 >= r0 && g0 + 16 <= r1;
+            for (int t = 0; t < np; t += X16_NT) {
+                int nt = np - t < X16_NT ? np - t : X16_NT;
+                float tmp[X16_NT * 16];
+                float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
+                int64_t ld = whole ? ldy : 16;
+                const void *xt = xp + (size_t)t * xq_stride;
+                const int32_t *ct = corr + (size_t)t * (size_t)nb;
+                const float *dt = dx + (size_t)t * (size_t)nb;
+                switch (nt) {
+#define X16_CASE(n)                                                                                          \
+    case n:                                                                                                  \
+        x16_tile(q4, nb, g, xt, xq_stride, ct, dt, dst, ld, n);                                              \
+        break;
+                    X16_CASE(1)
+                    X16_CASE(2)
+                    X16_CASE(3)
+                    X16_CASE(4)
+#if X16_NT > 4
+                    X16_CASE(5)
+                    X16_CASE(6)
+                    X16_CASE(7)
+                    X16_CASE(8)
+#endif
+#if X16_NT > 8
+                    X16_CASE(9)
+                    X16_CASE(10)
+                    X16_CASE(11)
+                    X16_CASE(12)
+#endif
+#if X16_NT > 12
+                    X16_CASE(13)
+                    X16_CASE(14)
+#endif
+#undef X16_CASE
+                default:
+                    break;
+                }
+                if (!whole)
+                    for (int tt = 0; tt < nt; tt++)
+                        for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + 16 && r < r1; r++)
+                            y[(size_t)(p0 + t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * 16 + (r - g0)];
+            }
+        }
+    }
+}
+
+void KFN(gemv_q4_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    x16_gemv(1, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+#if defined(X16_ZMM)
+void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    x16_gemv(0, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+#else
+/* Without 512-bit registers: X8's kernel on each 8-row half of a group (the
+ * sign trick needs no activation sums). */
+void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    xr_gemv(16, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+#endif
+#undef X16_NT
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
 
