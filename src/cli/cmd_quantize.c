@@ -265,7 +265,7 @@ static const cli_cmd Q_CMD = {
     Q_ROWS,
     "Vectors (norms, biases) stay f32. By default the embedding/output matrix is at\n"
     "least q8_0 and the first and last layers one step above the rest (q4 -> q6_k ->\n"
-    "q8_0 -> bf16); K-quant rows that are not whole 256-blocks fall back to q4_0 / q8_0.\n"
+    "q8_0); K-quant rows that are not whole 256-blocks fall back to q4_0 / q8_0.\n"
     "Each tensor's type and error is printed: with --calib the activation-weighted\n"
     "output error ||(W - Q(W)) X||^2 / ||W X||^2 on the sampled tokens, else ||W - Q(W)||^2 / ||W||^2.\n"
     "docs/formats.md describes the types and the calibration.",
@@ -324,7 +324,7 @@ static tk_status q_plan(const q_src *s, tk_dtype mtype, q_item *items, int *n) {
 /* Bits per weight, for "at least" comparisons between types. */
 static double q_bits(tk_dtype t) { return 8.0 * (double)dtype_block_bytes(t) / (double)dtype_block_elems(t); }
 
-/* One step up the precision ladder q4 -> q6_k -> q8_0 -> bf16. */
+/* One step up the ladder q4 -> q6_k -> q8_0 (q8_0 and above are near lossless: they stay). */
 static tk_dtype q_step_up(tk_dtype t) {
     switch (t) {
     case TK_DTYPE_Q4_0:
@@ -332,8 +332,6 @@ static tk_dtype q_step_up(tk_dtype t) {
         return TK_DTYPE_Q6_K;
     case TK_DTYPE_Q6_K:
         return TK_DTYPE_Q8_0;
-    case TK_DTYPE_Q8_0:
-        return TK_DTYPE_BF16;
     default:
         return t;
     }

@@ -45,7 +45,7 @@ check llama f32 f32 --tied
 
 # bad usage: exit 2 naming the problem; bad input: exit 1 and no output file
 "$TK_CLI" synth --preset tiny --layers 1 --dtype f32 -o "$W/m.gguf" 2>/dev/null
-for args in "--type q4_0" "--bogus" "-o" ""; do
+for args in "--type q3_k" "--bogus" "-o" ""; do
     set +e
     # shellcheck disable=SC2086
     "$TK_CLI" quantize -i "$W/m.gguf" -o "$W/x.gguf" $args >/dev/null 2>"$W/err.txt"
