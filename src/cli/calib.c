@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend/runner.h"
+#include "cli/compare.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -87,8 +87,8 @@ tk_status calib_run(const char *model_path, const char *text_path, int max_lines
     size_t *lens = NULL;
     int n_lines = 0;
     long total = 0;
-    backend be = {0};
-    runner *r = NULL;
+    cli_seq q;
+    memset(&q, 0, sizeof q);
     calib *c = tk_calloc(1, sizeof *c);
     if (!c) {
         st = tk_fail(TK_ERR_NOMEM, "calibration: out of memory");
@@ -117,19 +117,15 @@ tk_status calib_run(const char *model_path, const char *text_path, int max_lines
                 goto done;
             }
         }
-    const int bs = 16, nb = (CALIB_MAX_LINE_TOKENS + bs - 1) / bs;
-    backend_cpu_opts o = {.n_threads = threads,
-                          .block_size = bs,
-                          .kv_type = TK_KV_F32,
-                          .n_blocks = nb,
-                          .max_tokens = CALIB_MAX_LINE_TOKENS,
-                          .max_seqs = 1,
-                          .max_ctx = nb * bs,
-                          .observe = calib_observe,
-                          .observe_ctx = c};
-    if ((st = backend_cpu_create(m, &o, &be)) || (st = runner_init(&be, &r))) goto done;
+    if (!cli_seq_init(&q, m, NULL, threads, false, TK_KV_F32, TK_KV_SCALE_HEAD, CALIB_MAX_LINE_TOKENS, 16,
+                      CALIB_MAX_LINE_TOKENS, calib_observe, c)) {
+        tk_error_prefix("calibration: ");
+        st = TK_ERR_INVALID;
+        goto done;
+    }
     for (int i = 0; i < n_lines; i++) {
-        if ((st = runner_truncate(r, 0)) || (st = runner_step(r, ids[i], (int)lens[i], 0, NULL))) goto done;
+        if ((st = runner_truncate(q.r, 0)) || (st = runner_step(q.r, ids[i], (int)lens[i], 0, NULL)))
+            goto done;
         if (progress) cli_progress("calibrating", i + 1, n_lines);
     }
     c->n_samples = (int)((c->n_tok + c->stride - 1) / c->stride);
@@ -138,8 +134,7 @@ tk_status calib_run(const char *model_path, const char *text_path, int max_lines
         for (int64_t j = 0; j < c->site[i].k; j++)
             c->site[i].ms[j] = (float)(c->site[i].sumsq[j] / (double)c->n_tok);
 done:
-    runner_free(r);
-    backend_free(&be);
+    cli_seq_free(&q);
     for (int i = 0; ids && i < max_lines; i++) tk_free_buf(ids[i]);
     tk_free(ids);
     tk_free(lens);

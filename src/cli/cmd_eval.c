@@ -173,10 +173,11 @@ static tk_status ev_run(const cli_opts *o, const ev_args *a, tk_model *m, tk_mod
         goto out;
     }
     if (!cli_seq_init(&sm, m, NULL, threads, o->engine.pin_threads, o->engine.kv_type, o->engine.kv_scale,
-                      seq_ctx, o->engine.block_size, EV_CHUNK) ||
+                      seq_ctx, o->engine.block_size, EV_CHUNK, NULL, NULL) ||
         (ref && !cli_seq_init(&sr, ref, &sm, threads, o->engine.pin_threads, TK_KV_F32, TK_KV_SCALE_HEAD,
-                              seq_ctx, o->engine.block_size, EV_CHUNK))) {
-        st = tk_fail(TK_ERR_INVALID, "eval: %s", tk_last_error());
+                              seq_ctx, o->engine.block_size, EV_CHUNK, NULL, NULL))) {
+        tk_error_prefix("eval: ");
+        st = TK_ERR_INVALID;
         goto out;
     }
     memset(res, 0, sizeof *res);

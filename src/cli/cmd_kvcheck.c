@@ -172,10 +172,10 @@ int cmd_kvcheck(int argc, char **argv) {
         for (int k = 0; k < N_KINDS; k++) cli_seq_free(&runs[k]);
         cli_seq_free(&ref);
         bool ok = cli_seq_init(&ref, m, NULL, threads, o.engine.pin_threads, TK_KV_F32, TK_KV_SCALE_HEAD, ctx,
-                               bs, np);
+                               bs, np, NULL, NULL);
         for (int k = 0; ok && k < N_KINDS; k++)
             ok = cli_seq_init(&runs[k], m, &ref, threads, o.engine.pin_threads, KINDS[k].type, KINDS[k].scale,
-                              ctx, bs, np);
+                              ctx, bs, np, NULL, NULL);
         if (!ok) goto fail;
         /* the CI test's prompts (ids below 151,000, clear of Qwen's special tokens) */
         const double id_range = vocab - 1 < 151000 ? vocab - 1 : 151000;

@@ -5,7 +5,8 @@
 #include <string.h>
 
 bool cli_seq_init(cli_seq *q, tk_model *m, const cli_seq *pool_of, int threads, bool pin, tk_kv_type t,
-                  tk_kv_scale s, int ctx, int bs, int max_tok) {
+                  tk_kv_scale s, int ctx, int bs, int max_tok, backend_observe_fn observe,
+                  void *observe_ctx) {
     int nb = (ctx + bs - 1) / bs;
     backend_cpu_opts o = {.n_threads = threads,
                           .pin_threads = pin,
@@ -16,7 +17,9 @@ bool cli_seq_init(cli_seq *q, tk_model *m, const cli_seq *pool_of, int threads, 
                           .max_tokens = max_tok,
                           .max_seqs = 1,
                           .max_ctx = nb * bs,
-                          .share_pool = pool_of ? &pool_of->be : NULL};
+                          .share_pool = pool_of ? &pool_of->be : NULL,
+                          .observe = observe,
+                          .observe_ctx = observe_ctx};
     memset(q, 0, sizeof *q);
     return backend_cpu_create(m, &o, &q->be) == TK_OK && runner_init(&q->be, &q->r) == TK_OK;
 }

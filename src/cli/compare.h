@@ -15,9 +15,10 @@ typedef struct cli_seq {
 
 /* A sequence of up to ctx tokens, steps of up to max_tok, over m with KV type
  * t/s. pool_of: NULL (own threads) or a sequence whose pool this one runs on.
- * False on failure (tk_last_error says why); free with cli_seq_free. */
+ * observe/observe_ctx: backend_cpu_opts' (NULL: none). False on failure
+ * (tk_last_error says why); free with cli_seq_free. */
 bool cli_seq_init(cli_seq *q, tk_model *m, const cli_seq *pool_of, int threads, bool pin, tk_kv_type t,
-                  tk_kv_scale s, int ctx, int bs, int max_tok);
+                  tk_kv_scale s, int ctx, int bs, int max_tok, backend_observe_fn observe, void *observe_ctx);
 void cli_seq_free(cli_seq *q);
 
 int cli_argmax(const float *l, int n);
