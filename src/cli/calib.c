@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/compare.h"
 #include "core/alloc.h"
@@ -16,10 +17,13 @@
 void cli_progress(const char *label, long done, long total) {
     enum { W = 30 };
     int fill = total > 0 ? (int)(W * done / total) : W;
+    bool last = done >= total;
+    /* redrawn only when the bar moves; a log file gets the finished bar only */
+    if (!last && (!isatty(STDERR_FILENO) || (done > 1 && fill == (int)(W * (done - 1) / total)))) return;
     char bar[W + 1];
     for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
     bar[W] = 0;
-    fprintf(stderr, "\r%s [%s] %ld/%ld%s", label, bar, done, total, done >= total ? "\n" : "");
+    fprintf(stderr, "\r%s [%s] %ld/%ld%s", label, bar, done, total, last ? "\n" : "");
     fflush(stderr);
 }
 

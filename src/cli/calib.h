@@ -39,7 +39,8 @@ static inline const calib_site *calib_at(const calib *c, int layer, backend_site
     return &c->site[(size_t)layer * BACKEND_SITE_COUNT + s];
 }
 
-/* A bar on stderr: "label [#####.....] done/total" (redrawn in place). */
+/* A bar on stderr: "label [#####.....] done/total", redrawn in place when it
+ * moves; when stderr is not a terminal only the finished bar is written. */
 void cli_progress(const char *label, long done, long total);
 
 #endif

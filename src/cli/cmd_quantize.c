@@ -168,7 +168,9 @@ typedef struct q_args {
     int n_keep;
 } q_args;
 
-/* "PATTERN[=TYPE]" (TYPE default bf16), or "none": no higher-precision defaults. */
+/* "PATTERN[=TYPE]" (TYPE default bf16), or "none": no higher-precision defaults.
+ * dst is &q_args.keep (the row's field); the list's count and the flag live
+ * beside it in the same struct. */
 static bool q_parse_keep(const char *v, void *dst) {
     q_args *a = (q_args *)((char *)dst - offsetof(q_args, keep));
     if (!strcmp(v, "none")) {
