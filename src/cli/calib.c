@@ -9,6 +9,7 @@
 #include "cli/compare.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -48,6 +49,7 @@ void calib_free(calib *c) {
         tk_free(c->site[i].samples);
     }
     tk_free(c->site);
+    pool_free(c->pool);
     tk_free(c);
 }
 
@@ -99,6 +101,7 @@ tk_status calib_run(const char *model_path, const char *text_path, int max_lines
         goto done;
     }
     c->n_layer = hp->n_layer;
+    if ((st = pool_init(threads, false, &c->pool))) goto done;
     if ((st = calib_lines(m, text_path, max_lines, &ids, &lens, &n_lines, &total))) goto done;
     c->cap = max_samples;
     c->stride = total > max_samples ? (total + max_samples - 1) / max_samples : 1;
@@ -171,32 +174,51 @@ double calib_row_error(const calib *c, const calib_site *cs, const float *d) {
     return e;
 }
 
-/* Sampled output error of W quantized as Q(W diag(s)) diag(1/s) (s NULL: 1). */
-static double calib_mat_error(const calib *c, const calib_site *cs, const float *W, int64_t rows, tk_dtype t,
-                              const float *s, float *tmp, float *dq, void *qbuf) {
+/* Sampled output error of W quantized as Q(W diag(s)) diag(1/s), rows split
+ * over the pool; each thread has its own scratch and partial sum. */
+typedef struct mat_job {
+    const calib *c;
+    const calib_site *cs;
+    const float *W, *s;
+    int64_t rows;
+    tk_dtype t;
+    float *scratch; /* (nth, 3 k) */
+    double *part;   /* (nth) */
+} mat_job;
+
+static void mat_error_rows(void *ctx, int ith, int nth) {
+    mat_job *j = ctx;
     const tk_kernels *K = kernels_default();
-    const int64_t k = cs->k;
+    const int64_t k = j->cs->k;
+    float *tmp = j->scratch + (size_t)ith * 3 * (size_t)k, *dq = tmp + k, *qbuf = dq + k;
+    long r0, r1;
+    pool_split(j->rows, ith, nth, 1, &r0, &r1);
     double e = 0.0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *w = W + (size_t)r * (size_t)k;
-        for (int64_t j = 0; j < k; j++) tmp[j] = s ? w[j] * s[j] : w[j];
-        kern_quantize_row(t, tmp, qbuf, k);
-        K->dequant_row[t](qbuf, dq, k);
-        for (int64_t j = 0; j < k; j++) dq[j] = (s ? dq[j] / s[j] : dq[j]) - w[j];
-        e += calib_row_error(c, cs, dq);
+    for (long r = r0; r < r1; r++) {
+        const float *w = j->W + (size_t)r * (size_t)k;
+        for (int64_t i = 0; i < k; i++) tmp[i] = w[i] * j->s[i];
+        kern_quantize_row(j->t, tmp, qbuf, k);
+        K->dequant_row[j->t](qbuf, dq, k);
+        for (int64_t i = 0; i < k; i++) dq[i] = dq[i] / j->s[i] - w[i];
+        e += calib_row_error(j->c, j->cs, dq);
     }
-    return e;
+    j->part[ith] = e;
 }
 
 float calib_awq_search(const calib *c, const calib_site *cs, float *const *W, const int64_t *rows,
                        const tk_dtype *types, int n_mats, float *s) {
     const int64_t k = cs->k;
-    float *tmp = tk_malloc((size_t)k * sizeof *tmp), *dq = tk_malloc((size_t)k * sizeof *dq),
-          *cand = tk_malloc((size_t)k * sizeof *cand);
-    void *qbuf = tk_malloc((size_t)k * sizeof(float));
+    const int nth = pool_size(c->pool);
+    float *cand = tk_malloc((size_t)k * sizeof *cand);
+    /* a quantized row takes at most 4 bytes per element (f32), so k floats hold it */
+    mat_job job = {.c = c,
+                   .cs = cs,
+                   .s = cand,
+                   .scratch = tk_malloc((size_t)nth * 3 * (size_t)k * sizeof(float)),
+                   .part = tk_calloc((size_t)nth, sizeof(double))};
     float best_alpha = 0.0f;
     for (int64_t j = 0; j < k; j++) s[j] = 1.0f;
-    if (!tmp || !dq || !cand || !qbuf) goto out; /* scales of 1: plain quantization */
+    if (!cand || !job.scratch || !job.part) goto out; /* scales of 1: plain quantization */
     double best = INFINITY;
     for (int a = 0; a <= 10; a++) {
         float alpha = 0.1f * (float)a, mn = INFINITY, mx = 0.0f;
@@ -209,17 +231,19 @@ float calib_awq_search(const calib *c, const calib_site *cs, float *const *W, co
         float norm = 1.0f / sqrtf(mn * mx);
         for (int64_t j = 0; j < k; j++) cand[j] *= norm;
         double e = 0.0;
-        for (int i = 0; i < n_mats; i++)
-            e += calib_mat_error(c, cs, W[i], rows[i], types[i], cand, tmp, dq, qbuf);
+        for (int i = 0; i < n_mats; i++) {
+            job.W = W[i], job.rows = rows[i], job.t = types[i];
+            pool_run(c->pool, mat_error_rows, &job);
+            for (int t = 0; t < nth; t++) e += job.part[t];
+        }
         if (e < best) {
             best = e, best_alpha = alpha;
             memcpy(s, cand, (size_t)k * sizeof *s);
         }
     }
 out:
-    tk_free(tmp);
-    tk_free(dq);
     tk_free(cand);
-    tk_free(qbuf);
+    tk_free(job.scratch);
+    tk_free(job.part);
     return best_alpha;
 }

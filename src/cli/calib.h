@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "core/pool.h"
 #include "tokamak.h"
 
 typedef struct calib_site {
@@ -25,6 +26,7 @@ typedef struct calib {
     long n_tok, stride; /* tokens run; every stride-th is sampled */
     long step_base;     /* index of the current step's first token */
     calib_site *site;   /* (n_layer, BACKEND_SITE_COUNT) */
+    tk_pool *pool;      /* threads of the scale search */
 } calib;
 
 /* Runs model_path (GGUF or HF directory, loaded as it is) over the first
