@@ -16,23 +16,6 @@
 #define CLIP_STEPS 15
 #define CLIP_STEP  0.02f
 
-static void dequant_block(tk_dtype t, const void *q, float *out, int64_t n) {
-    switch (t) {
-    case TK_DTYPE_Q8_0:
-        kern_dequant_q8_0_ref(q, out, n);
-        break;
-    case TK_DTYPE_Q4_0:
-        kern_dequant_q4_0_ref(q, out, n);
-        break;
-    case TK_DTYPE_Q4_K:
-        kern_dequant_q4_k_ref(q, out, n);
-        break;
-    default:
-        kern_dequant_q6_k_ref(q, out, n);
-        break;
-    }
-}
-
 double kern_weighted_error(const float *x, const float *q, const float *imp, int64_t k) {
     double e = 0.0;
     for (int64_t j = 0; j < k; j++) {
@@ -45,6 +28,7 @@ double kern_weighted_error(const float *x, const float *q, const float *imp, int
 bool kern_quantize_row_imp(tk_dtype t, const float *x, const float *imp, void *out, int64_t k) {
     if (!imp || (t != TK_DTYPE_Q8_0 && t != TK_DTYPE_Q4_0 && t != TK_DTYPE_Q4_K && t != TK_DTYPE_Q6_K))
         return kern_quantize_row(t, x, out, k);
+    const tk_kernels *K = kernels_default();
     const int64_t qk = dtype_block_elems(t);
     const size_t bb = dtype_block_bytes(t);
     if (k < 0 || k % qk) return false;
@@ -66,7 +50,7 @@ bool kern_quantize_row_imp(tk_dtype t, const float *x, const float *imp, void *o
             float f = 1.0f - CLIP_STEP * (float)s, lo = f * mn, hi = f * mx;
             for (int64_t j = 0; j < qk; j++) xc[j] = v[j] < lo ? lo : v[j] > hi ? hi : v[j];
             kern_quantize_row(t, xc, cand, qk);
-            dequant_block(t, cand, dq, qk);
+            K->dequant_row[t](cand, dq, qk);
             double e = kern_weighted_error(v, dq, w, qk);
             if (e < best) {
                 best = e;
