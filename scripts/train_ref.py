@@ -16,6 +16,7 @@ computing them.
   train_ref.py eval --work DIR --model HFDIR [--gen PROMPTS]
   train_ref.py compare --model HFDIR --case 1,2,3 DUMP [--case ...] [--tol X]
   train_ref.py prompts --work DIR --out FILE   held-out prompts for the tests
+  train_ref.py text --calib-out F --heldout-out F   calibration (training) and held-out text files
   train_ref.py package --model HFDIR --out FILE.tar.xz   the committed archive
 
 Run with /usr/bin/python3 (Debian's, with python3-torch and python3-numpy).
@@ -564,6 +565,22 @@ def cmd_prompts(a):
             f.write("%s\t%s\n" % (titles[i], ",".join(map(str, docs[i][:a.len]))))
 
 
+def cmd_text(a):
+    """Plain-text files for quantize and eval: --calib-out, lines (verses and
+    titles) evenly spread over the training chapters; --heldout-out, every
+    --every-th held-out chapter as it was tokenized, chapters separated by
+    blank lines. Only `bible` is needed, not the corpus step."""
+    chapters = kjv_chapters()
+    train = [t for i, (_, t) in enumerate(chapters) if i % HELD_OUT_EVERY != 12]
+    held = [t for i, (_, t) in enumerate(chapters) if i % HELD_OUT_EVERY == 12]
+    lines = [ln for t in train for ln in t.split("\n")]
+    step = len(lines) / a.lines
+    with open(a.calib_out, "w") as f:
+        f.write("".join(lines[int(i * step)] + "\n" for i in range(a.lines)))
+    with open(a.heldout_out, "w") as f:
+        f.write("\n\n".join(held[i] for i in range(0, len(held), a.every)) + "\n")
+
+
 def cmd_package(a):
     """The committed archive: qwen3-kjv/{config.json, generation_config.json,
     model.safetensors}, deterministic (sorted, mtime 0, root-owned), xz -9e.
@@ -629,11 +646,16 @@ def main():
     pr.add_argument("--out", required=True)
     pr.add_argument("--chapters", type=int, nargs="+", default=[0, 17, 34])
     pr.add_argument("--len", type=int, default=24)
+    tx = sub.add_parser("text")
+    tx.add_argument("--calib-out", required=True)
+    tx.add_argument("--heldout-out", required=True)
+    tx.add_argument("--lines", type=int, default=512)
+    tx.add_argument("--every", type=int, default=4)
     for p in sub.choices.values():
         p.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     {"corpus": cmd_corpus, "train": cmd_train, "eval": cmd_eval, "compare": cmd_compare,
-     "prompts": cmd_prompts, "package": cmd_package}[a.cmd](a)
+     "prompts": cmd_prompts, "package": cmd_package, "text": cmd_text}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,22 @@ int backend_rewrite_from(const backend *be, int n_pos);
 
 /* ---- the CPU backend (cpu.c) ----------------------------------------------------- */
 
+/* Where the forward pass shows a matmul's input to an observer: the normed
+ * input of q/k/v, the attention output (input of o), the normed input of
+ * gate/up, silu(gate)*up (input of down). */
+typedef enum backend_site {
+    BACKEND_SITE_ATTN_IN = 0,
+    BACKEND_SITE_ATTN_OUT,
+    BACKEND_SITE_FFN_IN,
+    BACKEND_SITE_FFN_MID,
+    BACKEND_SITE_COUNT
+} backend_site;
+
+/* x: (n_tok, k) the step's rows at that site of layer `layer`, read-only and
+ * valid during the call. Called from one pool thread, in layer order. */
+typedef void (*backend_observe_fn)(void *ctx, int layer, backend_site site, const float *x, int n_tok,
+                                   int64_t k);
+
 typedef struct backend_cpu_opts {
     int n_threads; /* 0: one per core (one per listed CPU with cpus) */
     bool pin_threads;
@@ -104,6 +120,11 @@ typedef struct backend_cpu_opts {
     int min_blocks; /* refuse a kv_mem that holds fewer (one sequence's context) */
     int max_tokens, max_seqs, max_ctx;
     bool unfused; /* the unfused forward plan (ablation) */
+    /* NULL: nothing observed (the step costs one untaken branch per stage).
+     * Else every step shows each matmul input to observe (calibration tools;
+     * not with unfused). */
+    backend_observe_fn observe;
+    void *observe_ctx;
     /* NULL: a thread pool of its own. Else a CPU backend whose pool this one
      * runs on (it must outlive this one; steps of the two must not overlap):
      * several KV caches over one model without idle threads spinning. */

@@ -146,7 +146,9 @@ tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backe
         fwd_opts fo = {.max_tokens = o->max_tokens,
                        .max_seqs = o->max_seqs,
                        .max_ctx = o->max_ctx,
-                       .unfused = o->unfused};
+                       .unfused = o->unfused,
+                       .observe = o->observe,
+                       .observe_ctx = o->observe_ctx};
         st = fwd_init(m, cb->kv, cb->pool, &fo, &cb->fwd);
     }
     tk_numa_interleave_end(&nm);

@@ -21,6 +21,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_loadgen(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 /* Read all of f, at most limit bytes, into a NUL-terminated tk_malloc'd *buf
  * (free with tk_free) of *len bytes. Every input a subcommand reads whole goes

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "backend/runner.h"
 #include "cli/cli.h"
+#include "cli/compare.h"
 #include "cli/opts.h"
 #include "core/alloc.h"
 #include "core/cpu.h"
@@ -39,13 +40,6 @@ static const kc_kind KINDS[] = {
     {"f16", TK_KV_F16, TK_KV_SCALE_HEAD},
 };
 enum { N_KINDS = sizeof KINDS / sizeof KINDS[0] };
-
-/* One KV type's run: a backend over the shared model (and the F32 run's
- * threads) and the sequence on it. */
-typedef struct {
-    backend be;
-    runner *r;
-} kc_run;
 
 typedef struct kc_seed_list {
     int v[KC_MAX_SEEDS], n;
@@ -124,54 +118,8 @@ static const cli_cmd KC_CMD = {
     NULL,
 };
 
-/* pool_of: NULL for the first run (it starts the threads), else that run. */
-static bool kc_run_init(kc_run *r, tk_model *m, const kc_run *pool_of, int threads, bool pin, tk_kv_type t,
-                        tk_kv_scale s, int ctx, int bs, int max_tok) {
-    int nb = (ctx + bs - 1) / bs;
-    backend_cpu_opts o = {.n_threads = threads,
-                          .pin_threads = pin,
-                          .block_size = bs,
-                          .kv_type = t,
-                          .kv_scale = s,
-                          .n_blocks = nb,
-                          .max_tokens = max_tok,
-                          .max_seqs = 1,
-                          .max_ctx = nb * bs,
-                          .share_pool = pool_of ? &pool_of->be : NULL};
-    memset(r, 0, sizeof *r);
-    return backend_cpu_create(m, &o, &r->be) == TK_OK && runner_init(&r->be, &r->r) == TK_OK;
-}
-
-static void kc_run_free(kc_run *r) {
-    runner_free(r->r);
-    backend_free(&r->be);
-    memset(r, 0, sizeof *r);
-}
-
-static bool kc_step(kc_run *r, const int32_t *toks, int n, int pos0, float *logits) {
+static bool kc_step(cli_seq *r, const int32_t *toks, int n, int pos0, float *logits) {
     return runner_len(r->r) == pos0 && runner_step(r->r, toks, n, 1, logits) == TK_OK;
-}
-
-static int kc_argmax(const float *l, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
-}
-
-/* KL(p || q) of the softmaxes of two logit vectors, in double. */
-static double kc_kl(const float *lp, const float *lq, int n) {
-    double mp = lp[kc_argmax(lp, n)], mq = lq[kc_argmax(lq, n)], zp = 0, zq = 0, kl = 0;
-    for (int i = 0; i < n; i++) {
-        zp += exp(lp[i] - mp);
-        zq += exp(lq[i] - mq);
-    }
-    double lzp = log(zp) + mp, lzq = log(zq) + mq;
-    for (int i = 0; i < n; i++) {
-        double a = lp[i] - lzp, b = lq[i] - lzq;
-        kl += exp(a) * (a - b);
-    }
-    return kl;
 }
 
 int cmd_kvcheck(int argc, char **argv) {
@@ -200,7 +148,7 @@ int cmd_kvcheck(int argc, char **argv) {
         cpu_detect(&c);
         threads = c.n_cores;
     }
-    kc_run ref, runs[N_KINDS];
+    cli_seq ref, runs[N_KINDS];
     memset(&ref, 0, sizeof ref);
     memset(runs, 0, sizeof runs);
     float *lr = tk_malloc((size_t)vocab * sizeof *lr), *lq = tk_malloc((size_t)vocab * sizeof *lq);
@@ -221,13 +169,13 @@ int cmd_kvcheck(int argc, char **argv) {
     double tot_kl[N_KINDS] = {0};
     for (int si = 0; si < n_seeds; si++) {
         /* fresh caches per prompt (the others run on the F32 run's threads, so it goes last) */
-        for (int k = 0; k < N_KINDS; k++) kc_run_free(&runs[k]);
-        kc_run_free(&ref);
-        bool ok = kc_run_init(&ref, m, NULL, threads, o.engine.pin_threads, TK_KV_F32, TK_KV_SCALE_HEAD, ctx,
-                              bs, np);
+        for (int k = 0; k < N_KINDS; k++) cli_seq_free(&runs[k]);
+        cli_seq_free(&ref);
+        bool ok = cli_seq_init(&ref, m, NULL, threads, o.engine.pin_threads, TK_KV_F32, TK_KV_SCALE_HEAD, ctx,
+                               bs, np, NULL, NULL);
         for (int k = 0; ok && k < N_KINDS; k++)
-            ok = kc_run_init(&runs[k], m, &ref, threads, o.engine.pin_threads, KINDS[k].type, KINDS[k].scale,
-                             ctx, bs, np);
+            ok = cli_seq_init(&runs[k], m, &ref, threads, o.engine.pin_threads, KINDS[k].type, KINDS[k].scale,
+                              ctx, bs, np, NULL, NULL);
         if (!ok) goto fail;
         /* the CI test's prompts (ids below 151,000, clear of Qwen's special tokens) */
         const double id_range = vocab - 1 < 151000 ? vocab - 1 : 151000;
@@ -240,7 +188,7 @@ int cmd_kvcheck(int argc, char **argv) {
             const int32_t *in = step == 0 ? prompt : &tok;
             int n = step == 0 ? np : 1, pos = step == 0 ? 0 : np + step - 1;
             if (!kc_step(&ref, in, n, pos, lr)) goto fail;
-            int32_t next = (int32_t)kc_argmax(lr, vocab);
+            int32_t next = (int32_t)cli_argmax(lr, vocab);
             if (step > 0) {
                 float second = -INFINITY;
                 for (int i = 0; i < vocab; i++)
@@ -251,8 +199,8 @@ int cmd_kvcheck(int argc, char **argv) {
             for (int k = 0; k < N_KINDS; k++) {
                 if (!kc_step(&runs[k], in, n, pos, lq)) goto fail;
                 if (step == 0) continue;
-                agree[k] += kc_argmax(lq, vocab) == next;
-                kl[k] += kc_kl(lr, lq, vocab);
+                agree[k] += cli_argmax(lq, vocab) == next;
+                kl[k] += cli_kl(lr, lq, vocab);
             }
             tok = next;
         }
@@ -276,8 +224,8 @@ int cmd_kvcheck(int argc, char **argv) {
 fail:
     fprintf(stderr, "tokamak kvcheck: %s\n", tk_last_error());
 out:
-    for (int k = 0; k < N_KINDS; k++) kc_run_free(&runs[k]);
-    kc_run_free(&ref);
+    for (int k = 0; k < N_KINDS; k++) cli_seq_free(&runs[k]);
+    cli_seq_free(&ref);
     tk_free(lr);
     tk_free(lq);
     tk_free(prompt);

@@ -1,13 +1,21 @@
 /* tokamak quantize: a Hugging Face directory or a GGUF file rewritten as a GGUF
- * file whose matrices are F32, BF16 or Q8_0 (round to nearest), the vectors
- * (norms, biases) F32, with the metadata and vocabulary `tokamak synth` writes.
- * Every tensor goes through F32: dequantized row by row from the source,
- * quantized row by row into the new type. */
+ * file whose matrices are F32, BF16, Q8_0, Q6_K, Q4_K or Q4_0 (or the Q4_K_M
+ * mix), the vectors (norms, biases) F32, with the metadata and vocabulary
+ * `tokamak synth` writes. Every tensor goes through F32: dequantized row by row
+ * from the source, quantized row by row into the new type. With calibration
+ * text (calib.h), activation-aware scales are searched per layer and folded
+ * into the norms and projections before the matmuls read them (the file's
+ * shapes and the inference cost stay the same), and each block's clip range is
+ * searched for the least activation-weighted error. */
+#include <fnmatch.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli/calib.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/synth.h"
 #include "core/alloc.h"
 #include "core/checked.h"
@@ -25,13 +33,6 @@ typedef struct q_src {
     synth_vocab gv;     /* GGUF: views into the mapping, arrays owned here */
     const char *name;
 } q_src;
-
-static void q_usage(FILE *f) {
-    fprintf(f, "usage: tokamak quantize -i MODEL -o OUT.gguf --type f32|bf16|q8_0\n"
-               "  -i MODEL     a Hugging Face directory (with tokenizer.json) or a GGUF file\n"
-               "  -o OUT.gguf  the file written\n"
-               "  --type T     matrix type: f32, bf16 or q8_0 (round to nearest); vectors stay f32\n");
-}
 
 static const tk_tensor *q_find(const q_src *s, tk_role role, int layer) {
     char name[96];
@@ -118,14 +119,161 @@ static void q_close(q_src *s) {
     gguf_close(s->gguf);
 }
 
+/* GGUF row of HF row `row` for llama q/k: within a head, half-split pairs (i, i + hd/2) become (2i, 2i + 1).
+ */
+static int64_t q_permuted(int64_t row, int n_head, int64_t n_rows) {
+    int64_t hd = n_rows / n_head, h = row / hd, j = row % hd;
+    return h * hd + (j < hd / 2 ? 2 * j : 2 * (j - hd / 2) + 1);
+}
+
 /* One planned output tensor. */
 typedef struct q_item {
     const tk_tensor *src; /* NULL: rope_freqs computed from the hyper-parameters (HF llama3) */
     int64_t ne[2];
     char name[96];
+    tk_role role;
+    int layer;
     tk_dtype type;
     int permute; /* llama q/k from HF: heads to permute into GGUF's interleaved RoPE order */
 } q_item;
+
+/* The --type choices: the matrices' type, llama.cpp's general.file_type. */
+typedef struct q_kind {
+    const char *name;
+    tk_dtype type;
+    uint32_t ftype;
+    bool mix; /* q4_k_m: Q6_K for attn_v and ffn_down where llama.cpp puts them */
+} q_kind;
+
+static const q_kind KINDS[] = {
+    {"f32", TK_DTYPE_F32, 0, false},     {"bf16", TK_DTYPE_BF16, 32, false},
+    {"q8_0", TK_DTYPE_Q8_0, 7, false},   {"q6_k", TK_DTYPE_Q6_K, 18, false},
+    {"q4_k", TK_DTYPE_Q4_K, 14, false},  {"q4_0", TK_DTYPE_Q4_0, 2, false},
+    {"q4_k_m", TK_DTYPE_Q4_K, 15, true},
+};
+enum { N_KINDS = sizeof KINDS / sizeof KINDS[0] };
+
+#define Q_MAX_KEEP 16
+
+typedef struct q_keep {
+    char pattern[96];
+    tk_dtype type;
+} q_keep;
+
+typedef struct q_args {
+    const char *in, *out, *type, *calib;
+    int calib_lines, calib_tokens, threads;
+    bool rtn, quiet, no_defaults;
+    q_keep keep[Q_MAX_KEEP];
+    int n_keep;
+} q_args;
+
+/* "PATTERN[=TYPE]" (TYPE default bf16), or "none": no higher-precision defaults.
+ * dst is &q_args.keep (the row's field); the list's count and the flag live
+ * beside it in the same struct. */
+static bool q_parse_keep(const char *v, void *dst) {
+    q_args *a = (q_args *)((char *)dst - offsetof(q_args, keep));
+    if (!strcmp(v, "none")) {
+        a->no_defaults = true;
+        return true;
+    }
+    if (a->n_keep == Q_MAX_KEEP) return false;
+    q_keep *k = &a->keep[a->n_keep];
+    const char *eq = strchr(v, '=');
+    size_t len = eq ? (size_t)(eq - v) : strlen(v);
+    if (len == 0 || len >= sizeof k->pattern) return false;
+    memcpy(k->pattern, v, len);
+    k->pattern[len] = 0;
+    k->type = TK_DTYPE_BF16;
+    if (eq) {
+        int t = -1;
+        for (int i = 0; i < N_KINDS; i++)
+            if (!KINDS[i].mix && !strcmp(eq + 1, KINDS[i].name)) t = (int)KINDS[i].type;
+        if (t < 0) return false;
+        k->type = (tk_dtype)t;
+    }
+    a->n_keep++;
+    return true;
+}
+
+static const cli_opt Q_ROWS[] = {
+    {.name = "-i",
+     .arg = "MODEL",
+     .help = "a Hugging Face directory (with tokenizer.json) or a GGUF file",
+     .kind = CLI_STR,
+     .off = offsetof(q_args, in)},
+    {.name = "-o",
+     .arg = "OUT.gguf",
+     .help = "the file written",
+     .kind = CLI_STR,
+     .off = offsetof(q_args, out)},
+    {.name = "--type",
+     .arg = "T",
+     .help = "matrix type: f32, bf16, q8_0, q6_k, q4_k, q4_0 or q4_k_m; vectors stay f32",
+     .kind = CLI_STR,
+     .off = offsetof(q_args, type)},
+    {.name = "--calib",
+     .arg = "FILE.txt",
+     .help = "calibration text (one sample a line, in-distribution, not the evaluation text):\n"
+             "activation-aware scales and a clip search per block; without: round to nearest",
+     .kind = CLI_STR,
+     .off = offsetof(q_args, calib)},
+    {.name = "--calib-samples",
+     .arg = "N",
+     .help = "lines of the calibration text used (default 256)",
+     .kind = CLI_INT,
+     .off = offsetof(q_args, calib_lines),
+     .lo = 1,
+     .hi = 1 << 20},
+    {.name = "--calib-tokens",
+     .arg = "N",
+     .help = "tokens (evenly spaced) the output error is measured on per layer (default 64)",
+     .kind = CLI_INT,
+     .off = offsetof(q_args, calib_tokens),
+     .lo = 1,
+     .hi = 4096},
+    {.name = "--rtn",
+     .help = "with --calib: round to nearest anyway (only measure the activation-weighted error)",
+     .kind = CLI_FLAG,
+     .off = offsetof(q_args, rtn)},
+    {.name = "--keep",
+     .arg = "PAT[=T]",
+     .help = "tensors whose GGUF name matches the glob PAT get type T (default bf16); repeatable,\n"
+             "the last match wins; 'none' drops the defaults (embedding/output q8_0, first and\n"
+             "last layers one step above the rest)",
+     .kind = CLI_FN,
+     .off = offsetof(q_args, keep),
+     .fn = q_parse_keep,
+     .want = "PATTERN, PATTERN=TYPE (f32, bf16, q8_0, q6_k, q4_k, q4_0) or none, at most 16"},
+    {.name = "--threads",
+     .arg = "N",
+     .help = "threads of the calibration run (default: one per core)",
+     .kind = CLI_INT,
+     .off = offsetof(q_args, threads),
+     .lo = 0,
+     .hi = 1024},
+    {.name = "--quiet",
+     .alias = "-q",
+     .help = "no progress bar or per-tensor lines on stderr",
+     .kind = CLI_FLAG,
+     .off = offsetof(q_args, quiet)},
+    {0},
+};
+
+static const cli_cmd Q_CMD = {
+    "quantize",
+    "usage: tokamak quantize -i MODEL -o OUT.gguf --type T [--calib FILE.txt] [options]",
+    0,
+    Q_ROWS,
+    "Vectors (norms, biases) stay f32. By default the embedding/output matrix is at\n"
+    "least q8_0 and the first and last layers one step above the rest (q4 -> q6_k ->\n"
+    "q8_0); K-quant rows that are not whole 256-blocks fall back to q4_0 / q8_0.\n"
+    "Each tensor's type and error is printed: with --calib the activation-weighted\n"
+    "output error ||(W - Q(W)) X||^2 / ||W X||^2 on the sampled tokens, else ||W - Q(W)||^2 / ||W||^2.\n"
+    "docs/formats.md describes the types and the calibration.",
+    0,
+    NULL,
+};
 
 /* Append the tensor of (role, layer) to items; absent optional tensors are skipped. */
 static tk_status q_add(const q_src *s, tk_dtype mtype, tk_role r, int l, q_item *items, int *n) {
@@ -137,7 +285,7 @@ static tk_status q_add(const q_src *s, tk_dtype mtype, tk_role r, int l, q_item 
     if (r == TK_ROLE_ROPE_FREQS && s->hf) { /* HF configs give the parameters; GGUF files carry the tensor */
         q_item *it = &items[(*n)++];
         memset(it, 0, sizeof *it);
-        it->ne[0] = hp->head_dim / 2, it->ne[1] = 1, it->type = TK_DTYPE_F32;
+        it->ne[0] = hp->head_dim / 2, it->ne[1] = 1, it->type = TK_DTYPE_F32, it->role = r;
         arch_tensor_name(TK_NAMING_GGUF, r, l, it->name, sizeof it->name);
         return TK_OK;
     }
@@ -154,11 +302,9 @@ static tk_status q_add(const q_src *s, tk_dtype mtype, tk_role r, int l, q_item 
     q_item *it = &items[(*n)++];
     it->src = t;
     it->ne[0] = t->ne[0], it->ne[1] = t->ne[1];
+    it->role = r, it->layer = l;
     arch_tensor_name(TK_NAMING_GGUF, r, l, it->name, sizeof it->name);
     it->type = arch_role_is_matmul(r) || r == TK_ROLE_TOK_EMBD ? mtype : TK_DTYPE_F32;
-    if (ne[0] % dtype_block_elems(it->type))
-        return tk_fail(TK_ERR_UNSUPPORTED, "quantize: tensor %s: rows of %lld are not a multiple of %s's %d",
-                       hname, (long long)ne[0], dtype_name(it->type), dtype_block_elems(it->type));
     it->permute = 0;
     if (s->hf && hp->arch == TK_ARCH_LLAMA && (r == TK_ROLE_Q || r == TK_ROLE_K))
         it->permute = r == TK_ROLE_Q ? hp->n_head : hp->n_head_kv;
@@ -177,14 +323,184 @@ static tk_status q_plan(const q_src *s, tk_dtype mtype, q_item *items, int *n) {
     return st;
 }
 
-/* GGUF row of HF row `row` for llama q/k: within a head, half-split pairs (i, i + hd/2) become (2i, 2i + 1).
- */
-static int64_t q_permuted(int64_t row, int n_head, int64_t n_rows) {
-    int64_t hd = n_rows / n_head, h = row / hd, j = row % hd;
-    return h * hd + (j < hd / 2 ? 2 * j : 2 * (j - hd / 2) + 1);
+/* Bits per weight, for "at least" comparisons between types. */
+static double q_bits(tk_dtype t) { return 8.0 * (double)dtype_block_bytes(t) / (double)dtype_block_elems(t); }
+
+/* One step up the ladder q4 -> q6_k -> q8_0 (q8_0 and above are near lossless: they stay). */
+static tk_dtype q_step_up(tk_dtype t) {
+    switch (t) {
+    case TK_DTYPE_Q4_0:
+    case TK_DTYPE_Q4_K:
+        return TK_DTYPE_Q6_K;
+    case TK_DTYPE_Q6_K:
+        return TK_DTYPE_Q8_0;
+    default:
+        return t;
+    }
 }
 
-static tk_status q_write_tensor(gguf_writer *w, const tk_preset *p, const q_item *it, float *row) {
+/* llama.cpp's use_more_bits: the layers where Q4_K_M keeps attn_v and ffn_down at Q6_K. */
+static bool q_more_bits(int l, int n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
+
+/* Every tensor's type: the kind, then the defaults, then --keep; K-quant rows
+ * that are not whole 256-blocks fall back to the 32-block type of as many bits. */
+static void q_assign(const q_src *s, const q_kind *kind, const q_args *a, q_item *items, int n) {
+    const int L = s->hp.n_layer;
+    for (int i = 0; i < n; i++) {
+        q_item *it = &items[i];
+        bool mat = arch_role_is_matmul(it->role) || it->role == TK_ROLE_TOK_EMBD;
+        if (!mat) continue;
+        tk_dtype t = kind->type;
+        if (kind->mix && (it->role == TK_ROLE_V || it->role == TK_ROLE_DOWN) && q_more_bits(it->layer, L))
+            t = TK_DTYPE_Q6_K;
+        if (!a->no_defaults) {
+            if (it->role == TK_ROLE_TOK_EMBD || it->role == TK_ROLE_OUTPUT) {
+                if (q_bits(t) < q_bits(TK_DTYPE_Q8_0)) t = TK_DTYPE_Q8_0;
+            } else if (it->layer == 0 || it->layer == L - 1) {
+                tk_dtype up = q_step_up(kind->type);
+                if (q_bits(up) > q_bits(t)) t = up;
+            }
+        }
+        for (int k = 0; k < a->n_keep; k++)
+            if (!fnmatch(a->keep[k].pattern, it->name, 0)) t = a->keep[k].type;
+        if (it->ne[0] % dtype_block_elems(t))
+            t = t == TK_DTYPE_Q4_K ? TK_DTYPE_Q4_0 : t == TK_DTYPE_Q6_K ? TK_DTYPE_Q8_0 : t;
+        if (it->ne[0] % dtype_block_elems(t)) t = TK_DTYPE_BF16;
+        it->type = t;
+    }
+}
+
+/* ---- activation-aware scales ---------------------------------------------------------- */
+
+/* Per layer, the input-channel scales folded into the weights (NULL: none):
+ * s_in[site] multiplies the columns of the matrices reading that site and
+ * divides what writes it (the norm for ATTN_IN / FFN_IN, up's rows for
+ * FFN_MID, v's rows for ATTN_OUT when every query head has its own KV head). */
+typedef struct q_layer_scales {
+    float *s[BACKEND_SITE_COUNT];
+} q_layer_scales;
+
+static backend_site q_site_of(tk_role r) {
+    return r == TK_ROLE_O                         ? BACKEND_SITE_ATTN_OUT
+           : r == TK_ROLE_GATE || r == TK_ROLE_UP ? BACKEND_SITE_FFN_IN
+           : r == TK_ROLE_DOWN                    ? BACKEND_SITE_FFN_MID
+                                                  : BACKEND_SITE_ATTN_IN;
+}
+
+static const q_item *q_item_of(const q_item *items, int n, tk_role r, int l) {
+    for (int i = 0; i < n; i++)
+        if (items[i].role == r && items[i].layer == l && items[i].src) return &items[i];
+    return NULL;
+}
+
+static tk_status q_load_f32(const q_item *it, float **out) {
+    const tk_kernels *K = kernels_default();
+    *out = tk_malloc((size_t)(it->ne[0] * it->ne[1]) * sizeof **out);
+    if (!*out) return tk_fail(TK_ERR_NOMEM, "quantize: out of memory for %s", it->name);
+    for (int64_t r = 0; r < it->ne[1]; r++)
+        kern_dequant_tensor_row(K, it->src, r, *out + (size_t)(r * it->ne[0]));
+    return TK_OK;
+}
+
+static bool q_is_quant(tk_dtype t) { return dtype_block_elems(t) > 1; }
+
+/* Search the scales of every site of every layer (matrices of a site that are
+ * not block-quantized keep scales of 1 and take no part). */
+static tk_status q_awq(const q_src *s, const calib *c, const q_item *items, int n, q_layer_scales *ls,
+                       bool quiet) {
+    static const tk_role site_roles[BACKEND_SITE_COUNT][3] = {{TK_ROLE_Q, TK_ROLE_K, TK_ROLE_V},
+                                                              {TK_ROLE_O, TK_ROLE_COUNT, TK_ROLE_COUNT},
+                                                              {TK_ROLE_GATE, TK_ROLE_UP, TK_ROLE_COUNT},
+                                                              {TK_ROLE_DOWN, TK_ROLE_COUNT, TK_ROLE_COUNT}};
+    const tk_hparams *hp = &s->hp;
+    tk_status st = TK_OK;
+    for (int l = 0; l < hp->n_layer && !st; l++) {
+        for (int site = 0; site < BACKEND_SITE_COUNT && !st; site++) {
+            /* o's input is v's output only when the heads map one to one */
+            if (site == BACKEND_SITE_ATTN_OUT && hp->n_head != hp->n_head_kv) continue;
+            float *W[3] = {0};
+            int64_t rows[3];
+            tk_dtype types[3];
+            int nm = 0;
+            for (int i = 0; i < 3 && !st; i++) {
+                const q_item *it =
+                    site_roles[site][i] == TK_ROLE_COUNT ? NULL : q_item_of(items, n, site_roles[site][i], l);
+                if (!it || !q_is_quant(it->type)) continue;
+                rows[nm] = it->ne[1], types[nm] = it->type;
+                st = q_load_f32(it, &W[nm++]);
+            }
+            const calib_site *cs = calib_at(c, l, (backend_site)site);
+            if (!st && nm > 0) {
+                ls[l].s[site] = tk_malloc((size_t)cs->k * sizeof(float));
+                if (!ls[l].s[site])
+                    st = tk_fail(TK_ERR_NOMEM, "quantize: out of memory");
+                else
+                    calib_awq_search(c, cs, W, rows, types, nm, ls[l].s[site]);
+            }
+            for (int i = 0; i < nm; i++) tk_free(W[i]);
+        }
+        if (!quiet) cli_progress("scale search", l + 1, hp->n_layer);
+    }
+    return st;
+}
+
+/* The factors row r of the tensor is multiplied by as written (the layer's
+ * scales folded in); false when there are none. */
+static bool q_factors(const q_item *it, const q_layer_scales *ls, int64_t r, float *fac) {
+    if (!ls || !it->src || it->role >= TK_ROLE_LAYER_COUNT) return false;
+    const int64_t k = it->ne[0];
+    const float *in = NULL, *div_row = NULL, *div_col = NULL;
+    switch (it->role) {
+    case TK_ROLE_ATTN_NORM:
+        div_col = ls->s[BACKEND_SITE_ATTN_IN];
+        break;
+    case TK_ROLE_FFN_NORM:
+        div_col = ls->s[BACKEND_SITE_FFN_IN];
+        break;
+    case TK_ROLE_V_BIAS:
+        div_col = ls->s[BACKEND_SITE_ATTN_OUT];
+        break;
+    case TK_ROLE_Q:
+    case TK_ROLE_K:
+        in = ls->s[BACKEND_SITE_ATTN_IN];
+        break;
+    case TK_ROLE_V:
+        in = ls->s[BACKEND_SITE_ATTN_IN], div_row = ls->s[BACKEND_SITE_ATTN_OUT];
+        break;
+    case TK_ROLE_O:
+        in = ls->s[BACKEND_SITE_ATTN_OUT];
+        break;
+    case TK_ROLE_GATE:
+        in = ls->s[BACKEND_SITE_FFN_IN];
+        break;
+    case TK_ROLE_UP:
+        in = ls->s[BACKEND_SITE_FFN_IN], div_row = ls->s[BACKEND_SITE_FFN_MID];
+        break;
+    case TK_ROLE_DOWN:
+        in = ls->s[BACKEND_SITE_FFN_MID];
+        break;
+    default:
+        break;
+    }
+    if (!in && !div_row && !div_col) return false;
+    for (int64_t j = 0; j < k; j++)
+        fac[j] = (in ? in[j] : 1.0f) / (div_col ? div_col[j] : 1.0f) / (div_row ? div_row[r] : 1.0f);
+    return true;
+}
+
+/* Scratch rows of the widest tensor. */
+typedef struct q_work {
+    float *row, *orig, *fac, *imp, *dq;
+    uint8_t *qrow;
+} q_work;
+
+/* Error sums of one tensor: num / den as printed. */
+typedef struct q_err {
+    double num, den;
+} q_err;
+
+static tk_status q_write_tensor(gguf_writer *w, const tk_preset *p, const q_item *it, const calib *c,
+                                const q_layer_scales *ls, bool search, q_work *wk, q_err *err) {
     const tk_kernels *K = kernels_default();
     int64_t cols = it->ne[0], rows = it->ne[1];
     uint64_t row_bytes, nbytes;
@@ -193,19 +509,47 @@ static tk_status q_write_tensor(gguf_writer *w, const tk_preset *p, const q_item
         return tk_fail(TK_ERR_RANGE, "quantize: tensor %s size overflows", it->name);
     uint8_t *data = tk_alloc_aligned((size_t)nbytes, 64);
     if (!data) return tk_fail(TK_ERR_NOMEM, "quantize: out of memory for tensor %s", it->name);
+    const bool mat = arch_role_is_matmul(it->role) && it->role != TK_ROLE_OUTPUT;
+    const calib_site *cs = c && mat ? calib_at(c, it->layer, q_site_of(it->role)) : NULL;
+    memset(err, 0, sizeof *err);
     for (int64_t r = 0; r < rows; r++) {
+        float *row = wk->row;
         if (it->src)
             kern_dequant_tensor_row(K, it->src, r, row);
         else { /* the factors synth writes: llama.cpp's converter's */
-            synth_cfg c = {.p = *p};
+            synth_cfg sc = {.p = *p};
             synth_tensor t = {.kind = SYNTH_ROPE_FREQS, .n_dims = 1, .ne = {cols, 1}};
-            synth_gen_rows(&c, &t, 0, 1, true, row);
+            synth_gen_rows(&sc, &t, 0, 1, true, row);
+        }
+        memcpy(wk->orig, row, (size_t)cols * sizeof *row);
+        bool folded = q_factors(it, ls, r, wk->fac);
+        if (folded)
+            for (int64_t j = 0; j < cols; j++) row[j] *= wk->fac[j];
+        const float *imp = NULL;
+        if (cs && search) {
+            for (int64_t j = 0; j < cols; j++)
+                wk->imp[j] = folded ? cs->ms[j] / (wk->fac[j] * wk->fac[j]) : cs->ms[j];
+            imp = wk->imp;
         }
         int64_t dst = it->permute ? q_permuted(r, it->permute, rows) : r;
-        if (!kern_quantize_row(it->type, row, data + (uint64_t)dst * row_bytes, cols)) {
+        uint8_t *out = data + (uint64_t)dst * row_bytes;
+        if (!kern_quantize_row_imp(it->type, row, imp, out, cols)) {
             tk_free_aligned(data);
             return tk_fail(TK_ERR_UNSUPPORTED, "quantize: cannot write %s as %s", it->name,
                            dtype_name(it->type));
+        }
+        if (!arch_role_is_matmul(it->role) && it->role != TK_ROLE_TOK_EMBD) continue;
+        K->dequant_row[it->type](out, wk->dq, cols);
+        for (int64_t j = 0; j < cols; j++)
+            wk->dq[j] = (folded ? wk->dq[j] / wk->fac[j] : wk->dq[j]) - wk->orig[j];
+        if (cs) {
+            err->num += calib_row_error(c, cs, wk->dq);
+            err->den += calib_row_error(c, cs, wk->orig);
+        } else {
+            for (int64_t j = 0; j < cols; j++) {
+                err->num += (double)wk->dq[j] * wk->dq[j];
+                err->den += (double)wk->orig[j] * wk->orig[j];
+            }
         }
     }
     tk_status st = gguf_w_tensor_data(w, data, nbytes);
@@ -213,16 +557,26 @@ static tk_status q_write_tensor(gguf_writer *w, const tk_preset *p, const q_item
     return st;
 }
 
-static tk_status q_convert(const q_src *s, tk_dtype mtype, uint32_t ftype, const char *out) {
+static tk_status q_convert(const q_src *s, const q_kind *kind, const q_args *a, const calib *c) {
     const tk_hparams *hp = &s->hp;
     int cap = TK_ROLE_COUNT * (hp->n_layer + 1);
     q_item *items = tk_calloc((size_t)cap, sizeof *items);
-    float *row = NULL;
+    q_layer_scales *ls = NULL;
+    q_work wk = {0};
     gguf_writer *w = NULL;
     bool began = false;
     int n = 0;
-    tk_status st = items ? q_plan(s, mtype, items, &n) : tk_fail(TK_ERR_NOMEM, "quantize: out of memory");
+    tk_status st =
+        items ? q_plan(s, kind->type, items, &n) : tk_fail(TK_ERR_NOMEM, "quantize: out of memory");
     if (st) goto done;
+    q_assign(s, kind, a, items, n);
+    if (c && !a->rtn) {
+        if (!(ls = tk_calloc((size_t)hp->n_layer, sizeof *ls))) {
+            st = tk_fail(TK_ERR_NOMEM, "quantize: out of memory");
+            goto done;
+        }
+        if ((st = q_awq(s, c, items, n, ls, a->quiet))) goto done;
+    }
     tk_preset p = {.name = s->name,
                    .arch = arch_name(hp->arch),
                    .n_layer = hp->n_layer,
@@ -242,7 +596,7 @@ static tk_status q_convert(const q_src *s, tk_dtype mtype, uint32_t ftype, const
         p.rope_factor = hp->rope_factor, p.rope_low_freq = hp->rope_low_freq_factor;
         p.rope_high_freq = hp->rope_high_freq_factor, p.rope_orig_ctx = hp->rope_orig_ctx;
     }
-    if ((st = gguf_writer_init(32, &w)) || (st = synth_write_meta(w, &p, s->name, ftype, s->vocab)))
+    if ((st = gguf_writer_init(32, &w)) || (st = synth_write_meta(w, &p, s->name, kind->ftype, s->vocab)))
         goto done;
     int64_t maxc = 1;
     for (int i = 0; i < n; i++) {
@@ -251,80 +605,90 @@ static tk_status q_convert(const q_src *s, tk_dtype mtype, uint32_t ftype, const
             goto done;
         if (items[i].ne[0] > maxc) maxc = items[i].ne[0];
     }
-    if (!(row = tk_malloc((size_t)maxc * sizeof *row))) {
+    wk.row = tk_malloc((size_t)maxc * sizeof(float));
+    wk.orig = tk_malloc((size_t)maxc * sizeof(float));
+    wk.fac = tk_malloc((size_t)maxc * sizeof(float));
+    wk.imp = tk_malloc((size_t)maxc * sizeof(float));
+    wk.dq = tk_malloc((size_t)maxc * sizeof(float));
+    if (!wk.row || !wk.orig || !wk.fac || !wk.imp || !wk.dq) {
         st = tk_fail(TK_ERR_NOMEM, "quantize: out of memory");
         goto done;
     }
-    if ((st = gguf_w_begin(w, out))) goto done;
+    if ((st = gguf_w_begin(w, a->out))) goto done;
     began = true;
-    for (int i = 0; i < n; i++)
-        if ((st = q_write_tensor(w, &p, &items[i], row))) goto done;
+    q_err tot = {0, 0};
+    for (int i = 0; i < n; i++) {
+        q_err e;
+        const q_item *it = &items[i];
+        if ((st = q_write_tensor(w, &p, it, c, ls ? &ls[it->layer] : NULL, c && !a->rtn, &wk, &e))) goto done;
+        bool mat = arch_role_is_matmul(it->role) || it->role == TK_ROLE_TOK_EMBD;
+        bool weighted = c && arch_role_is_matmul(it->role) && it->role != TK_ROLE_OUTPUT;
+        if (weighted) tot.num += e.num, tot.den += e.den;
+        if (!a->quiet && mat)
+            fprintf(stderr, "%-28s %-5s %s %.3e\n", it->name, dtype_name(it->type),
+                    weighted ? "act-weighted err" : "weight err      ", e.den > 0 ? e.num / e.den : 0.0);
+    }
+    if (c) printf("activation-weighted error (all layers): %.6e\n", tot.den > 0 ? tot.num / tot.den : 0.0);
     st = gguf_w_finish(w);
 done:
-    if (st && began) remove(out); /* no half-written model left behind */
+    if (st && began) remove(a->out); /* no half-written model left behind */
     gguf_writer_free(w);
-    tk_free(row);
+    tk_free(wk.row);
+    tk_free(wk.orig);
+    tk_free(wk.fac);
+    tk_free(wk.imp);
+    tk_free(wk.dq);
+    for (int l = 0; ls && l < hp->n_layer; l++)
+        for (int k = 0; k < BACKEND_SITE_COUNT; k++) tk_free(ls[l].s[k]);
+    tk_free(ls);
     tk_free(items);
     return st;
 }
 
 int cmd_quantize(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *type = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            q_usage(stdout);
-            return 0;
-        }
-        const char **dst = !strcmp(o, "-i")       ? &in
-                           : !strcmp(o, "-o")     ? &out
-                           : !strcmp(o, "--type") ? &type
-                                                  : NULL;
-        if (!dst) {
-            fprintf(stderr, "tokamak quantize: unknown option '%s'\n", o);
-            q_usage(stderr);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "tokamak quantize: %s needs a value\n", o);
-            return 2;
-        }
-        *dst = argv[++i];
-    }
-    if (!in || !out || !type) {
-        fprintf(stderr, "tokamak quantize: -i, -o and --type are required\n");
-        q_usage(stderr);
+    q_args a = {.calib_lines = 256, .calib_tokens = 64};
+    cli_opts o;
+    cli_opts_init(&o, &Q_CMD, &a);
+    int prc = cli_opts_parse(&o, argc, argv);
+    if (prc != CLI_GO_ON) return prc;
+    if (!a.in || !a.out || !a.type) {
+        cli_error(&Q_CMD, "-i, -o and --type are required; 'tokamak quantize --help' lists the options");
         return 2;
     }
-    tk_dtype mtype;
-    uint32_t ftype; /* llama.cpp's general.file_type */
-    if (!strcmp(type, "f32"))
-        mtype = TK_DTYPE_F32, ftype = synth_file_type(SYNTH_F32);
-    else if (!strcmp(type, "bf16"))
-        mtype = TK_DTYPE_BF16, ftype = synth_file_type(SYNTH_BF16);
-    else if (!strcmp(type, "q8_0"))
-        mtype = TK_DTYPE_Q8_0, ftype = synth_file_type(SYNTH_Q8_0);
-    else {
-        fprintf(stderr, "tokamak quantize: bad value '%s' for --type (f32, bf16 or q8_0)\n", type);
+    const q_kind *kind = NULL;
+    for (int i = 0; i < N_KINDS; i++)
+        if (!strcmp(a.type, KINDS[i].name)) kind = &KINDS[i];
+    if (!kind) {
+        cli_error(&Q_CMD, "bad value '%s' for --type (f32, bf16, q8_0, q6_k, q4_k, q4_0 or q4_k_m)", a.type);
         return 2;
     }
+    if (a.rtn && !a.calib) {
+        cli_error(&Q_CMD, "--rtn measures against --calib text; give --calib FILE.txt");
+        return 2;
+    }
+    calib *c = NULL;
     q_src s;
-    tk_status st = q_open(in, &s);
+    memset(&s, 0, sizeof s);
+    tk_status st =
+        a.calib ? calib_run(a.in, a.calib, a.calib_lines, a.calib_tokens, a.threads, !a.quiet, &c) : TK_OK;
+    if (!st) st = q_open(a.in, &s);
     if (!st) {
         char name[256]; /* general.name: the input's last path component */
-        size_t len = strlen(in);
-        while (len > 1 && in[len - 1] == '/') len--;
+        size_t len = strlen(a.in);
+        while (len > 1 && a.in[len - 1] == '/') len--;
         size_t b = len;
-        while (b > 0 && in[b - 1] != '/') b--;
-        snprintf(name, sizeof name, "%.*s", (int)(len - b), in + b);
+        while (b > 0 && a.in[b - 1] != '/') b--;
+        snprintf(name, sizeof name, "%.*s", (int)(len - b), a.in + b);
         s.name = name;
-        st = q_convert(&s, mtype, ftype, out);
+        st = q_convert(&s, kind, &a, c);
     }
     q_close(&s);
+    calib_free(c);
     if (st) {
         fprintf(stderr, "tokamak quantize: %s\n", tk_last_error());
         return 1;
     }
-    fprintf(stderr, "tokamak quantize: wrote %s (%s)\n", out, type);
+    fprintf(stderr, "tokamak quantize: wrote %s (%s%s)\n", a.out, a.type,
+            c ? (a.rtn ? ", round to nearest, measured" : ", calibrated") : "");
     return 0;
 }

@@ -16,6 +16,7 @@ typedef struct synth_args {
     synth_quant quant;
     long layers, vocab, shard_mb, n_ctx;
     uint64_t seed;
+    int outliers;
     bool tied, untied, dry;
 } synth_args;
 
@@ -58,6 +59,14 @@ static const cli_opt SYNTH_ROWS[] = {
      .help = "weight seed (default 0); same seed, same bytes",
      .kind = CLI_U64,
      .off = offsetof(synth_args, seed)},
+    {.name = "--outliers",
+     .arg = "N",
+     .help = "plant N input channels with large activations per layer in q/k/v, gate/up and\n"
+             "down (x20), as real models show, for calibration to find (default 0)",
+     .kind = CLI_INT,
+     .off = offsetof(synth_args, outliers),
+     .lo = 0,
+     .hi = 64},
     {.name = "--vocab",
      .arg = "N",
      .help = "embedding rows (>= the tokenizer's 151669; default the preset's)",
@@ -173,7 +182,7 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "tokamak synth: --shard-mb is for --format hf\n");
         return 2;
     }
-    synth_cfg c = {.quant = quant, .seed = seed};
+    synth_cfg c = {.quant = quant, .seed = seed, .outliers = sa.outliers};
     if (preset_require(preset, arch, &c.p) != TK_OK) {
         fprintf(stderr, "tokamak synth: %s\n", tk_last_error());
         return 2;

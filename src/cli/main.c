@@ -23,7 +23,9 @@ static const subcommand CMDS[] = {
     {"kvcheck", cmd_kvcheck, "top-1 agreement and KL of int8/bf16/f16 KV against f32 KV"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (completions, chat, metrics)"},
     {"loadgen", cmd_loadgen, "TTFT/TPOT/ITL/throughput of any OpenAI-compatible server, over HTTP"},
-    {"quantize", cmd_quantize, "convert a HF directory or GGUF to GGUF (f32, bf16, q8_0)"},
+    {"quantize", cmd_quantize,
+     "convert a HF directory or GGUF to GGUF (bf16, q8_0, q6_k, q4_k, q4_0, q4_k_m)"},
+    {"eval", cmd_eval, "perplexity, and KL / top-1 / output length against a reference model"},
 };
 
 static void usage(FILE *f) {

@@ -44,6 +44,7 @@ typedef struct synth_cfg {
     tk_preset p; /* shapes (after --layers/--vocab/--tied overrides) */
     synth_quant quant;
     uint64_t seed;
+    int outliers; /* per layer, input channels of q/k/v, gate/up and down with large activations */
 } synth_cfg;
 
 /* The tensor list in file order. *out is tk_malloc'd (tk_free). Fails with a

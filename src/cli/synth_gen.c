@@ -192,6 +192,16 @@ static void rope_factors(const tk_preset *p, int64_t n, float *out) {
     }
 }
 
+#define SYNTH_OUTLIER_SCALE 20.0f
+
+/* Whether channel ch of n is one of tensor t's c->outliers planted ones. */
+static bool synth_outlier(const synth_cfg *c, const synth_tensor *t, int64_t ch, int64_t n) {
+    for (int i = 0; i < c->outliers; i++)
+        if ((int64_t)(splitmix_at(t->key ^ 0x6f75746c69657273ull, (uint64_t)i) % (uint64_t)n) == ch)
+            return true;
+    return false;
+}
+
 /* GGUF row r of a llama q/k matrix holds HF row src_row(r): the converter's
  * reshape(n_head, 2, hd/2, ...).swapaxes(1, 2) turns halves into pairs. */
 static int64_t src_row(int64_t r, int64_t head_dim) {
@@ -211,9 +221,18 @@ void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int
         if (gguf && t->permute_heads > 0) row = src_row(row, t->ne[1] / t->permute_heads);
         gauss_range(t->key, (uint64_t)row * (uint64_t)cols, cols, out + r * cols);
     }
+    /* planted outliers (--outliers): a few channels of the norms that feed q/k/v
+     * and gate/up, and a few rows of up (channels of down's input), scaled
+     * up, as real models' activations have a few channels far above the rest */
+    bool norm_out =
+        c->outliers > 0 && (strstr(t->gguf_name, "attn_norm.") || strstr(t->gguf_name, "ffn_norm."));
+    bool up_out = c->outliers > 0 && strstr(t->gguf_name, "ffn_up.");
     int64_t total = n * cols;
     for (int64_t i = 0; i < total; i++) {
         float v = out[i];
+        if ((norm_out && synth_outlier(c, t, i % cols, cols)) ||
+            (up_out && synth_outlier(c, t, row0 + i / cols, t->ne[1])))
+            v *= SYNTH_OUTLIER_SCALE;
         switch (t->kind) {
         case SYNTH_MATRIX:
             v *= 0.02f;

@@ -122,6 +122,13 @@ void kern_quant_act(const tk_kernels *K, tk_dtype wtype, const float *x, void *x
 /* Reference quantizers for weights (synth, repack at load). k % block == 0.
  * Return false for a type that cannot be written. */
 bool kern_quantize_row(tk_dtype t, const float *x, void *out, int64_t k);
+/* As kern_quantize_row, with a per-block clip-range search (quantize.c) that
+ * minimises sum_j imp[j] (x[j] - dequant[j])^2; imp (k values, >= 0) is the
+ * mean square activation of each input channel. imp NULL or a float type:
+ * kern_quantize_row. */
+bool kern_quantize_row_imp(tk_dtype t, const float *x, const float *imp, void *out, int64_t k);
+/* sum_j imp[j] (x[j] - q[j])^2 in double (imp NULL: weight 1). */
+double kern_weighted_error(const float *x, const float *q, const float *imp, int64_t k);
 
 /* RoPE, in place on n_head vectors of head_dim at position pos.
  * neox: rotate pairs (i, i + head_dim/2) (HF layout, Qwen); otherwise pairs (2i, 2i+1)

@@ -433,22 +433,34 @@ static void stage_end(fwd_ctx *f, int ith, fwd_stage s) {
     MARK(f, ith, FWD_ST_WAIT);
 }
 
+/* Thread 0 shows a stage's finished input to the observer at the start of the
+ * stage that reads it: the others only read it too, and it is next written
+ * after barriers thread 0 has yet to reach. */
+static void observe(const fwd_ctx *f, int ith, int l, backend_site site, const float *x, int64_t k) {
+    if (ith == 0) f->o.observe(f->o.observe_ctx, l, site, x, f->b->n_tok, k);
+}
+
 static void forward_fused(fwd_ctx *f, int ith, int nth) {
+    const bool obs = f->o.observe != NULL;
     for (int l = 0; l < f->hp->n_layer; l++) {
         attn_norm_quant(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_NORM);
+        if (obs) observe(f, ith, l, BACKEND_SITE_ATTN_IN, f->xn, f->hp->n_embd);
         attn_qkv_rope(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_ROPE);
         kv_store(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_KV_STORE);
         attention_units(f, l, ith, nth, true);
         stage_end(f, ith, FWD_ST_ATTN);
+        if (obs) observe(f, ith, l, BACKEND_SITE_ATTN_OUT, f->att, f->q_dim);
         attn_out_residual(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_RESID);
         ffn_norm_quant(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_NORM);
+        if (obs) observe(f, ith, l, BACKEND_SITE_FFN_IN, f->xn, f->hp->n_embd);
         ffn_gate_up_silu_quant(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_ACT);
+        if (obs) observe(f, ith, l, BACKEND_SITE_FFN_MID, f->gate, f->hp->n_ff);
         ffn_down_residual(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_RESID);
     }
@@ -636,6 +648,7 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
                        o->max_tokens);
     if (o->max_ctx < 1 || o->max_ctx > (1 << 24))
         return tk_fail(TK_ERR_INVALID, "forward: max_ctx %d out of range [1, 16777216]", o->max_ctx);
+    if (o->observe && o->unfused) return tk_fail(TK_ERR_INVALID, "forward: observation needs the fused plan");
     const tk_kv_opts *ko = kv_opts(kv);
     if (ko->n_layer != hp->n_layer || ko->n_head_kv != hp->n_head_kv || ko->head_dim != hp->head_dim)
         return tk_fail(

@@ -16,10 +16,12 @@
 #include "tokamak.h"
 
 typedef struct fwd_opts {
-    int max_tokens; /* most tokens in one step (the step budget) */
-    int max_seqs;   /* most sequences in one step */
-    int max_ctx;    /* longest context (sizes attention scratch) */
-    bool unfused;   /* the unfused reference stages: one barrier per op (ablation) */
+    int max_tokens;             /* most tokens in one step (the step budget) */
+    int max_seqs;               /* most sequences in one step */
+    int max_ctx;                /* longest context (sizes attention scratch) */
+    bool unfused;               /* the unfused reference stages: one barrier per op (ablation) */
+    backend_observe_fn observe; /* NULL, or shown every matmul input (fused plan only) */
+    void *observe_ctx;
 } fwd_opts;
 
 typedef struct fwd_ctx fwd_ctx;

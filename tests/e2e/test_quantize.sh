@@ -45,7 +45,7 @@ check llama f32 f32 --tied
 
 # bad usage: exit 2 naming the problem; bad input: exit 1 and no output file
 "$TK_CLI" synth --preset tiny --layers 1 --dtype f32 -o "$W/m.gguf" 2>/dev/null
-for args in "--type q4_0" "--bogus" "-o" ""; do
+for args in "--type q3_k" "--bogus" "-o" ""; do
     set +e
     # shellcheck disable=SC2086
     "$TK_CLI" quantize -i "$W/m.gguf" -o "$W/x.gguf" $args >/dev/null 2>"$W/err.txt"
@@ -65,4 +65,35 @@ for in in "$W/missing.gguf" "$W/cut.gguf" "$W"; do
     grep -q "tokamak quantize:" "$W/err.txt" || fail "quantize -i $in: no message"
     [ ! -e "$W/x.gguf" ] || fail "quantize -i $in left $W/x.gguf"
 done
+# calibration and eval: bad input is a clear error and leaves no file
+printf '1 In the beginning God created the heaven and the earth.\n\n2 And the earth was without form.\n' >"$W/text.txt"
+: >"$W/empty.txt"
+bad() { # WANT_RC ARGS...: the command exits WANT_RC with a message and writes no $W/x.gguf
+    local want=$1 rc
+    shift
+    set +e
+    "$TK_CLI" "$@" >/dev/null 2>"$W/err.txt"
+    rc=$?
+    set -e
+    [ "$rc" -eq "$want" ] || fail "$* exited $rc, expected $want"
+    grep -q "tokamak $1:" "$W/err.txt" || fail "$*: no message"
+    [ ! -e "$W/x.gguf" ] || fail "$* left $W/x.gguf"
+}
+bad 1 quantize -i "$W/m.gguf" -o "$W/x.gguf" --type q4_0 --calib "$W/missing.txt"
+bad 1 quantize -i "$W/m.gguf" -o "$W/x.gguf" --type q4_0 --calib "$W/empty.txt"
+bad 2 quantize -i "$W/m.gguf" -o "$W/x.gguf" --type q4_0 --keep "blk.*=q3_k"
+bad 2 quantize -i "$W/m.gguf" -o "$W/x.gguf" --type q4_0 --rtn
+bad 2 eval -m "$W/m.gguf"
+bad 1 eval -m "$W/m.gguf" -f "$W/missing.txt"
+bad 1 eval -m "$W/m.gguf" -f "$W/empty.txt"
+bad 1 eval -m "$W/m.gguf" -f "$W/text.txt" --ref "$W/missing.gguf"
+# a model against itself: no divergence, full agreement, no length drift
+"$TK_CLI" eval -q -m "$W/m.gguf" --ref "$W/m.gguf" -f "$W/text.txt" --ctx 16 --gen 2 --gen-prompt 4 --gen-len 8 --json >"$W/self.json" ||
+    fail "eval against itself"
+grep -q '"kl_mean":0.000000e+00,"kl_p99":0.000000e+00,"top1_pct":100.0000' "$W/self.json" || fail "eval against itself: $(cat "$W/self.json")"
+grep -q '"len_drift":0.0000' "$W/self.json" || fail "eval against itself: length drift: $(cat "$W/self.json")"
+# calibrated quantization runs on the tiny model and reports each matrix
+"$TK_CLI" quantize -i "$W/m.gguf" -o "$W/c.gguf" --type q4_0 --calib "$W/text.txt" >"$W/c.out" 2>"$W/c.err" || { cat "$W/c.err"; fail "quantize --calib"; }
+grep -q "^activation-weighted error (all layers): " "$W/c.out" || fail "quantize --calib: no total error"
+grep -q "blk.0.ffn_down.weight *q6_k *act-weighted err" "$W/c.err" || fail "quantize --calib: no per-tensor line (layer 0 one step up)"
 echo "quantize: ok"

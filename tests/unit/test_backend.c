@@ -1,10 +1,13 @@
 /* The backend layer on the tiny qwen3 model: logits of several positions of a
  * sequence in one step, rollback (truncate) for every KV type, blocks shared
  * between sequences (reference counts, copy-on-write, no leak), and bad calls. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -437,6 +440,79 @@ static void test_backend_bad_calls(void **state) {
     fix_free(&f);
 }
 
+/* ---- the observer (calibration) ----------------------------------------------------------- */
+
+typedef struct obs_log {
+    const fixture *f;
+    int calls[8][BACKEND_SITE_COUNT];
+    int bad_n, last_layer, order_ok;
+    float attn_in0[512]; /* layer 0's normed input of the step's first token */
+} obs_log;
+
+static void obs_fn(void *ctx, int layer, backend_site site, const float *x, int n_tok, int64_t k) {
+    obs_log *o = ctx;
+    const tk_hparams *hp = &o->f->m->hp;
+    const int64_t want[BACKEND_SITE_COUNT] = {hp->n_embd, (int64_t)hp->n_head * hp->head_dim, hp->n_embd,
+                                              hp->n_ff};
+    if (layer < 0 || layer >= 8 || n_tok != 5 || k != want[site]) o->bad_n++;
+    if (layer < o->last_layer) o->order_ok = 0;
+    o->last_layer = layer;
+    if (layer >= 0 && layer < 8) o->calls[layer][site]++;
+    if (layer == 0 && site == BACKEND_SITE_ATTN_IN && k <= 512) memcpy(o->attn_in0, x, (size_t)k * sizeof *x);
+}
+
+/* An observed backend gives the same logits bit for bit, and shows each layer's
+ * four matmul inputs once per step, in layer order, with the step's rows:
+ * layer 0's q/k/v input is rmsnorm(embedding) x attn_norm. */
+static void test_backend_observe(void **state) {
+    (void)state;
+    fixture f;
+    fix_init(&f);
+    const tk_hparams *hp = &f.m->hp;
+    assert_true(hp->n_layer <= 8 && hp->n_embd <= 512);
+    float *a = malloc((size_t)f.V * sizeof(float)), *b = malloc((size_t)f.V * sizeof(float));
+    backend plain, seen;
+    be_make(&f, &KINDS[0], 8, 2, &plain);
+    obs_log log = {.f = &f, .order_ok = 1};
+    backend_cpu_opts o = {.n_threads = 2,
+                          .block_size = BS,
+                          .kv_type = TK_KV_F32,
+                          .n_blocks = 8,
+                          .max_tokens = 32,
+                          .max_seqs = 4,
+                          .max_ctx = CTX,
+                          .observe = obs_fn,
+                          .observe_ctx = &log};
+    if (backend_cpu_create(f.m, &o, &seen) != TK_OK) fail_msg("%s", tk_last_error());
+    runner *ra = run_make(&plain), *rb = run_make(&seen);
+    step(ra, TOKS, 5, 1, a);
+    step(rb, TOKS, 5, 1, b);
+    assert_memory_equal(a, b, (size_t)f.V * sizeof(float));
+    assert_int_equal(log.bad_n, 0);
+    assert_true(log.order_ok);
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int s = 0; s < BACKEND_SITE_COUNT; s++) assert_int_equal(log.calls[l][s], 1);
+    const float *e = (const float *)f.m->tok_embd.data + (size_t)TOKS[0] * hp->n_embd;
+    double ss = 0;
+    for (int j = 0; j < hp->n_embd; j++) ss += (double)e[j] * e[j];
+    double inv = 1.0 / sqrt(ss / hp->n_embd + hp->rms_eps);
+    for (int j = 0; j < hp->n_embd; j++) {
+        double want = e[j] * inv * f.m->layers[0].attn_norm[j];
+        if (fabs(log.attn_in0[j] - want) > 1e-5 * (1 + fabs(want)))
+            fail_msg("attn_in[%d] = %g, want %g", j, log.attn_in0[j], want);
+    }
+    runner_free(ra);
+    runner_free(rb);
+    backend_free(&plain);
+    backend_free(&seen);
+    /* the unfused plan refuses an observer */
+    o.unfused = true;
+    assert_int_equal(backend_cpu_create(f.m, &o, &seen), TK_ERR_INVALID);
+    free(a);
+    free(b);
+    fix_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_multi_position_logits),
@@ -446,6 +522,7 @@ int main(void) {
         cmocka_unit_test(test_backend_fork),
         cmocka_unit_test(test_backend_block_cow),
         cmocka_unit_test(test_backend_bad_calls),
+        cmocka_unit_test(test_backend_observe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
