@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "core/alloc.h"
 
 typedef struct fake {
@@ -69,6 +70,25 @@ static fake *fake_new(int n_blocks) {
     f->store = tk_calloc((size_t)n_blocks * FBS, sizeof *f->store);
     for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
     return f;
+}
+
+/* A backend over the fake pool: n_vocab logits a row, the includer's step. */
+static backend fake_backend(fake *f, int n_vocab, tk_status (*step)(void *, const tk_batch *, float *)) {
+    return (backend){.ctx = f,
+                     .n_vocab = n_vocab,
+                     .n_blocks = f->n_blocks,
+                     .block_size = FBS,
+                     .kv_bytes_per_token = 4,
+                     .weight_dtype = "fake",
+                     .n_threads = 1,
+                     .model_id = 1,
+                     .block_alloc = f_alloc,
+                     .block_free = f_free,
+                     .blocks_free = f_n_free,
+                     .block_ref = f_ref,
+                     .block_refs = f_refs,
+                     .block_copy = f_copy,
+                     .step = step};
 }
 
 static void fake_delete(fake *f) {

@@ -381,21 +381,7 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
 }
 
 static tk_engine *mk_engine(fake *f, bool cache, prefix_hash_fn hash) {
-    backend be = {.ctx = f,
-                  .n_vocab = FV,
-                  .n_blocks = f->n_blocks,
-                  .block_size = FBS,
-                  .kv_bytes_per_token = 4,
-                  .weight_dtype = "fake",
-                  .n_threads = 1,
-                  .model_id = 1,
-                  .block_alloc = f_alloc,
-                  .block_free = f_free,
-                  .blocks_free = f_n_free,
-                  .block_ref = f_ref,
-                  .block_refs = f_refs,
-                  .block_copy = f_copy,
-                  .step = f_step};
+    backend be = fake_backend(f, FV, f_step);
     tk_engine_opts o;
     tk_engine_opts_default(&o);
     o.ctx = CTX;

@@ -356,21 +356,7 @@ static tk_engine_stats run_work(work *w, rec *r, int batch, int n_blocks, bool s
     fake *f = fake_new(n_blocks);
     f->step_us = 300;
     f->tok_us = 5;
-    backend be = {.ctx = f,
-                  .n_vocab = FV,
-                  .n_blocks = n_blocks,
-                  .block_size = FBS,
-                  .kv_bytes_per_token = 4,
-                  .weight_dtype = "fake",
-                  .n_threads = 1,
-                  .model_id = 1,
-                  .block_alloc = f_alloc,
-                  .block_free = f_free,
-                  .blocks_free = f_n_free,
-                  .block_ref = f_ref,
-                  .block_refs = f_refs,
-                  .block_copy = f_copy,
-                  .step = f_step};
+    backend be = fake_backend(f, FV, f_step);
     tk_engine_opts o;
     tk_engine_opts_default(&o);
     o.ctx = CTX;
