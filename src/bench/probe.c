@@ -2,6 +2,7 @@
  * than per-file ISA flags, so this file builds with the library's plain flags
  * and each loop runs only when cpu_detect says the CPU has it. */
 #include "bench/probe.h"
+#include "bench/stats.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -409,7 +410,7 @@ void probe_read_bw_stats(int n_threads, probe_stats *out) {
     out->n = n;
     out->min = rates[0] * 1e-9;
     out->best = rates[n - 1] * 1e-9;
-    out->median = 0.5 * (rates[(n - 1) / 2] + rates[n / 2]) * 1e-9;
+    out->median = stats_percentile_sorted(rates, (size_t)n, 50) * 1e-9;
 }
 
 double probe_read_bw(int n_threads) {

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "bench/probe.h"
+#include "bench/stats.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "core/alloc.h"
@@ -123,13 +124,7 @@ static int cmp_dbl(const void *a, const void *b) {
 static double median_of(const double *v, int n, double *tmp) {
     memcpy(tmp, v, (size_t)n * sizeof *v);
     qsort(tmp, (size_t)n, sizeof *tmp, cmp_dbl);
-    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
-}
-
-static double mean_of(const double *v, int n) {
-    double s = 0;
-    for (int i = 0; i < n; i++) s += v[i];
-    return n ? s / n : 0;
+    return stats_percentile_sorted(tmp, (size_t)n, 50);
 }
 
 typedef struct pf_machine {
@@ -154,7 +149,7 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
     pf_row o = {.name = r == PF_SAMPLE ? "sampling" : fwd_stage_name((fwd_stage)r)};
     const fwd_stage_cost *c = &d->cost[r];
     o.ms = median_of(d->ns[r], d->n_steps, tmp) / 1e6;
-    o.mean_ms = mean_of(d->ns[r], d->n_steps) / 1e6;
+    o.mean_ms = stats_mean(d->ns[r], (size_t)d->n_steps) / 1e6;
     o.cpu_ms = median_of(d->cpu[r], d->n_steps, tmp) / 1e6;
     o.mb = (double)c->bytes / 1e6;
     o.gop = c->ops / 1e9;
@@ -299,7 +294,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     }
     cJSON *sp = cJSON_AddObjectToObject(root, "step");
     cJSON_AddNumberToObject(sp, "ms", step_ms);
-    cJSON_AddNumberToObject(sp, "mean_ms", mean_of(d->step_ns, d->n_steps) / 1e6);
+    cJSON_AddNumberToObject(sp, "mean_ms", stats_mean(d->step_ns, (size_t)d->n_steps) / 1e6);
     cJSON_AddNumberToObject(sp, "forward_ms", fwd_ms);
     cJSON_AddNumberToObject(sp, "stages_mean_sum_ms", stage_sum);
     cJSON_AddNumberToObject(sp, "thread0_mark_error", d->thread_sum_err);
