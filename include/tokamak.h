@@ -68,6 +68,10 @@ typedef struct tk_model_opts {
      * load (embedding lookups keep the file's rows). Used for W8A8 from a BF16
      * file (TK_WEIGHTS_Q8_0), and by the ablation. */
     tk_weight_type repack;
+    /* The output matrix's type at load; TK_WEIGHTS_KEEP (default): as repack.
+     * W4A8 keeps the 151k-row output layer at 8 bits (repack q4_0,
+     * repack_output q8_0), as the quantizer's defaults do. */
+    tk_weight_type repack_output;
     /* false (default): copy the weights that are file views into anonymous
      * memory backed by transparent huge pages (streams faster: no TLB walk or
      * prefetcher stop every 4 KiB). true: read them through the file mapping

@@ -444,7 +444,7 @@ static tk_status measured_run(tk_engine *e, bench_ctx *c, bench_ctx *bgc, const 
 
 typedef struct series_spec {
     const char *label;
-    tk_weight_type repack;
+    tk_weight_type repack, repack_output; /* tk_model_opts at load */
     tk_kv_type kv_type;
     bool unfused, static_batching, no_chunking;
     bool check;                    /* the engine must report exactly these settings */
@@ -486,6 +486,7 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
                             bench_series *out) {
     snprintf(out->label, sizeof out->label, "%s", sp->label);
     out->repack = sp->repack;
+    out->repack_output = sp->repack_output;
     tk_engine_opts eo = o->engine;
     eo.kv_type = sp->kv_type;
     eo.unfused = sp->unfused;
@@ -600,10 +601,11 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
     return st;
 }
 
-static tk_status open_model(const char *path, tk_weight_type repack, bench_info *info, tk_model **m) {
+static tk_status open_model(const char *path, const series_spec *sp, bench_info *info, tk_model **m) {
     tk_model_opts mo;
     tk_model_opts_default(&mo);
-    mo.repack = repack;
+    mo.repack = sp->repack;
+    mo.repack_output = sp->repack_output;
     tk_status st = tk_model_open(path, &mo, m);
     if (st != TK_OK) return st;
     tk_model_info mi;
@@ -694,6 +696,7 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
     if (!o->ablation) {
         specs[n_specs++] = (series_spec){.label = "run",
                                          .repack = o->model.repack,
+                                         .repack_output = o->model.repack_output,
                                          .kv_type = o->engine.kv_type,
                                          .unfused = o->engine.unfused,
                                          .static_batching = o->engine.static_batching,
@@ -701,39 +704,57 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
                                          .check = true};
     } else {
         /* The ladder: each rung adds one optimisation to the one before. */
-        specs[n_specs++] = (series_spec){"1 bf16 weights, bf16 KV, unfused, static",
-                                         TK_WEIGHTS_KEEP,
-                                         TK_KV_BF16,
-                                         true,
-                                         true,
-                                         true,
-                                         true,
-                                         "bf16"};
-        specs[n_specs++] = (series_spec){
-            "2 int8 weights (W8A8)", TK_WEIGHTS_Q8_0, TK_KV_BF16, true, true, true, true, "q8_0"};
-        specs[n_specs++] =
-            (series_spec){"3 + int8 KV", TK_WEIGHTS_Q8_0, TK_KV_INT8, true, true, true, true, "q8_0"};
-        specs[n_specs++] =
-            (series_spec){"4 + fused kernels", TK_WEIGHTS_Q8_0, TK_KV_INT8, false, true, true, true, "q8_0"};
-        specs[n_specs++] = (series_spec){"5 + continuous batching, chunked prefill",
-                                         TK_WEIGHTS_Q8_0,
-                                         TK_KV_INT8,
-                                         false,
-                                         false,
-                                         false,
-                                         true,
-                                         "q8_0"};
+        const series_spec ladder[] = {
+            {.label = "1 bf16 weights, bf16 KV, unfused, static",
+             .kv_type = TK_KV_BF16,
+             .unfused = true,
+             .static_batching = true,
+             .no_chunking = true,
+             .want_weight_dtype = "bf16"},
+            {.label = "2 int8 weights (W8A8)",
+             .repack = TK_WEIGHTS_Q8_0,
+             .kv_type = TK_KV_BF16,
+             .unfused = true,
+             .static_batching = true,
+             .no_chunking = true,
+             .want_weight_dtype = "q8_0"},
+            {.label = "3 + int8 KV",
+             .repack = TK_WEIGHTS_Q8_0,
+             .kv_type = TK_KV_INT8,
+             .unfused = true,
+             .static_batching = true,
+             .no_chunking = true,
+             .want_weight_dtype = "q8_0"},
+            {.label = "4 + fused kernels",
+             .repack = TK_WEIGHTS_Q8_0,
+             .kv_type = TK_KV_INT8,
+             .static_batching = true,
+             .no_chunking = true,
+             .want_weight_dtype = "q8_0"},
+            {.label = "5 + continuous batching, chunked prefill",
+             .repack = TK_WEIGHTS_Q8_0,
+             .kv_type = TK_KV_INT8,
+             .want_weight_dtype = "q8_0"},
+            {.label = "6 + 4-bit weights (W4A8), 8-bit output layer",
+             .repack = TK_WEIGHTS_Q4_0,
+             .repack_output = TK_WEIGHTS_Q8_0,
+             .kv_type = TK_KV_INT8,
+             .want_weight_dtype = "q4_0"},
+        };
+        for (size_t i = 0; i < sizeof ladder / sizeof ladder[0]; i++) {
+            specs[n_specs] = ladder[i];
+            specs[n_specs++].check = true;
+        }
     }
     tk_model *m = NULL;
-    int m_repack = -2;
     for (int i = 0; i < n_specs; i++) {
-        if (!m || m_repack != (int)specs[i].repack) {
+        if (!m || specs[i].repack != specs[i - 1].repack ||
+            specs[i].repack_output != specs[i - 1].repack_output) {
             tk_model_free(m);
             m = NULL;
             if (!o->quiet) fprintf(stderr, "bench: loading %s\n", o->model_path);
-            st = open_model(o->model_path, specs[i].repack, info, &m);
+            st = open_model(o->model_path, &specs[i], info, &m);
             if (st != TK_OK) break;
-            m_repack = (int)specs[i].repack;
             if (o->ablation && i == 0 && strcmp(info->model_dtype, "bf16") != 0) {
                 st = tk_fail(TK_ERR_INVALID, "bench: --ablation needs a BF16 model; %s holds %s weights",
                              o->model_path, info->model_dtype);

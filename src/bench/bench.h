@@ -185,9 +185,10 @@ typedef struct bench_point {
  * per rung for --ablation). */
 typedef struct bench_series {
     char label[96];
-    tk_weight_type repack;  /* tk_model_opts.repack used */
-    tk_engine_stats engine; /* the configuration as the engine reported it */
-    char weight_dtype[16];  /* engine.weight_dtype copied (the model owns the string) */
+    tk_weight_type repack;        /* tk_model_opts.repack used */
+    tk_weight_type repack_output; /* tk_model_opts.repack_output used */
+    tk_engine_stats engine;       /* the configuration as the engine reported it */
+    char weight_dtype[16];        /* engine.weight_dtype copied (the model owns the string) */
     int n_points;
     bench_point *points; /* (n_points) */
 } bench_series;

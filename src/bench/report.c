@@ -264,6 +264,7 @@ bool report_rung_summary(const bench_result *r, int s, report_rung *o) {
     o->tpot_lo_ms = l->med[BM_TPOT_P50];
     o->thr_hi = h->med[BM_OUT_TOK_S];
     o->tpot_p99_hi_ms = h->med[BM_TPOT_P99];
+    o->roof_lo_pct = l->med[BM_ROOF_PCT];
     /* Speed-ups: the time ratios are inverted so that > 1 always means better. */
     o->tpot_lo_x = l0->med[BM_TPOT_P50] / o->tpot_lo_ms;
     o->thr_hi_x = o->thr_hi / h0->med[BM_OUT_TOK_S];
@@ -323,9 +324,12 @@ void report_markdown(const bench_result *r, FILE *f) {
     if (e->n_threads > 0) snprintf(threads, sizeof threads, "%d", e->n_threads);
     fprintf(f, "- options: ");
     md_load_opts(o, &r->remote, f);
-    char repack[48] = "";
+    char repack[80] = "";
     if (o->model.repack != TK_WEIGHTS_KEEP && !o->ablation)
         snprintf(repack, sizeof repack, ", weights repacked to %s", tk_weight_type_name(o->model.repack));
+    if (o->model.repack_output != TK_WEIGHTS_KEEP && !o->ablation)
+        snprintf(repack + strlen(repack), sizeof repack - strlen(repack), ", output layer %s",
+                 tk_weight_type_name(o->model.repack_output));
     char step[64];
     if (e->step_ms > 0 && e->step_tokens > 0)
         snprintf(step, sizeof step, "--step-ms %g --step-tokens %d (cap)", e->step_ms, e->step_tokens);
@@ -348,15 +352,15 @@ void report_markdown(const bench_result *r, FILE *f) {
     for (int i = 0; i < r->n_series; i++) md_series(r, &r->series[i], f);
     if (o->ablation && r->n_series > 0) {
         fprintf(f,
-                "\n## Ablation (speed-up against rung 1; > 1 is better)\n\n| rung | TPOT P50 @%s (ms) | x | "
-                "out tok/s "
-                "@%s | x | TPOT P99 @%s (ms) | x |\n|---|---:|---:|---:|---:|---:|---:|\n",
-                "lo", "hi", "hi");
+                "\n## Ablation (speed-up against rung 1; > 1 is better)\n\n| rung | TPOT P50 @lo (ms) | x | "
+                "roofline @lo | out tok/s @hi | x | TPOT P99 @hi (ms) | x |\n"
+                "|---|---:|---:|---:|---:|---:|---:|---:|\n");
         for (int s = 0; s < r->n_series; s++) {
             report_rung g;
             if (!report_rung_summary(r, s, &g)) continue;
-            fprintf(f, "| %s | %.2f | %.2f | %.1f | %.2f | %.2f | %.2f |\n", r->series[s].label, g.tpot_lo_ms,
-                    g.tpot_lo_x, g.thr_hi, g.thr_hi_x, g.tpot_p99_hi_ms, g.tpot_p99_hi_x);
+            fprintf(f, "| %s | %.2f | %.2f | %.0f%% | %.1f | %.2f | %.2f | %.2f |\n", r->series[s].label,
+                    g.tpot_lo_ms, g.tpot_lo_x, g.roof_lo_pct, g.thr_hi, g.thr_hi_x, g.tpot_p99_hi_ms,
+                    g.tpot_p99_hi_x);
         }
         report_rung g;
         if (report_rung_summary(r, 0, &g))
@@ -568,6 +572,7 @@ static cJSON *js_result(const bench_result *r) {
         cJSON *js = cJSON_CreateObject();
         cJSON_AddStringToObject(js, "label", sr->label);
         cJSON_AddStringToObject(js, "repack", tk_weight_type_name(sr->repack));
+        cJSON_AddStringToObject(js, "repack_output", tk_weight_type_name(sr->repack_output));
         if (!r->remote.on) cJSON_AddItemToObject(js, "engine", js_engine(sr));
         cJSON *pts = cJSON_AddArrayToObject(js, "points");
         for (int i = 0; i < sr->n_points; i++) {
@@ -596,6 +601,7 @@ static cJSON *js_result(const bench_result *r) {
             cJSON_AddNumberToObject(j, "hi_concurrency", g.hi_level);
             js_num(j, "tpot_p50_lo_ms", g.tpot_lo_ms);
             js_num(j, "tpot_p50_lo_speedup", g.tpot_lo_x);
+            js_num(j, "roofline_pct_lo", g.roof_lo_pct);
             js_num(j, "output_tok_s_hi", g.thr_hi);
             js_num(j, "output_tok_s_hi_speedup", g.thr_hi_x);
             js_num(j, "tpot_p99_hi_ms", g.tpot_p99_hi_ms);

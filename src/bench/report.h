@@ -27,6 +27,7 @@ typedef struct report_rung {
     int lo_level, hi_level;
     double tpot_lo_ms, thr_hi, tpot_p99_hi_ms;
     double tpot_lo_x, thr_hi_x, tpot_p99_hi_x;
+    double roof_lo_pct; /* the rung's own decode roofline at lo: its floor / its TPOT */
 } report_rung;
 bool report_rung_summary(const bench_result *r, int s, report_rung *out);
 

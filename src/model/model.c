@@ -226,6 +226,12 @@ static tk_status ensure_aligned(tk_model *m, tk_tensor *t) {
     return TK_OK;
 }
 
+/* The type a weight of this role is repacked to; KEEP: none. */
+static tk_weight_type repack_to(const tk_model_opts *o, tk_role role) {
+    if (role == TK_ROLE_OUTPUT && o->repack_output != TK_WEIGHTS_KEEP) return o->repack_output;
+    return o->repack;
+}
+
 /* A matmul weight: shape-checked, un-permuted for GGUF llama Q/K, repacked on request. */
 static tk_status load_matmul(tk_model *m, const model_source *src, const tk_model_opts *o, tk_role role,
                              int layer, tk_tensor *out) {
@@ -248,8 +254,9 @@ static tk_status load_matmul(tk_model *m, const model_source *src, const tk_mode
         out->data = dst;
     }
     if ((st = ensure_aligned(m, out))) return st;
-    if (o->repack != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[o->repack] != out->type) {
-        if ((st = repack(m, out, WEIGHT_DTYPE[o->repack]))) return st;
+    tk_weight_type to = repack_to(o, role);
+    if (to != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[to] != out->type) {
+        if ((st = repack(m, out, WEIGHT_DTYPE[to]))) return st;
         m->repacked = true;
     }
     return TK_OK;
@@ -379,8 +386,9 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
         if (!kern_gemv(kernels_default(), emb->type, TK_LAYOUT_ROWS))
             return tk_fail(TK_ERR_UNSUPPORTED, "model: tied %s has type %s, which has no matmul kernel",
                            emb->name, dtype_name(emb->type));
-        if (o->repack != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[o->repack] != emb->type) {
-            if ((st = repack(m, &m->output, WEIGHT_DTYPE[o->repack]))) return st;
+        tk_weight_type to = repack_to(o, TK_ROLE_OUTPUT);
+        if (to != TK_WEIGHTS_KEEP && WEIGHT_DTYPE[to] != emb->type) {
+            if ((st = repack(m, &m->output, WEIGHT_DTYPE[to]))) return st;
             m->repacked = true;
         }
     } else if ((st = load_matmul(m, src, o, TK_ROLE_OUTPUT, 0, &m->output))) {
@@ -487,6 +495,9 @@ tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_m
     }
     if (!tk_weight_type_name(o->repack))
         return tk_fail(TK_ERR_INVALID, "model: repack type %d is not a tk_weight_type", (int)o->repack);
+    if (!tk_weight_type_name(o->repack_output))
+        return tk_fail(TK_ERR_INVALID, "model: output repack type %d is not a tk_weight_type",
+                       (int)o->repack_output);
     tk_model *m = tk_calloc(1, sizeof *m);
     if (!m) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
     m->hp = *hp;

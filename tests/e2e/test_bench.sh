@@ -121,15 +121,18 @@ want = [  # weights, kv, unfused, static, no_chunking
     ("q8_0", "int8", True, True, True),
     ("q8_0", "int8", False, True, True),
     ("q8_0", "int8", False, False, False),
+    ("q4_0", "int8", False, False, False),
 ]
 got = [(s["engine"]["weight_dtype"], s["engine"]["kv_type"], s["engine"]["unfused"], s["engine"]["static_batching"],
         s["engine"]["no_chunking"]) for s in r["series"]]
 assert got == want, got
-assert len(r["ablation"]) == 5
+assert len(r["ablation"]) == 6
+assert [s["repack_output"] for s in r["series"]] == ["keep"] * 5 + ["q8_0"]
 assert abs(r["ablation"][0]["output_tok_s_hi_speedup"] - 1) < 1e-9
 for a in r["ablation"]:
     assert a["lo_concurrency"] == 1 and a["hi_concurrency"] == 2
     assert a["tpot_p50_lo_ms"] > 0 and a["output_tok_s_hi"] > 0
+    assert 0 < a["roofline_pct_lo"] <= 100
 print("ablation ok")
 PY
 echo "test_bench: ok"

@@ -393,6 +393,23 @@ static void test_forward_repack(void **state) {
     h_free(&h2);
     tk_model_free(mr);
     tk_model_free(mq);
+    /* W4A8 with an 8-bit output layer; an output type alone leaves the layers be */
+    o.repack = TK_WEIGHTS_Q4_0;
+    o.repack_output = TK_WEIGHTS_Q8_0;
+    assert_int_equal(fx_open(&f32, &o, &mr), TK_OK);
+    assert_int_equal(mr->layers[0].wq.type, TK_DTYPE_Q4_0);
+    assert_int_equal(mr->layers[0].w_down.type, TK_DTYPE_Q4_0);
+    assert_int_equal(mr->output.type, TK_DTYPE_Q8_0);
+    assert_string_equal(model_weight_dtype(mr), "q4_0");
+    tk_model_free(mr);
+    o.repack = TK_WEIGHTS_KEEP;
+    assert_int_equal(fx_open(&f32, &o, &mr), TK_OK);
+    assert_int_equal(mr->layers[0].wq.type, TK_DTYPE_F32);
+    assert_int_equal(mr->output.type, TK_DTYPE_Q8_0);
+    tk_model_free(mr);
+    o.repack_output = (tk_weight_type)42;
+    assert_int_equal(fx_open(&f32, &o, &mr), TK_ERR_INVALID);
+    assert_non_null(strstr(tk_last_error(), "42"));
     fx_free(&f32);
     fx_free(&q8);
     free(a);
