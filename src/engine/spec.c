@@ -64,7 +64,46 @@ bool spec_cost_fit(const spec_cost *c, double *c0, double *c1) {
     return true;
 }
 
+bool spec_cost_price(const spec_cost *c, double *c0, double *c1) {
+    if (spec_cost_fit(c, c0, c1)) return true;
+    *c0 = *c1 = 0;
+    if (!(c->w > 0) || !(c->st > 0)) return false;
+    *c1 = c->sy / c->st;
+    return true;
+}
+
 /* ---- the controller ------------------------------------------------------------------ */
+
+/* Drafts best gain first (sequence i's next draft gains alpha^(k+1)), at most
+ * m a sequence, while gain / cost > tokens / step time: each one raises
+ * tokens per second. The step costs time0 for its n decodes, every draft
+ * cost more. Returns the total; *rate the tokens per second reached. */
+static int choose_greedy(const spec_ctl *c, int n, const double *alpha, const int *avail, int m, double time0,
+                         double cost, int *k, double *rate) {
+    for (int i = 0; i < n; i++) k[i] = 0;
+    int total = 0;
+    double gain = n, time = time0;
+    while (total < c->max_total) {
+        int best = -1;
+        double g_best = SPEC_MIN_GAIN;
+        for (int i = 0; i < n; i++) {
+            int lim = avail[i] < m ? avail[i] : m;
+            if (k[i] >= lim) continue;
+            double g = pow(alpha[i], k[i] + 1);
+            if (g >= g_best) {
+                g_best = g;
+                best = i;
+            }
+        }
+        if (best < 0 || !(g_best * time > cost * gain)) break;
+        k[best]++;
+        total++;
+        gain += g_best;
+        time += cost;
+    }
+    *rate = time > 0 ? gain / time : 0;
+    return total;
+}
 
 int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *k) {
     for (int i = 0; i < n; i++) k[i] = 0;
@@ -73,37 +112,88 @@ int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *
     int total = 0;
     double c0, c1;
     if (!spec_cost_fit(&c->cost, &c0, &c1)) {
-        /* Probe: some steps with drafts, so the fit sees steps of other sizes. */
+        /* Probe: some steps with drafts, so the fit sees steps of other sizes.
+         * A draft model's drafts cost passes: it probes with the fewest that
+         * make the fit's spread of sizes (SPEC_PROBE_TOKENS more tokens). */
         if (call % SPEC_PROBE_EVERY != SPEC_PROBE_EVERY - 1) return 0;
+        int k_probe = c->draft_model ? (SPEC_PROBE_TOKENS + n - 1) / n : c->k_max;
+        if (k_probe > c->k_max) k_probe = c->k_max;
         for (int i = 0; i < n && total < c->max_total; i++) {
             if (alpha[i] < SPEC_PROBE_ALPHA) continue;
-            int m = avail[i] < c->k_max ? avail[i] : c->k_max;
+            int m = avail[i] < k_probe ? avail[i] : k_probe;
             if (m > c->max_total - total) m = c->max_total - total;
             k[i] = m;
             total += m;
         }
         return total;
     }
-    /* Drafts best gain first (sequence i's next draft gains alpha^(k+1)) while
-     * gain / c1 > tokens / step time: each one raises tokens per second. */
-    double gain = n, time = c0 + c1 * n;
-    while (total < c->max_total) {
-        int best = -1;
-        double g_best = SPEC_MIN_GAIN;
-        for (int i = 0; i < n; i++) {
-            int lim = avail[i] < c->k_max ? avail[i] : c->k_max;
-            if (k[i] >= lim) continue;
-            double g = pow(alpha[i], k[i] + 1);
-            if (g >= g_best) {
-                g_best = g;
-                best = i;
-            }
+    double rate;
+    if (!c->draft_model) return choose_greedy(c, n, alpha, avail, c->k_max, c0 + c1 * n, c1, k, &rate);
+    /* A draft model: m passes cost m e0 whatever they carry, every draft e1
+     * more (and c1 to verify). Take the number of passes that reaches the
+     * most tokens per second, none included. */
+    double e0, e1;
+    if (!spec_cost_price(&c->draft, &e0, &e1)) e0 = e1 = 0; /* not measured yet: the next passes will be */
+    double best_rate = n / (c0 + c1 * n);
+    int best_m = 0;
+    for (int m = 1; m <= c->k_max; m++) {
+        choose_greedy(c, n, alpha, avail, m, c0 + c1 * n + m * e0, c1 + e1, k, &rate);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best_m = m;
         }
-        if (best < 0 || !(g_best * time > c1 * gain)) break;
-        k[best]++;
-        total++;
-        gain += g_best;
-        time += c1;
     }
-    return total;
+    if (best_m == 0) {
+        for (int i = 0; i < n; i++) k[i] = 0;
+        return 0;
+    }
+    return choose_greedy(c, n, alpha, avail, best_m, c0 + c1 * n + best_m * e0, c1 + e1, k, &rate);
+}
+
+/* ---- speculative sampling ------------------------------------------------------------ */
+
+int32_t spec_draw(const float *p, int n, double u) {
+    double z = 0;
+    int32_t last = -1;
+    for (int i = 0; i < n; i++)
+        if (p[i] > 0) {
+            z += p[i];
+            last = i;
+        }
+    if (last < 0) return -1;
+    double r = u * z, cum = 0;
+    for (int i = 0; i < last; i++) {
+        if (!(p[i] > 0)) continue;
+        cum += p[i];
+        if (r < cum) return i;
+    }
+    return last;
+}
+
+int32_t spec_verify_token(const float *p, const float *q, int n, int32_t x, double u_accept, double u_resid,
+                          bool *accepted) {
+    *accepted = false;
+    if (x >= 0 && x < n && q[x] > 0 && p[x] > 0 && u_accept * (double)q[x] < (double)p[x]) {
+        *accepted = true;
+        return x;
+    }
+    /* The residual: max(0, p - q), drawn by inverse CDF. */
+    double z = 0;
+    int32_t last = -1;
+    for (int i = 0; i < n; i++) {
+        double d = (double)p[i] - (double)q[i];
+        if (d > 0) {
+            z += d;
+            last = i;
+        }
+    }
+    if (last < 0 || !(z > 1e-12)) return spec_draw(p, n, u_resid);
+    double r = u_resid * z, cum = 0;
+    for (int i = 0; i < last; i++) {
+        double d = (double)p[i] - (double)q[i];
+        if (!(d > 0)) continue;
+        cum += d;
+        if (r < cum) return i;
+    }
+    return last;
 }
