@@ -125,6 +125,8 @@ void drafter_free(drafter *d) {
 
 int drafter_n_vocab(const drafter *d) { return d->n_vocab; }
 
+const backend *drafter_backend(const drafter *d) { return &d->be; }
+
 /* ---- per sequence ----------------------------------------------------------------------- */
 
 tk_status drafter_seq_init(drafter *d, draft_seq *ds) {

@@ -71,5 +71,7 @@ void drafter_settle(drafter *d, draft_seq *ds, int n_keep);
 
 /* The draft backend's vocabulary (the target's). */
 int drafter_n_vocab(const drafter *d);
+/* The draft backend (tests read its KV through kv_read). */
+const backend *drafter_backend(const drafter *d);
 
 #endif
