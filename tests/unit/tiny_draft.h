@@ -29,7 +29,7 @@ static inline bool tiny_path(int seed, char *path, size_t cap) {
     char part[600], cmd[4096];
     snprintf(part, sizeof part, "%s.%d", path, (int)getpid());
     snprintf(cmd, sizeof cmd,
-             "'%s' synth --preset tiny --dtype f32 --seed %d -o '%s' >/dev/null && mv '%s' '%s'", cli, seed,
+             "'%s' synth --preset tiny --dtype f32 --seed %d -o '%s' 2>/dev/null && mv '%s' '%s'", cli, seed,
              part, part, path);
     if (system(cmd) != 0) fail_msg("synth failed: %s", cmd);
     return true;
