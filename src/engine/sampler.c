@@ -228,9 +228,10 @@ static int top_n(const float *logits, int V, int n, int32_t *ids) {
     return m;
 }
 
-/* The tokens temperature sampling keeps (top-k, top-p, min-p), best first, in
- * s->cands[0, n); returns n (0: none) and their largest scaled logit. */
-static int kept_cands(tk_sampler *s, const float *logits, float *vmax_out) {
+/* The tokens temperature sampling keeps (top-k, top-p, min-p) in
+ * s->cands[0, n), best first when sort (else in any order); returns n (0:
+ * none) and their largest scaled logit. */
+static int kept_cands(tk_sampler *s, const float *logits, bool sort, float *vmax_out) {
     const int V = s->n_vocab;
     const float inv_t = 1.0f / s->p.temperature;
     cand *c = s->cands;
@@ -280,7 +281,7 @@ static int kept_cands(tk_sampler *s, const float *logits, float *vmax_out) {
             if (exp((double)(c[i].v - vmax)) >= floor_rel) c[k++] = c[i];
         n = k; /* the max itself always survives */
     }
-    if (!sorted) {
+    if (!sorted && sort) {
         /* The walk order must not depend on how selection left the array. */
         qsort(c, (size_t)n, sizeof *c, cand_cmp);
     }
@@ -290,7 +291,7 @@ static int kept_cands(tk_sampler *s, const float *logits, float *vmax_out) {
 
 static int32_t sample_temperature(tk_sampler *s, const float *logits, double u) {
     float vmax;
-    int n = kept_cands(s, logits, &vmax);
+    int n = kept_cands(s, logits, true, &vmax);
     if (n == 0) return -1;
     const cand *c = s->cands;
     double z = 0;
@@ -358,7 +359,8 @@ int32_t sampler_dist(tk_sampler *s, float *logits, const int32_t *history, int n
         return best;
     }
     float vmax;
-    int n = kept_cands(s, logits, &vmax);
+    int n =
+        kept_cands(s, logits, false, &vmax); /* a distribution needs no order: no sort of the vocabulary */
     const cand *c = s->cands;
     double z = 0;
     for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));

@@ -105,34 +105,12 @@ static int choose_greedy(const spec_ctl *c, int n, const double *alpha, const in
     return total;
 }
 
-int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *k) {
-    for (int i = 0; i < n; i++) k[i] = 0;
-    if (n <= 0 || c->k_max <= 0) return 0;
-    uint64_t call = c->calls++;
-    int total = 0;
-    double c0, c1;
-    if (!spec_cost_fit(&c->cost, &c0, &c1)) {
-        /* Probe: some steps with drafts, so the fit sees steps of other sizes.
-         * A draft model's drafts cost passes: it probes with the fewest that
-         * make the fit's spread of sizes (SPEC_PROBE_TOKENS more tokens). */
-        if (call % SPEC_PROBE_EVERY != SPEC_PROBE_EVERY - 1) return 0;
-        int k_probe = c->draft_model ? (SPEC_PROBE_TOKENS + n - 1) / n : c->k_max;
-        if (k_probe > c->k_max) k_probe = c->k_max;
-        for (int i = 0; i < n && total < c->max_total; i++) {
-            if (alpha[i] < SPEC_PROBE_ALPHA) continue;
-            int m = avail[i] < k_probe ? avail[i] : k_probe;
-            if (m > c->max_total - total) m = c->max_total - total;
-            k[i] = m;
-            total += m;
-        }
-        return total;
-    }
-    double rate;
-    if (!c->draft_model) return choose_greedy(c, n, alpha, avail, c->k_max, c0 + c1 * n, c1, k, &rate);
-    /* A draft model: m passes cost m e0 whatever they carry, every draft e1
-     * more (and c1 to verify). Take the number of passes that reaches the
-     * most tokens per second, none included. */
-    double e0, e1;
+/* A draft model: m passes cost m e0 whatever they carry, every draft e1
+ * more (and c1 to verify). Takes the number of passes that reaches the most
+ * tokens per second, none included, for a step of c0 + c1 T. */
+static int choose_draft(const spec_ctl *c, int n, const double *alpha, const int *avail, double c0, double c1,
+                        int *k) {
+    double e0, e1, rate;
     if (!spec_cost_price(&c->draft, &e0, &e1)) e0 = e1 = 0; /* not measured yet: the next passes will be */
     double best_rate = n / (c0 + c1 * n);
     int best_m = 0;
@@ -148,6 +126,40 @@ int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *
         return 0;
     }
     return choose_greedy(c, n, alpha, avail, best_m, c0 + c1 * n + best_m * e0, c1 + e1, k, &rate);
+}
+
+int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *k) {
+    for (int i = 0; i < n; i++) k[i] = 0;
+    if (n <= 0 || c->k_max <= 0) return 0;
+    uint64_t call = c->calls++;
+    int total = 0;
+    double c0, c1, rate;
+    if (!spec_cost_fit(&c->cost, &c0, &c1)) {
+        /* Probe: some steps with drafts, so the fit sees steps of other sizes. */
+        if (call % SPEC_PROBE_EVERY != SPEC_PROBE_EVERY - 1) return 0;
+        int k_probe = c->k_max;
+        if (c->draft_model) {
+            /* A draft model's drafts cost passes: no probe when they would not
+             * pay even if verifying were free (the steps seen so far, all
+             * fixed cost), and the fewest that make the fit's spread of sizes
+             * (SPEC_PROBE_TOKENS more tokens). */
+            if (c->cost.st > 0 && choose_draft(c, n, alpha, avail, c->cost.sy / c->cost.st * n, 0, k) == 0)
+                return 0;
+            for (int i = 0; i < n; i++) k[i] = 0;
+            k_probe = (SPEC_PROBE_TOKENS + n - 1) / n;
+            if (k_probe > c->k_max) k_probe = c->k_max;
+        }
+        for (int i = 0; i < n && total < c->max_total; i++) {
+            if (alpha[i] < SPEC_PROBE_ALPHA) continue;
+            int m = avail[i] < k_probe ? avail[i] : k_probe;
+            if (m > c->max_total - total) m = c->max_total - total;
+            k[i] = m;
+            total += m;
+        }
+        return total;
+    }
+    if (!c->draft_model) return choose_greedy(c, n, alpha, avail, c->k_max, c0 + c1 * n, c1, k, &rate);
+    return choose_draft(c, n, alpha, avail, c0, c1, k);
 }
 
 /* ---- speculative sampling ------------------------------------------------------------ */

@@ -215,6 +215,17 @@ static void test_spec_draft_controller(void **state) {
     for (int i = 0; i < SPEC_PROBE_EVERY; i++) drafted16 += spec_choose(&p, 16, hi, av, k);
     assert_int_equal(drafted1, SPEC_PROBE_TOKENS);
     assert_int_equal(drafted16, 16);
+    /* No probes while a draft pass costs more than its drafts could gain even
+     * if verifying were free; probes again once it is cheap. */
+    spec_ctl np = {.k_max = 8, .max_total = 256, .draft_model = true};
+    for (int i = 0; i < 20; i++) spec_cost_observe(&np.cost, 1, 0.010); /* one size: no fit */
+    fit_of(&np.draft, 0.010, 0.001);
+    int probed = 0;
+    for (int i = 0; i < 2 * SPEC_PROBE_EVERY; i++) probed += spec_choose(&np, 1, hi, av, k);
+    assert_int_equal(probed, 0);
+    fit_of(&np.draft, 0.001, 0.0001);
+    for (int i = 0; i < 2 * SPEC_PROBE_EVERY; i++) probed += spec_choose(&np, 1, hi, av, k);
+    assert_int_equal(probed, 2 * SPEC_PROBE_TOKENS);
 }
 
 /* ---- the draft KV after a rejection ------------------------------------------------------- */
