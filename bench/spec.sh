@@ -16,7 +16,8 @@
 #       q4_0 throughout, output layer included) on the free text at batch 1,
 #       greedy and at temperature 1, with the draft's TPOT run alone over
 #       the target's (its cost per token).
-#   (d) the same at batch 16 and 32 (verses 1-16, and 1-16 twice), temperature 1.
+#   (d) the same at batch 16 and 32 (verses 1-16, and 1-16 twice), greedy
+#       and at temperature 1.
 # Every case runs RUNS times (default 5), the two configurations alternating,
 # and reports medians; extra arguments go to every `tokamak run`.
 # Environment: RUNS, THREADS (default 0: every core), SPEC_K (default 8),
@@ -119,5 +120,7 @@ if want c || want d; then
 fi
 ! want c || bench "(c) free text, batch 1, greedy" draft --prompts "$dir/free1.txt" -n 200 --ignore-eos "$@"
 ! want c || bench "(c) free text, batch 1, temp 1" draft --prompts "$dir/free1.txt" -n 200 --ignore-eos --temp 1 --seed 7 "$@"
+! want d || bench "(d) free text, batch 16, greedy" draft --prompts "$dir/free16.txt" -n 100 --ignore-eos "$@"
+! want d || bench "(d) free text, batch 32, greedy" draft --prompts "$dir/free32.txt" -n 100 --ignore-eos "$@"
 ! want d || bench "(d) free text, batch 16, temp 1" draft --prompts "$dir/free16.txt" -n 100 --ignore-eos --temp 1 --seed 7 "$@"
 ! want d || bench "(d) free text, batch 32, temp 1" draft --prompts "$dir/free32.txt" -n 100 --ignore-eos --temp 1 --seed 7 "$@"

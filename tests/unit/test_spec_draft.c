@@ -246,10 +246,8 @@ static void test_spec_draft_kv_after_rejection(void **state) {
     struct {
         tk_kv_type t;
         tk_kv_scale s;
-    } kinds[] = {{TK_KV_F32, TK_KV_SCALE_HEAD},
-                 {TK_KV_F16, TK_KV_SCALE_HEAD},
-                 {TK_KV_INT8, TK_KV_SCALE_HEAD},
-                 {TK_KV_INT8, TK_KV_SCALE_TOKEN}};
+    } kinds[] = {
+        {TK_KV_F16, TK_KV_SCALE_HEAD}, {TK_KV_INT8, TK_KV_SCALE_HEAD}, {TK_KV_INT8, TK_KV_SCALE_TOKEN}};
     enum { NP = 16, NMAX = 31 };
     float *kv[4];
     for (int i = 0; i < 4; i++) kv[i] = tk_calloc((size_t)kvd, sizeof(float));
