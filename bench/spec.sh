@@ -120,7 +120,7 @@ if want c || want d; then
 fi
 ! want c || bench "(c) free text, batch 1, greedy" draft --prompts "$dir/free1.txt" -n 200 --ignore-eos "$@"
 ! want c || bench "(c) free text, batch 1, temp 1" draft --prompts "$dir/free1.txt" -n 200 --ignore-eos --temp 1 --seed 7 "$@"
-! want d || bench "(d) free text, batch 16, greedy" draft --prompts "$dir/free16.txt" -n 100 --ignore-eos "$@"
-! want d || bench "(d) free text, batch 32, greedy" draft --prompts "$dir/free32.txt" -n 100 --ignore-eos "$@"
+! want d || bench "(d) free text, batch 16, greedy" draft --prompts "$dir/free16.txt" -n 300 --ignore-eos "$@"
+! want d || bench "(d) free text, batch 32, greedy" draft --prompts "$dir/free32.txt" -n 300 --ignore-eos "$@"
 ! want d || bench "(d) free text, batch 16, temp 1" draft --prompts "$dir/free16.txt" -n 100 --ignore-eos --temp 1 --seed 7 "$@"
 ! want d || bench "(d) free text, batch 32, temp 1" draft --prompts "$dir/free32.txt" -n 100 --ignore-eos --temp 1 --seed 7 "$@"

@@ -59,9 +59,9 @@ void drafter_seq_release(drafter *d, draft_seq *ds);
 /* Release and free the table and sampler. */
 void drafter_seq_free(drafter *d, draft_seq *ds);
 
-/* Run the draft passes for jobs[0, n) (k == 0 ones are skipped). Pass times
- * are folded into cost (per sequence of the pass) when the pass drafts for
- * every sequence it feeds. Returns the seconds spent; on a backend failure
+/* Run the draft passes for jobs[0, n) (k == 0 ones are skipped). Every
+ * pass's time (catch-up and sampling included) is folded into cost over the
+ * sequences it drafts for. Returns the seconds spent; on a backend failure
  * every job's k is 0 and the draft KV of the jobs is dropped. */
 double drafter_run(drafter *d, draft_job *jobs, int n, spec_cost *cost);
 

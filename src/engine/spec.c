@@ -135,7 +135,9 @@ int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *
     int total = 0;
     double c0, c1, rate;
     if (!spec_cost_fit(&c->cost, &c0, &c1)) {
-        /* Probe: some steps with drafts, so the fit sees steps of other sizes. */
+        /* Probe: some steps with drafts, so the fit sees steps of other sizes.
+         * A draft model's probe adds SPEC_PROBE_TOKENS drafts: the fewest a
+         * sequence (3 at batch 1, one each from 3 sequences from batch 3 up). */
         if (call % SPEC_PROBE_EVERY != SPEC_PROBE_EVERY - 1) return 0;
         int k_probe = c->k_max;
         if (c->draft_model) {
@@ -148,6 +150,17 @@ int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *
             for (int i = 0; i < n; i++) k[i] = 0;
             k_probe = (SPEC_PROBE_TOKENS + n - 1) / n;
             if (k_probe > c->k_max) k_probe = c->k_max;
+            /* Only as many sequences as that takes, in turn from probe to probe. */
+            int first = (int)((call / SPEC_PROBE_EVERY) * SPEC_PROBE_TOKENS % (uint64_t)n);
+            for (int j = 0; j < n && total < SPEC_PROBE_TOKENS && total < c->max_total; j++) {
+                int i = (first + j) % n;
+                if (alpha[i] < SPEC_PROBE_ALPHA) continue;
+                int m = avail[i] < k_probe ? avail[i] : k_probe;
+                if (m > c->max_total - total) m = c->max_total - total;
+                k[i] = m;
+                total += m;
+            }
+            return total;
         }
         for (int i = 0; i < n && total < c->max_total; i++) {
             if (alpha[i] < SPEC_PROBE_ALPHA) continue;

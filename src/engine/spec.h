@@ -90,7 +90,8 @@ typedef struct spec_ctl {
 /* Choose k[i] in [0, avail[i]] for n decoding sequences with acceptance
  * estimates alpha[i] (avail[i]: drafts on offer, at most k_max). Returns the
  * total drafts chosen. With a draft model every draft also costs its share
- * of the draft passes; probes verify one draft a sequence. */
+ * of the draft passes; its probes add SPEC_PROBE_TOKENS drafts, and none
+ * while drafts could not pay even if verifying them were free. */
 int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *k);
 
 /* ---- speculative sampling ------------------------------------------------------------ */
