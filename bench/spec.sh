@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Speculative decoding (n-gram prompt lookup) on the trained reference model.
+# Speculative decoding (n-gram prompt lookup, a draft model) on the trained
+# reference model.
 #   bench/spec.sh TOKAMAK_BINARY MODEL [run options]
 # MODEL: the reference model (docs/reference-model.md), e.g.
 # build/refmodel/qwen3-kjv-q8_0.gguf; its held-out text is Genesis 13, taken
@@ -11,9 +12,16 @@
 #   (b) free text: verses 1.. of the passage as prompts (one each), sampled
 #       at temperature 1 (acceptance is low); 200 tokens at batch 1 and 16.
 #       Output tokens/s with and without speculation.
+#   (c) the draft model (--draft-model; DRAFT, default MODEL quantized to
+#       q4_0 throughout, output layer included) on the free text at batch 1,
+#       greedy and at temperature 1, with the draft's TPOT run alone over
+#       the target's (its cost per token).
+#   (d) the same at batch 16 and 32 (verses 1-16, and 1-16 twice), greedy
+#       and at temperature 1.
 # Every case runs RUNS times (default 5), the two configurations alternating,
 # and reports medians; extra arguments go to every `tokamak run`.
-# Environment: RUNS, THREADS (default 0: every core), SPEC_K (default 8).
+# Environment: RUNS, THREADS (default 0: every core), SPEC_K (default 8),
+# DRAFT (a draft model file), CASES (default "a b c d").
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 TOKAMAK_BINARY MODEL [run options]" >&2
@@ -37,27 +45,41 @@ copy="${ids[*]:0:400} ${ids[*]:0:20}"
 verses | head -16 >"$dir/free16.txt"
 head -1 "$dir/free16.txt" >"$dir/free1.txt"
 
-# one CASE SPEC ARGS...: prints "tpot tok_s drafted accepted" of one run
+cases=${CASES:-a b c d}
+want() { [[ " $cases " == *" $1 "* ]]; }
+draft=${DRAFT:-}
+if { want c || want d; } && [ -z "$draft" ]; then
+  draft="$dir/draft-q4_0.gguf"
+  "$bin" quantize -i "$model" -o "$draft" --type q4_0 --keep none -q >/dev/null 2>"$dir/err" ||
+    { cat "$dir/err" >&2; exit 1; }
+fi
+for ((i = 0; i < 2; i++)); do cat "$dir/free16.txt"; done >"$dir/free32.txt"
+
+# one SPEC ARGS...: prints "tpot tok_s drafted accepted draft_share" of one run
+# (SPEC draft: the draft model)
 one() {
   local spec=$1
   shift
-  "$bin" run -m "$model" --threads "${THREADS:-0}" --spec "$spec" --spec-k "${SPEC_K:-8}" -q "$@" \
+  local extra=()
+  [ "$spec" != draft ] || extra=(--draft-model "$draft")
+  "$bin" run -m "$model" --threads "${THREADS:-0}" --spec "$spec" "${extra[@]}" --spec-k "${SPEC_K:-8}" -q "$@" \
     2>"$dir/err" >/dev/null || { cat "$dir/err" >&2; exit 1; }
   awk '/^requests /{for(i=1;i<=NF;i++){if($i=="TPOT")t=$(i+1); if($i=="output"){s=$(i+3); gsub(/\(/,"",s)}}}
-       /^speculation ngram:/{d=$3; a=$5}
-       END{printf "%s %s %s %s\n", t, s, d+0, a+0}' "$dir/err"
+       /^speculation (ngram|draft):/{d=$3; a=$5}
+       /^draft model:/{sh=$6; gsub(/%/,"",sh)}
+       END{printf "%s %s %s %s %s\n", t, s, d+0, a+0, sh+0}' "$dir/err"
 }
 
 median() { sort -g | awk '{v[NR]=$1} END{print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 
-# bench NAME ARGS...: RUNS alternating runs of off and ngram; a table row
+# bench NAME SPEC ARGS...: RUNS alternating runs of off and SPEC; a table row
 bench() {
-  local name=$1
-  shift
+  local name=$1 spec=$2
+  shift 2
   : >"$dir/off" && : >"$dir/on"
   for ((r = 0; r < runs; r++)); do
     one off "$@" >>"$dir/off"
-    one ngram "$@" >>"$dir/on"
+    one "$spec" "$@" >>"$dir/on"
   done
   local t0 t1 s0 s1 d a
   t0=$(cut -d' ' -f1 "$dir/off" | median)
@@ -73,8 +95,32 @@ bench() {
 
 echo "model: $model, $runs runs each (medians), threads ${THREADS:-0}, spec-k ${SPEC_K:-8}"
 echo
-echo "| case | TPOT off (ms) | TPOT ngram (ms) | TPOT off/ngram | tok/s off | tok/s ngram | tok/s ngram/off | drafted (all runs) | accepted |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-bench "(a) copy, batch 1, greedy" --tokens "$copy" --parallel 1 -n 300 --ignore-eos "$@"
-bench "(b) free text, batch 1, temp 1" --prompts "$dir/free1.txt" -n 200 --ignore-eos --temp 1 --seed 7 "$@"
-bench "(b) free text, batch 16, temp 1" --prompts "$dir/free16.txt" -n 200 --ignore-eos --temp 1 --seed 7 "$@"
+if want a || want b; then
+  echo "| case | TPOT off (ms) | TPOT ngram (ms) | TPOT off/ngram | tok/s off | tok/s ngram | tok/s ngram/off | drafted (all runs) | accepted |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+fi
+! want a || bench "(a) copy, batch 1, greedy" ngram --tokens "$copy" --parallel 1 -n 300 --ignore-eos "$@"
+! want b || bench "(b) free text, batch 1, temp 1" ngram --prompts "$dir/free1.txt" -n 200 --ignore-eos --temp 1 --seed 7 "$@"
+! want b || bench "(b) free text, batch 16, temp 1" ngram --prompts "$dir/free16.txt" -n 200 --ignore-eos --temp 1 --seed 7 "$@"
+if want c || want d; then
+  echo
+  echo "draft model: $draft"
+  # The draft's cost per token: its TPOT run alone over the target's, batch 1, greedy.
+  : >"$dir/tt" && : >"$dir/td"
+  for ((r = 0; r < runs; r++)); do
+    one off --prompts "$dir/free1.txt" -n 200 --ignore-eos "$@" | cut -d' ' -f1 >>"$dir/tt"
+    m=$model model=$draft
+    one off --prompts "$dir/free1.txt" -n 200 --ignore-eos "$@" | cut -d' ' -f1 >>"$dir/td"
+    model=$m
+  done
+  awk -v t="$(median <"$dir/tt")" -v d="$(median <"$dir/td")" \
+    'BEGIN{printf "draft alone: TPOT %.2f ms, target alone %.2f ms: the draft costs %.2fx the target per token\n\n", d, t, d/t}'
+  echo "| case | TPOT off (ms) | TPOT draft (ms) | TPOT off/draft | tok/s off | tok/s draft | tok/s draft/off | drafted (all runs) | accepted |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+fi
+! want c || bench "(c) free text, batch 1, greedy" draft --prompts "$dir/free1.txt" -n 200 --ignore-eos "$@"
+! want c || bench "(c) free text, batch 1, temp 1" draft --prompts "$dir/free1.txt" -n 200 --ignore-eos --temp 1 --seed 7 "$@"
+! want d || bench "(d) free text, batch 16, greedy" draft --prompts "$dir/free16.txt" -n 300 --ignore-eos "$@"
+! want d || bench "(d) free text, batch 32, greedy" draft --prompts "$dir/free32.txt" -n 300 --ignore-eos "$@"
+! want d || bench "(d) free text, batch 16, temp 1" draft --prompts "$dir/free16.txt" -n 100 --ignore-eos --temp 1 --seed 7 "$@"
+! want d || bench "(d) free text, batch 32, temp 1" draft --prompts "$dir/free32.txt" -n 100 --ignore-eos --temp 1 --seed 7 "$@"

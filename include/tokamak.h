@@ -166,38 +166,41 @@ typedef enum tk_kv_type { TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8 } tk_kv_t
 typedef enum tk_kv_scale { TK_KV_SCALE_HEAD, TK_KV_SCALE_TOKEN } tk_kv_scale;
 
 /* Speculative decoding (docs/engine.md, "Speculative decoding"). */
-typedef enum tk_spec_mode { TK_SPEC_OFF, TK_SPEC_NGRAM } tk_spec_mode;
+typedef enum tk_spec_mode { TK_SPEC_OFF, TK_SPEC_NGRAM, TK_SPEC_DRAFT } tk_spec_mode;
 
 typedef struct tk_engine_opts {
-    int n_threads;        /* 0: one per online core */
-    bool pin_threads;     /* pin pool threads to cores */
-    const char *cpus;     /* "0-3,8": thread i runs on the list's CPU i (cycling); NULL: see
-                           * pin_threads. With n_threads 0, one thread per listed CPU.
-                           * Read at create only. */
-    bool numa;            /* interleave weights, KV and buffers over the NUMA nodes of the
-                           * threads' CPUs (libnuma; says so and does nothing on one node) */
-    int ctx;              /* max context per sequence (default 4096) */
-    int max_seqs;         /* sizes the pool when kv_mem is 0 (default max_batch) */
-    size_t kv_mem;        /* KV pool bytes (0: max_seqs * ctx) */
-    int block_size;       /* 16/32/64/128/256 (default 128) */
-    tk_kv_type kv_type;   /* default f16 */
-    tk_kv_scale kv_scale; /* for int8 (default per head) */
-    int max_batch;        /* running sequences (default 32) */
-    int step_tokens;      /* fixed token budget of one step; 0 = time-based (see docs) */
-    double step_ms;       /* target step time in ms for the time-based budget; 0 = automatic
-                           * (2 x the step's decode time, at most 1 s). With step_ms > 0 a
-                           * non-zero step_tokens is the cap instead of a fixed budget. */
-    bool no_chunking;     /* prefill a whole prompt in one step (for comparison) */
-    bool unfused;         /* run the unfused reference stages (ablation) */
-    bool static_batching; /* a batch starts together and waits for its slowest */
-    int max_queue;        /* waiting requests before submit says FULL (default 1024) */
-    bool no_prefix_cache; /* do not share the KV of full blocks by content (the prefix
-                           * cache, docs/engine.md; on by default) */
-    tk_spec_mode spec;    /* drafter: off (default) or n-gram prompt lookup */
-    int spec_k;           /* most draft tokens a sequence verifies in a step (0: default 8); the
-                           * engine chooses 0..spec_k per sequence and step */
-    int spec_ngram;       /* n-gram length the drafter matches (0: default 3; shorter down to 2 when
-                           * the longest has no match) */
+    int n_threads;           /* 0: one per online core */
+    bool pin_threads;        /* pin pool threads to cores */
+    const char *cpus;        /* "0-3,8": thread i runs on the list's CPU i (cycling); NULL: see
+                              * pin_threads. With n_threads 0, one thread per listed CPU.
+                              * Read at create only. */
+    bool numa;               /* interleave weights, KV and buffers over the NUMA nodes of the
+                              * threads' CPUs (libnuma; says so and does nothing on one node) */
+    int ctx;                 /* max context per sequence (default 4096) */
+    int max_seqs;            /* sizes the pool when kv_mem is 0 (default max_batch) */
+    size_t kv_mem;           /* KV pool bytes (0: max_seqs * ctx) */
+    int block_size;          /* 16/32/64/128/256 (default 128) */
+    tk_kv_type kv_type;      /* default f16 */
+    tk_kv_scale kv_scale;    /* for int8 (default per head) */
+    int max_batch;           /* running sequences (default 32) */
+    int step_tokens;         /* fixed token budget of one step; 0 = time-based (see docs) */
+    double step_ms;          /* target step time in ms for the time-based budget; 0 = automatic
+                              * (2 x the step's decode time, at most 1 s). With step_ms > 0 a
+                              * non-zero step_tokens is the cap instead of a fixed budget. */
+    bool no_chunking;        /* prefill a whole prompt in one step (for comparison) */
+    bool unfused;            /* run the unfused reference stages (ablation) */
+    bool static_batching;    /* a batch starts together and waits for its slowest */
+    int max_queue;           /* waiting requests before submit says FULL (default 1024) */
+    bool no_prefix_cache;    /* do not share the KV of full blocks by content (the prefix
+                              * cache, docs/engine.md; on by default) */
+    tk_spec_mode spec;       /* drafter: off (default), n-gram prompt lookup, or the draft model */
+    int spec_k;              /* most draft tokens a sequence verifies in a step (0: default 8); the
+                              * engine chooses 0..spec_k per sequence and step */
+    int spec_ngram;          /* n-gram length the drafter matches (0: default 3; shorter down to 2 when
+                              * the longest has no match) */
+    const char *draft_model; /* a GGUF file or Hugging Face directory of a model with the same
+                              * tokenizer, opened at create to draft (spec draft; with spec off
+                              * it turns spec draft on). Read at create only. */
 } tk_engine_opts;
 
 void tk_engine_opts_default(tk_engine_opts *o);
@@ -341,6 +344,12 @@ typedef struct tk_engine_stats {
     uint64_t spec_decodes, spec_verifies, spec_drafted, spec_accepted;
     int spec_k_last;
     double spec_step_ms_base, spec_step_ms_per_token;
+    /* The draft model (spec draft): seconds its passes took and seconds of the
+     * decode turns they ran in (drafting included; the draft's share of a
+     * speculating decode is their ratio), and the fitted cost of one draft
+     * pass (ms = base + per_seq x sequences drafting; 0 until measured). */
+    double spec_draft_seconds, spec_turn_seconds;
+    double spec_draft_ms_base, spec_draft_ms_per_seq;
 } tk_engine_stats;
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);

@@ -176,11 +176,19 @@ static const cli_opt SCHED_ROWS[] = {
      .arg = "MODE",
      .help = "speculative decoding: ngram (prompt lookup drafts, verified in the decode step; the\n"
              "engine picks 0..--spec-k drafts per sequence and step from measured acceptance and\n"
-             "step cost) or off (default)",
+             "step cost), draft (a draft model's drafts: --draft-model, which implies it) or off\n"
+             "(default)",
      .kind = CLI_ENUM,
      .dest = CLI_D_ENGINE,
      .off = offsetof(tk_engine_opts, spec),
      .names = &NAMES_SPEC},
+    {.name = "--draft-model",
+     .arg = "MODEL",
+     .help = "a smaller model with the same tokenizer that drafts for --spec draft (GGUF or\n"
+             "Hugging Face directory; its own KV cache, the same threads)",
+     .kind = CLI_STR,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, draft_model)},
     {.name = "--spec-k",
      .arg = "N",
      .help = "most draft tokens a sequence verifies in one step (default 8)",

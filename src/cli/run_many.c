@@ -322,8 +322,14 @@ int run_many(const cli_opts *o, const run_args *a) {
                 es.spec_drafted ? 100.0 * (double)es.spec_accepted / (double)es.spec_drafted : 0.0,
                 (unsigned long long)es.spec_verifies, (unsigned long long)es.spec_decodes, es.spec_k,
                 es.spec_step_ms_base, es.spec_step_ms_per_token);
-    else
-        fprintf(stderr, "speculation: off\n");
+    if (es.spec == TK_SPEC_DRAFT)
+        fprintf(stderr,
+                "draft model: %.3f s drafting, %.1f%% of the speculating decode steps, pass cost %.3f ms + "
+                "%.3f ms/sequence\n",
+                es.spec_draft_seconds,
+                es.spec_turn_seconds > 0 ? 100.0 * es.spec_draft_seconds / es.spec_turn_seconds : 0.0,
+                es.spec_draft_ms_base, es.spec_draft_ms_per_seq);
+    if (es.spec == TK_SPEC_OFF) fprintf(stderr, "speculation: off\n");
     rc = any_error ? 1 : 0;
 done:
     tk_engine_free(e);

@@ -110,8 +110,9 @@ static const cli_cmd RUN_CMD = {
 
 /* Engine rows that only schedule many sequences. */
 static const char *const MANY_ONLY[] = {
-    "--kv-mem",      "--max-batch", "--max-seqs", "--step-tokens",     "--step-ms",
-    "--no-chunking", "--stop",      "--quiet",    "--no-prefix-cache", "--static-batching"};
+    "--kv-mem",      "--max-batch", "--max-seqs",   "--step-tokens",     "--step-ms",
+    "--no-chunking", "--stop",      "--quiet",      "--no-prefix-cache", "--static-batching",
+    "--spec",        "--spec-k",    "--spec-ngram", "--draft-model"};
 
 int run_parse(int argc, char **argv, cli_opts *o, run_args *a) {
     memset(a, 0, sizeof *a);

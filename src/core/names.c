@@ -24,6 +24,7 @@ const names_table NAMES_KV_SCALE = {"KV scale", ROWS(KV_SCALE), NULL};
 static const names_row SPEC[] = {
     {"off", TK_SPEC_OFF},
     {"ngram", TK_SPEC_NGRAM},
+    {"draft", TK_SPEC_DRAFT},
 };
 const names_table NAMES_SPEC = {"speculation mode", ROWS(SPEC), NULL};
 

@@ -24,7 +24,7 @@ typedef struct names_table {
 
 extern const names_table NAMES_KV_TYPE;  /* tk_kv_type: f32 f16 bf16 int8 */
 extern const names_table NAMES_KV_SCALE; /* tk_kv_scale: head token */
-extern const names_table NAMES_SPEC;     /* tk_spec_mode: off ngram */
+extern const names_table NAMES_SPEC;     /* tk_spec_mode: off ngram draft */
 extern const names_table NAMES_FINISH;   /* tk_finish: none stop length cancelled error */
 extern const names_table NAMES_WEIGHTS;  /* tk_weight_type (tk_model_opts.repack), from tk_weight_type_name */
 

@@ -16,6 +16,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/draft.h"
 #include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
@@ -48,6 +49,8 @@ typedef struct eng_req {
     tk_request_times times;
     double spec_alpha;     /* acceptance estimate (spec.h) */
     int32_t spec_first;    /* the first draft on offer this step (-1: none), scored when not verified */
+    draft_seq ds;          /* the draft model's KV of this sequence (spec draft) */
+    const float *draft_q;  /* (drafts this step, n_vocab) the draft's distributions; NULL: none */
     bool in_sched, cancel; /* cancel: under the engine mutex */
     struct eng_req *lprev, *lnext; /* live list (under the mutex) */
     struct eng_req *inext;         /* inbox (under the mutex) */
@@ -87,9 +90,15 @@ struct tk_engine {
     int *sp_avail, *sp_k;
     uint64_t sp_decodes, sp_verifies, sp_drafted, sp_accepted;
     int sp_k_last;
-    bool sp_force; /* tests: verify every draft on offer (engine_set_spec_force) */
-    char *tbuf;    /* (tok bound) detokenized bytes of one token */
-    char *obuf;    /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
+    bool sp_force;                /* tests: verify every draft on offer (engine_set_spec_force) */
+    drafter *dr;                  /* the draft model (spec draft), else NULL */
+    draft_job *sp_jobs;           /* (max_batch) */
+    float *dq;                    /* (max_draft, n_vocab) the draft's distributions of this step's drafts */
+    int dq_rows;                  /* max_draft */
+    float *pbuf;                  /* (n_vocab) the target's distribution at one position */
+    double sp_draft_s, sp_turn_s; /* seconds in draft passes, and in the turns that ran them or decoded */
+    char *tbuf;                   /* (tok bound) detokenized bytes of one token */
+    char *obuf;                   /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
     size_t tbound;
 };
 
@@ -134,6 +143,7 @@ void engine_default_budget(sched_budget_opts *b) {
 static void req_free(eng_req *q) {
     if (!q) return;
     tk_free(q->tokens);
+    drafter_seq_free(NULL, &q->ds); /* its blocks went back at finish */
     tk_free(q->bias);
     sampler_free(q->sampler);
     for (int i = 0; i < q->n_stops; i++) tk_free(q->stops[i]);
@@ -172,6 +182,7 @@ static size_t req_flush_text(tk_engine *e, eng_req *q, char *buf) {
 /* The one place a request ends: blocks back, live list left, one callback. */
 static void req_finish(tk_engine *e, eng_req *q, tk_finish reason, const char *message) {
     if (q->in_sched) sched_remove(e->sc, &q->seq);
+    drafter_seq_release(e->dr, &q->ds);
     q->in_sched = false;
     /* After a stop-string match the matcher releases nothing more: "" here. */
     size_t tl = reason == TK_FINISH_ERROR ? 0 : req_flush_text(e, q, e->obuf);
@@ -280,8 +291,12 @@ static tk_status req_build(tk_engine *e, const tk_request *r, eng_req **out) {
     q->user = r->user;
     q->seq.tokens = q->tokens;
     q->seq.n_tokens = r->n_prompt;
-    q->spec_alpha = SPEC_ALPHA_PRIOR;
+    q->spec_alpha = e->dr ? SPEC_ALPHA_PRIOR_DRAFT : SPEC_ALPHA_PRIOR;
     q->spec_first = -1;
+    if (e->dr) {
+        st = drafter_seq_init(e->dr, &q->ds);
+        if (st != TK_OK) goto fail;
+    }
     q->times.n_prompt = r->n_prompt;
     *out = q;
     return TK_OK;
@@ -402,24 +417,56 @@ static bool req_accept_token(tk_engine *e, eng_req *q, int32_t tok, tk_token_eve
 
 /* ---- speculative decoding ------------------------------------------------------ */
 
+/* The draft model drafts what the controller chose (sp_k) for the sp_req;
+ * sp_k becomes what it made. Returns the seconds it took. */
+static double draft_make(tk_engine *e, int n) {
+    const size_t V = (size_t)e->be.n_vocab;
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        eng_req *q = e->sp_req[i];
+        draft_job *jb = &e->sp_jobs[i];
+        int k = e->sp_k[i];
+        bool sample = q->sampling.temperature > 0;
+        if (sample && k > e->dq_rows - row) k = e->dq_rows - row; /* rows for the draft's distributions */
+        *jb = (draft_job){.ds = &q->ds,
+                          .tokens = q->tokens,
+                          .n_tokens = q->seq.n_tokens,
+                          .n_prompt = q->n_prompt,
+                          .sampling = &q->sampling,
+                          .k = k,
+                          .q = sample ? e->dq + (size_t)row * V : NULL};
+        if (sample) row += k;
+    }
+    double dt = drafter_run(e->dr, e->sp_jobs, n, &e->spec.draft);
+    for (int i = 0; i < n; i++) {
+        e->sp_k[i] = e->sp_jobs[i].k;
+        e->sp_req[i]->draft_q = e->sp_jobs[i].q;
+    }
+    return dt;
+}
+
 /* Before planning: every running decode drafts what it can, the controller
- * chooses how many of them each verifies (sched_seq.n_draft). */
-static void spec_prepare(tk_engine *e) {
+ * chooses how many of them each verifies (sched_seq.n_draft). With the draft
+ * model the drafts on offer are the room left, and are made after the choice.
+ * Returns the seconds the draft model took. */
+static double spec_prepare(tk_engine *e) {
     int n = 0;
     for (sched_seq *s = sched_running(e->sc); s && n < e->o.max_batch; s = s->next) {
         eng_req *q = (eng_req *)s;
         q->spec_first = -1;
+        q->draft_q = NULL;
         if (s->n_tokens - s->n_computed != 1) continue;
         int room = e->o.spec_k;
         if (room > q->cap - s->n_tokens) room = q->cap - s->n_tokens;
         if (room > e->o.ctx - s->n_tokens) room = e->o.ctx - s->n_tokens;
         if (q->max_tokens > 0 && room > q->max_tokens - q->n_output - 1)
             room = q->max_tokens - q->n_output - 1;
-        int m = room > 0
-                    ? spec_ngram_draft(q->tokens, s->n_tokens, e->o.spec_ngram, room, q->tokens + s->n_tokens)
-                    : 0;
+        int m = room <= 0 ? 0
+                : e->dr   ? room
+                          : spec_ngram_draft(q->tokens, s->n_tokens, e->o.spec_ngram, room,
+                                             q->tokens + s->n_tokens);
         if (m == 0) continue;
-        q->spec_first = q->tokens[s->n_tokens];
+        if (!e->dr) q->spec_first = q->tokens[s->n_tokens];
         e->sp_req[n] = q;
         e->sp_alpha[n] = q->spec_alpha;
         e->sp_avail[n] = m;
@@ -430,9 +477,33 @@ static void spec_prepare(tk_engine *e) {
         total = 0;
         for (int i = 0; i < n; i++) total += e->sp_k[i] = e->sp_avail[i];
     }
+    double dt = 0;
+    if (e->dr && total > 0) {
+        dt = draft_make(e, n);
+        total = 0;
+        for (int i = 0; i < n; i++) total += e->sp_k[i];
+    }
     for (int i = 0; i < n; i++) e->sp_req[i]->seq.n_draft = e->sp_k[i];
     e->sp_decodes += (uint64_t)n;
     e->sp_k_last = total;
+    return dt;
+}
+
+/* Speculative sampling of draft j at row lg (spec_verify_token): the target's
+ * distribution against the draft's, the accept test and the residual drawn
+ * from the request's seeded stream. */
+static int32_t verify_sampled(tk_engine *e, eng_req *q, int j, int32_t draft, float *lg, tk_token_event *ev) {
+    const int V = e->be.n_vocab;
+    float lse;
+    int32_t tok = sampler_dist(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, e->pbuf, &lse);
+    uint64_t draw = sampler_next_draw(q->sampler);
+    if (tok < 0) return -1;
+    bool acc;
+    tok = spec_verify_token(e->pbuf, q->draft_q + (size_t)j * (size_t)V, V, draft,
+                            sampler_uniform(q->sampling.seed ^ SPEC_SALT_ACCEPT, draw),
+                            sampler_uniform(q->sampling.seed, draw), &acc);
+    if (tok >= 0) sampler_event(q->sampler, lg, lse, tok, ev);
+    return tok;
 }
 
 /* Sample an item's rows (1 + n_draft) and take the tokens; returns how many
@@ -440,8 +511,12 @@ static void spec_prepare(tk_engine *e) {
  * draft is kept while it equals the token sampled at its position, and the
  * first token that differs (or the one after the last draft) ends the run.
  * Each row is sampled exactly as a plain decode of that position would be, so
- * the output is the same. The KV past the last kept position is dropped
- * (sched_spec_settle). */
+ * the output is the same. A draft model's drafts under temperature sampling
+ * are verified by speculative sampling instead (verify_sampled): the token
+ * at a draft's position is the draft when accepted, else a draw from the
+ * residual, so it differs from the draft exactly when the draft is rejected.
+ * The KV past the last kept position is dropped (sched_spec_settle, and
+ * drafter_settle for the draft model's). */
 static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *logits) {
     const int V = e->be.n_vocab, nd = it->n_draft;
     int a = 0, sampled = 0;
@@ -450,7 +525,9 @@ static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *lo
         int32_t draft = j < nd ? q->tokens[it->pos0 + 1 + j] : -1;
         tk_token_event ev;
         memset(&ev, 0, sizeof ev);
-        int32_t tok = sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
+        int32_t tok = j < nd && q->draft_q
+                          ? verify_sampled(e, q, j, draft, lg, &ev)
+                          : sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
         ev.t = tk_now_s();
         if (tok < 0) {
             req_finish(e, q, TK_FINISH_ERROR, "sampler: no token has a finite logit");
@@ -469,6 +546,7 @@ static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *lo
         if (!keep) break;
     }
     if (nd > 0) sched_spec_settle(e->sc, &q->seq, it->pos0 + 1 + a);
+    drafter_settle(e->dr, &q->ds, it->pos0 + 1 + a);
     return sampled;
 }
 
@@ -515,12 +593,18 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
         s->spec_step_ms_base = c0 * 1e3;
         s->spec_step_ms_per_token = c1 * 1e3;
     }
+    s->spec_draft_seconds = e->sp_draft_s;
+    s->spec_turn_seconds = e->sp_turn_s;
+    if (e->dr && spec_cost_price(&e->spec.draft, &c0, &c1)) {
+        s->spec_draft_ms_base = c0 * 1e3;
+        s->spec_draft_ms_per_seq = c1 * 1e3;
+    }
     pthread_mutex_unlock(&e->stats_mu);
 }
 
 static void run_step(tk_engine *e) {
-    double t_turn = tk_now_s();
-    if (e->o.spec != TK_SPEC_OFF) spec_prepare(e);
+    double t_turn = tk_now_s(), t_draft = 0;
+    if (e->o.spec != TK_SPEC_OFF) t_draft = spec_prepare(e);
     const sched_plan *p = sched_plan_step(e->sc);
     if (p->n_items == 0) {
         publish_stats(e, NULL, 0, 0, 0);
@@ -593,8 +677,12 @@ static void run_step(tk_engine *e) {
      * only the plan's counts; finished requests are already gone. */
     double t_end = tk_now_s();
     sched_observe(e->sc, p, t_end - t_turn);
-    if (e->o.spec != TK_SPEC_OFF && p->n_tok == p->n_decode + p->n_draft)
-        spec_cost_observe(&e->spec.cost, p->n_tok, t_end - t_turn);
+    /* The target's step cost leaves the draft passes out: they are priced apart. */
+    if (e->o.spec != TK_SPEC_OFF && p->n_tok == p->n_decode + p->n_draft) {
+        spec_cost_observe(&e->spec.cost, p->n_tok, t_end - t_turn - t_draft);
+        e->sp_turn_s += t_end - t_turn;
+        e->sp_draft_s += t_draft;
+    }
     publish_stats(e, p, t1 - t0, prompt_tok, out_tok);
 }
 
@@ -685,6 +773,10 @@ static tk_status be_sched_cow(void *c, int32_t *bt, int j) {
     tk_engine *e = c;
     return backend_block_cow(&e->be, bt, j);
 }
+static void be_sched_preempted(void *c, sched_seq *seq) {
+    tk_engine *e = c;
+    drafter_seq_release(e->dr, &((eng_req *)seq)->ds);
+}
 
 static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
     tk_engine_opts d;
@@ -712,8 +804,15 @@ static tk_status resolve_opts(const tk_engine_opts *in, tk_engine_opts *o) {
         return tk_fail(TK_ERR_INVALID, "engine: unknown kv_type %d", (int)o->kv_type);
     if ((unsigned)o->kv_scale > TK_KV_SCALE_TOKEN)
         return tk_fail(TK_ERR_INVALID, "engine: unknown kv_scale %d", (int)o->kv_scale);
-    if ((unsigned)o->spec > TK_SPEC_NGRAM)
+    if ((unsigned)o->spec > TK_SPEC_DRAFT)
         return tk_fail(TK_ERR_INVALID, "engine: unknown spec mode %d", (int)o->spec);
+    if (o->draft_model && !*o->draft_model) o->draft_model = NULL;
+    if (o->draft_model && o->spec == TK_SPEC_OFF) o->spec = TK_SPEC_DRAFT;
+    if (o->spec == TK_SPEC_DRAFT && !o->draft_model)
+        return tk_fail(TK_ERR_INVALID, "engine: spec draft needs a draft model (draft_model)");
+    if (o->draft_model && o->spec != TK_SPEC_DRAFT)
+        return tk_fail(TK_ERR_INVALID, "engine: a draft model drafts only with spec draft, not %s",
+                       o->spec == TK_SPEC_NGRAM ? "ngram" : "off");
     if (o->spec_k == 0) o->spec_k = ENGINE_SPEC_K;
     if (o->spec_ngram == 0) o->spec_ngram = ENGINE_SPEC_NGRAM;
     if (o->spec_k < 1 || o->spec_k > ENGINE_SPEC_K_MAX)
@@ -771,7 +870,8 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
                        .n_free = be_sched_n_free,
                        .ref = can_share ? be_sched_ref : NULL,
                        .refs = can_share ? be_sched_refs : NULL,
-                       .cow = can_share ? be_sched_cow : NULL};
+                       .cow = can_share ? be_sched_cow : NULL,
+                       .preempted = o.spec == TK_SPEC_DRAFT ? be_sched_preempted : NULL};
     st = sched_init(&e->so, &sb, &e->sc);
     if (st != TK_OK) goto fail;
     int max_tok = sched_max_step_tokens(&e->so);
@@ -790,13 +890,31 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
         if (max_draft > ENGINE_SPEC_MAX_ROWS) max_draft = ENGINE_SPEC_MAX_ROWS;
         if (max_draft > max_tok - o.max_batch) max_draft = max_tok - o.max_batch;
         if (max_draft < 0) max_draft = 0;
-        e->spec = (spec_ctl){.k_max = o.spec_k, .max_total = max_draft};
+        e->spec =
+            (spec_ctl){.k_max = o.spec_k, .max_total = max_draft, .draft_model = o.spec == TK_SPEC_DRAFT};
         e->sp_req = tk_calloc((size_t)o.max_batch, sizeof *e->sp_req);
         e->sp_alpha = tk_calloc((size_t)o.max_batch, sizeof *e->sp_alpha);
         e->sp_avail = tk_calloc((size_t)o.max_batch, sizeof *e->sp_avail);
         e->sp_k = tk_calloc((size_t)o.max_batch, sizeof *e->sp_k);
         if (!e->sp_req || !e->sp_alpha || !e->sp_avail || !e->sp_k) {
             st = tk_fail(TK_ERR_NOMEM, "engine: out of memory for the speculation state");
+            goto fail;
+        }
+    }
+    if (o.spec == TK_SPEC_DRAFT) {
+        /* Its own pool: a full context for every running sequence, at most
+         * the target's blocks (a sequence that finds it short drafts nothing). */
+        int per_seq = (o.ctx + o.block_size - 1) / o.block_size;
+        int nb = be->n_blocks;
+        if ((int64_t)o.max_batch * per_seq < nb) nb = o.max_batch * per_seq;
+        st = drafter_create(o.draft_model, &e->be, nb, be->max_tokens, o.max_batch, o.ctx, &e->dr);
+        if (st != TK_OK) goto fail;
+        e->dq_rows = max_draft;
+        e->sp_jobs = tk_calloc((size_t)o.max_batch, sizeof *e->sp_jobs);
+        e->dq = tk_calloc((size_t)(max_draft > 0 ? max_draft : 1) * (size_t)be->n_vocab, sizeof *e->dq);
+        e->pbuf = tk_calloc((size_t)be->n_vocab, sizeof *e->pbuf);
+        if (!e->sp_jobs || !e->dq || !e->pbuf) {
+            st = tk_fail(TK_ERR_NOMEM, "engine: out of memory for the draft model's buffers");
             goto fail;
         }
     }
@@ -850,6 +968,7 @@ void tk_engine_free(tk_engine *e) {
         pthread_join(e->thread, NULL);
     }
     sched_free(e->sc);
+    drafter_free(e->dr); /* runs on the target's pool: before it */
     if (e->be.destroy) e->be.destroy(e->be.ctx);
     tk_free(e->b_tokens);
     tk_free(e->b_n);
@@ -861,6 +980,9 @@ void tk_engine_free(tk_engine *e) {
     tk_free(e->sp_alpha);
     tk_free(e->sp_avail);
     tk_free(e->sp_k);
+    tk_free(e->sp_jobs);
+    tk_free(e->dq);
+    tk_free(e->pbuf);
     tk_free(e->tbuf);
     tk_free(e->obuf);
     pthread_mutex_destroy(&e->mu);

@@ -228,14 +228,17 @@ static int top_n(const float *logits, int V, int n, int32_t *ids) {
     return m;
 }
 
-static int32_t sample_temperature(tk_sampler *s, const float *logits, double u) {
+/* The tokens temperature sampling keeps (top-k, top-p, min-p) in
+ * s->cands[0, n), best first when sort (else in any order); returns n (0:
+ * none) and their largest scaled logit. */
+static int kept_cands(tk_sampler *s, const float *logits, bool sort, float *vmax_out) {
     const int V = s->n_vocab;
     const float inv_t = 1.0f / s->p.temperature;
     cand *c = s->cands;
     int n = 0;
     for (int t = 0; t < V; t++)
         if (logits[t] != -INFINITY) c[n++] = (cand){logits[t] * inv_t, t};
-    if (n == 0) return -1;
+    if (n == 0) return 0;
     if (s->p.top_k > 0 && s->p.top_k < n) {
         cand_select(c, n, s->p.top_k);
         n = s->p.top_k;
@@ -278,10 +281,19 @@ static int32_t sample_temperature(tk_sampler *s, const float *logits, double u) 
             if (exp((double)(c[i].v - vmax)) >= floor_rel) c[k++] = c[i];
         n = k; /* the max itself always survives */
     }
-    if (!sorted) {
+    if (!sorted && sort) {
         /* The walk order must not depend on how selection left the array. */
         qsort(c, (size_t)n, sizeof *c, cand_cmp);
     }
+    *vmax_out = vmax;
+    return n;
+}
+
+static int32_t sample_temperature(tk_sampler *s, const float *logits, double u) {
+    float vmax;
+    int n = kept_cands(s, logits, true, &vmax);
+    if (n == 0) return -1;
+    const cand *c = s->cands;
     double z = 0;
     for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
     double r = u * z, cum = 0;
@@ -292,45 +304,73 @@ static int32_t sample_temperature(tk_sampler *s, const float *logits, double u) 
     return c[n - 1].id;
 }
 
-int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history,
-                       tk_token_event *ev) {
+/* Steps 1-3 in place; the argmax (ties: the lowest id, -1: no finite logit)
+ * and the log-sum-exp (+inf when a logit is +inf: the argmax is certain). */
+static int32_t process(tk_sampler *s, float *logits, const int32_t *history, int n_history, float *lse) {
     const int V = s->n_vocab;
-    const uint64_t draw = s->draws++;
     const samp_simd *sv = samp_simd_default();
     /* NaN logits become -inf in the maximum's pass below: a NaN stays NaN
      * through the bias and the penalties, so the result is the same as
      * cleaning first. */
     for (int i = 0; i < s->p.n_logit_bias; i++) logits[s->bias[i].token] += s->bias[i].bias;
     if (history && n_history > 0) apply_penalties(s, logits, history, n_history);
-
-    /* log-sum-exp of the processed distribution, for logprobs; the argmax
-     * (ties: the lowest id) is the greedy token. */
     int32_t best = -1;
     float vmax = sv->max_clean(logits, V, &best);
-    if (best < 0 || vmax == INFINITY) {
-        if (best >= 0) { /* +inf logits: take the first as certain */
-            ev->token = best;
-            ev->logprob = 0;
-            ev->n_top = 0;
-            return best;
-        }
-        return -1;
-    }
-    const float lse = vmax + (float)log(sv->sum_exp(logits, V, vmax));
+    *lse = best < 0 || vmax == INFINITY ? INFINITY : vmax + (float)log(sv->sum_exp(logits, V, vmax));
+    return best;
+}
 
-    int32_t tok = best;
-    if (s->p.temperature > 0) tok = sample_temperature(s, logits, sampler_uniform(s->p.seed, draw));
-    if (tok < 0) return -1;
-
+void sampler_event(const tk_sampler *s, const float *logits, float lse, int32_t tok, tk_token_event *ev) {
     ev->token = tok;
-    ev->logprob = logits[tok] - lse;
     ev->n_top = 0;
+    if (lse == INFINITY) { /* +inf logits: the first is certain */
+        ev->logprob = 0;
+        return;
+    }
+    ev->logprob = logits[tok] - lse;
     if (s->p.n_logprobs > 0) {
-        ev->n_top = top_n(logits, V, s->p.n_logprobs, ev->top_tokens);
+        ev->n_top = top_n(logits, s->n_vocab, s->p.n_logprobs, ev->top_tokens);
         for (int i = 0; i < ev->n_top; i++) ev->top_logprobs[i] = logits[ev->top_tokens[i]] - lse;
     }
+}
+
+int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history,
+                       tk_token_event *ev) {
+    const uint64_t draw = s->draws++;
+    float lse;
+    int32_t tok = process(s, logits, history, n_history, &lse);
+    if (tok < 0) return -1;
+    if (s->p.temperature > 0 && lse != INFINITY)
+        tok = sample_temperature(s, logits, sampler_uniform(s->p.seed, draw));
+    if (tok < 0) return -1;
+    sampler_event(s, logits, lse, tok, ev);
     return tok;
 }
+
+int32_t sampler_dist(tk_sampler *s, float *logits, const int32_t *history, int n_history, float *prob,
+                     float *lse_out) {
+    float lse;
+    int32_t best = process(s, logits, history, n_history, &lse);
+    if (lse_out) *lse_out = lse;
+    if (best < 0 || !prob) return best;
+    memset(prob, 0, (size_t)s->n_vocab * sizeof *prob);
+    if (!(s->p.temperature > 0) || lse == INFINITY) {
+        prob[best] = 1;
+        return best;
+    }
+    float vmax;
+    int n =
+        kept_cands(s, logits, false, &vmax); /* a distribution needs no order: no sort of the vocabulary */
+    const cand *c = s->cands;
+    double z = 0;
+    for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
+    for (int i = 0; i < n; i++) prob[c[i].id] = (float)(exp((double)(c[i].v - vmax)) / z);
+    return best;
+}
+
+uint64_t sampler_next_draw(tk_sampler *s) { return s->draws++; }
+
+const tk_sampling *sampler_params(const tk_sampler *s) { return &s->p; }
 
 void tk_sampling_default(tk_sampling *s) {
     if (!s) return;

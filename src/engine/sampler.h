@@ -49,6 +49,21 @@ void sampler_set_n_prompt(tk_sampler *s, int n_prompt);
 int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history,
                        tk_token_event *ev);
 
+/* The distribution sampler_sample would draw from at this position (steps
+ * 1-3 and 5: logit bias, penalties, temperature, top-k/top-p/min-p) into prob
+ * (n_vocab floats, 0 outside the kept tokens; a point mass on the argmax at
+ * temperature 0); prob may be NULL (only the argmax). logits are processed in
+ * place as by sampler_sample; *lse (may be NULL) is for sampler_event. Draws
+ * nothing. Returns the argmax, or -1 when no token has a finite logit. */
+int32_t sampler_dist(tk_sampler *s, float *logits, const int32_t *history, int n_history, float *prob,
+                     float *lse);
+/* Fill ev (token, logprob, top-n) for tok from logits and lse as sampler_dist left them. */
+void sampler_event(const tk_sampler *s, const float *logits, float lse, int32_t tok, tk_token_event *ev);
+/* Take the next draw of the stream without sampling: its index (the counter
+ * advances as a sampler_sample call advances it). */
+uint64_t sampler_next_draw(tk_sampler *s);
+const tk_sampling *sampler_params(const tk_sampler *s);
+
 /* Number of draws made so far (the counter of the random stream). */
 uint64_t sampler_draws(const tk_sampler *s);
 

@@ -345,6 +345,7 @@ static void preempt(sched *s, sched_seq *seq) {
     s->preemptions++;
     s->plan.n_preempted++;
     list_insert_sorted(&s->waiting, seq);
+    if (s->b.preempted) s->b.preempted(s->b.ctx, seq);
 }
 
 static void plan_add(sched *s, sched_seq *seq, int n, int n_draft) {

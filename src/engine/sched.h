@@ -30,6 +30,8 @@
 /* Where blocks come from (the KV pool in the engine, a counter in tests).
  * Blocks are reference counted: alloc hands out a block with one holder, free
  * drops one. The prefix cache needs the sharing calls (NULL: no cache). */
+struct sched_seq;
+
 typedef struct sched_blocks {
     void *ctx;
     int (*alloc)(void *ctx); /* a block id, or -1 when none is free */
@@ -41,6 +43,9 @@ typedef struct sched_blocks {
      * table's hold on the shared one dropped (backend_block_cow). The
      * scheduler calls it only with a free block in the pool. */
     tk_status (*cow)(void *ctx, int32_t *bt, int j);
+    /* Told after seq was preempted (its blocks are back), so the owner can let
+     * go of what it keeps beside them (a draft model's KV); may be NULL. */
+    void (*preempted)(void *ctx, struct sched_seq *seq);
 } sched_blocks;
 
 /* The time-based step budget (docs/engine.md, "Step budget"). */

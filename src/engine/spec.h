@@ -36,8 +36,19 @@
  * drafts of sequences whose acceptance is at least SPEC_PROBE_ALPHA. */
 #define SPEC_PROBE_EVERY 16
 #define SPEC_PROBE_ALPHA 0.3
+/* A draft model's probe adds at least this many tokens to the step (one in
+ * SPEC_PROBE_EVERY steps that much larger gives the fit its SPEC_COST_MIN_VAR). */
+#define SPEC_PROBE_TOKENS 3
 /* A draft whose expected gain is below this is never verified. */
 #define SPEC_MIN_GAIN 0.05
+/* A draft model's first estimate: a model that shares the target's training
+ * agrees far more often than a lookup finds a match. */
+#define SPEC_ALPHA_PRIOR_DRAFT 0.6
+/* Salts of the random streams of speculative sampling: the accept test and the
+ * draft model's own draws (the residual and the bonus token use the request's
+ * stream, as a plain decode does). */
+#define SPEC_SALT_ACCEPT 0x5bd1e9955bd1e995ULL
+#define SPEC_SALT_DRAFT  0x2545f4914f6cdd1dULL
 
 /* Draft up to k_max tokens by prompt lookup: find the latest earlier
  * occurrence of the last n tokens of toks (n = ngram, then shorter down to 2,
@@ -60,17 +71,43 @@ void spec_cost_observe(spec_cost *c, int n_tok, double seconds);
 /* c0 + c1 T; false (c0, c1 untouched) while the steps seen do not vary enough
  * in size to tell c1. */
 bool spec_cost_fit(const spec_cost *c, double *c0, double *c1);
+/* As spec_cost_fit, and while the fit is not trusted the mean seconds per
+ * token (c0 = 0); false (0, 0) before any step was seen. */
+bool spec_cost_price(const spec_cost *c, double *c0, double *c1);
 
 typedef struct spec_ctl {
     int k_max;     /* most drafts per sequence */
     int max_total; /* most drafts per step */
     spec_cost cost;
+    /* A draft model: drafts are made by sequential draft passes (the j-th
+     * pass makes the j-th draft of every sequence that wants one), each
+     * costing e0 + e1 x its sequences, fitted in `draft`. */
+    bool draft_model;
+    spec_cost draft;
     uint64_t calls; /* decisions made (for the probe cadence) */
 } spec_ctl;
 
 /* Choose k[i] in [0, avail[i]] for n decoding sequences with acceptance
  * estimates alpha[i] (avail[i]: drafts on offer, at most k_max). Returns the
- * total drafts chosen. */
+ * total drafts chosen. With a draft model every draft also costs its share
+ * of the draft passes; its probes add SPEC_PROBE_TOKENS drafts, and none
+ * while drafts could not pay even if verifying them were free. */
 int spec_choose(spec_ctl *c, int n, const double *alpha, const int *avail, int *k);
+
+/* ---- speculative sampling ------------------------------------------------------------ */
+
+/* Inverse CDF: the token whose cumulative probability (in id order) first
+ * exceeds u * sum(p) (u in [0, 1)); -1 when p has no mass. */
+int32_t spec_draw(const float *p, int n, double u);
+
+/* One position of speculative sampling. p: the target's distribution, q: the
+ * draft's (n floats each, as sampler_dist makes them), x: the draft token,
+ * drawn from q. x is kept with probability min(1, p[x] / q[x]) (u_accept <
+ * p[x] / q[x]); otherwise the token is drawn with u_resid from the residual
+ * norm(max(0, p - q)) (from p when the residual has no mass, which happens
+ * only when p equals q). The result is distributed as p. *accepted says which;
+ * returns the token (-1 when p has no mass). */
+int32_t spec_verify_token(const float *p, const float *q, int n, int32_t x, double u_accept, double u_resid,
+                          bool *accepted);
 
 #endif

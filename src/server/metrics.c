@@ -229,6 +229,18 @@ char *srv_metrics_render(srv_metrics *m, const tk_engine_stats *st, int live, si
             "Decodes with a draft on offer (the controller chose k for them).", (double)st->spec_decodes);
         one(&b, "tokamak_spec_k_last", "gauge", "Draft tokens the controller chose in the last step.",
             st->spec_k_last);
+        head(&b, "tokamak_spec_drafter", "gauge",
+             "The drafter speculative decoding runs (1 for the one in use).");
+        sb_printf(&b, "tokamak_spec_drafter{drafter=\"%s\"} 1\n",
+                  st->spec == TK_SPEC_DRAFT   ? "draft"
+                  : st->spec == TK_SPEC_NGRAM ? "ngram"
+                                              : "off");
+        one(&b, "tokamak_spec_draft_seconds_total", "counter",
+            "Seconds the draft model spent drafting (its passes and their sampling).",
+            st->spec_draft_seconds);
+        one(&b, "tokamak_spec_draft_time_ratio", "gauge",
+            "The draft model's share of the decode steps it drafted in (0..1).",
+            st->spec_turn_seconds > 0 ? st->spec_draft_seconds / st->spec_turn_seconds : 0.0);
         one(&b, "tokamak_engine_steps_total", "counter", "Engine steps run.", (double)st->steps);
         one(&b, "tokamak_engine_step_duration_seconds", "gauge", "Wall time of the last engine step.",
             st->step_time_last);

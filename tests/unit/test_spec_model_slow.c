@@ -20,31 +20,9 @@
 #include "engine/sampler.h"
 #include "engine_wait.h"
 #include "model/model.h"
+#include "tiny_draft.h"
 #include "tiny_model.h"
 #include "tokamak.h"
-
-#define MAXOUT 64
-
-typedef struct rec {
-    pthread_mutex_t mu;
-    int32_t out[MAXOUT];
-    int n_out, n_finish;
-} rec;
-
-static void on_tok(void *u, const tk_token_event *ev) {
-    rec *r = u;
-    pthread_mutex_lock(&r->mu);
-    if (r->n_out < MAXOUT) r->out[r->n_out] = ev->token;
-    r->n_out++;
-    pthread_mutex_unlock(&r->mu);
-}
-static void on_fin(void *u, const tk_finish_event *ev) {
-    rec *r = u;
-    (void)ev;
-    pthread_mutex_lock(&r->mu);
-    r->n_finish++;
-    pthread_mutex_unlock(&r->mu);
-}
 
 /* Greedy and seeded outputs of the engine over the tiny model are the same
  * with n-gram speculation as without, at batch 1 and 4, with F16 and INT8
@@ -81,34 +59,9 @@ static void test_spec_model_same_tokens(void **state) {
                     o.kv_scale = scales[kv];
                     o.spec = spec ? TK_SPEC_NGRAM : TK_SPEC_OFF;
                     o.spec_ngram = 2;
-                    tk_engine *e = NULL;
-                    if (tk_engine_create(m, &o, &e) != TK_OK) fail_msg("%s", tk_last_error());
-                    engine_set_spec_force(e, true);
-                    static rec r[NR];
-                    for (int i = 0; i < NR; i++) {
-                        memset(&r[i], 0, sizeof r[i]);
-                        pthread_mutex_init(&r[i].mu, NULL);
-                        tk_request q;
-                        tk_request_default(&q);
-                        q.prompt = prompts[i];
-                        q.n_prompt = 64;
-                        q.max_tokens = NOUT;
-                        q.ignore_eos = true;
-                        if (smp) {
-                            q.sampling.temperature = 0.7f;
-                            q.sampling.seed = 5 + (uint64_t)i;
-                        }
-                        q.on_token = on_tok;
-                        q.on_finish = on_fin;
-                        q.user = &r[i];
-                        uint64_t id;
-                        if (tk_engine_submit(e, &q, &id) != TK_OK) fail_msg("%s", tk_last_error());
-                    }
-                    wait_finished(e, NR);
-                    tk_engine_stats st;
-                    tk_engine_stats_get(e, &st);
+                    static td_rec r[NR];
+                    tk_engine_stats st = td_run(m, &o, true, &prompts[0][0], 64, NR, NOUT, smp ? 0.7f : 0, r);
                     drafted += st.spec_drafted;
-                    tk_engine_free(e);
                     for (int i = 0; i < NR; i++) {
                         assert_int_equal(r[i].n_finish, 1);
                         if (spec == 0) {
