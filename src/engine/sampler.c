@@ -229,8 +229,11 @@ static int top_n(const float *logits, int V, int n, int32_t *ids) {
 }
 
 /* The tokens temperature sampling keeps (top-k, top-p, min-p) in
- * s->cands[0, n), best first when sort (else in any order); returns n (0:
- * none) and their largest scaled logit. */
+ * s->cands[0, n); returns n (0: none) and their largest scaled logit. With
+ * sort, the order is a function of the logits alone: best first after a
+ * top-k or top-p selection (which leaves the array in the selection's
+ * order), else id order, as the vocabulary was scanned (sorting a 150k
+ * vocabulary would cost more than the step's sampling otherwise does). */
 static int kept_cands(tk_sampler *s, const float *logits, bool sort, float *vmax_out) {
     const int V = s->n_vocab;
     const float inv_t = 1.0f / s->p.temperature;
@@ -239,9 +242,11 @@ static int kept_cands(tk_sampler *s, const float *logits, bool sort, float *vmax
     for (int t = 0; t < V; t++)
         if (logits[t] != -INFINITY) c[n++] = (cand){logits[t] * inv_t, t};
     if (n == 0) return 0;
+    bool selected = false; /* the array is no longer in id order */
     if (s->p.top_k > 0 && s->p.top_k < n) {
         cand_select(c, n, s->p.top_k);
         n = s->p.top_k;
+        selected = true;
     }
     float vmax = c[0].v;
     for (int i = 1; i < n; i++)
@@ -281,7 +286,7 @@ static int kept_cands(tk_sampler *s, const float *logits, bool sort, float *vmax
             if (exp((double)(c[i].v - vmax)) >= floor_rel) c[k++] = c[i];
         n = k; /* the max itself always survives */
     }
-    if (!sorted && sort) {
+    if (!sorted && sort && selected) {
         /* The walk order must not depend on how selection left the array. */
         qsort(c, (size_t)n, sizeof *c, cand_cmp);
     }
