@@ -520,6 +520,13 @@ AI float x16_scale(const int32_t *e) {
 }
 
 #if defined(X16_ZMM)
+/* vpdpbusd with its activation operand broadcast from memory ({1to16}): one
+ * fused uop where the intrinsic pair compiles to a separate broadcast load. */
+AI __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+}
+
 /* One group of 16 rows against nt tokens (table e, x16_act): acc[t] holds
  * the 16 row sums of token t, one chain per (row, token) over the blocks
  * whatever nt is. */
@@ -548,8 +555,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
                 wv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
             }
 #pragma GCC unroll 16
-            for (int t = 0; t < nt; t++)
-                is[t] = _mm512_dpbusd_epi32(is[t], wv, _mm512_set1_epi32(e[c * nt + t]));
+            for (int t = 0; t < nt; t++) is[t] = dpbusd_bcast(is[t], wv, &e[c * nt + t]);
         }
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
 #pragma GCC unroll 16
