@@ -480,7 +480,7 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
  * (a broadcast memory operand of its instruction), instead of keeping one
  * pointer per token in registers. */
 #ifndef X16_ACT_MAX
-#define X16_ACT_MAX 6144 /* (token, block) terms per pass: 240 KB of stack */
+#define X16_ACT_MAX 7168 /* (token, block) terms per pass: 280 KB of stack */
 #endif
 #define X16_ENT 10 /* 32-bit words per (token, block): 8 chunks, correction, scale */
 #if defined(X16_ZMM)
@@ -614,7 +614,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
 AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                  int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
-    if (nb > X16_ACT_MAX) { /* k beyond 196608: no pass fits; the definition */
+    if (nb > X16_ACT_MAX) { /* k beyond 229376: no pass fits; the definition */
         (q4 ? kern_gemv_q4_0_x16_ref : kern_gemv_q8_0_x16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
         return;
     }
