@@ -411,9 +411,9 @@ static void test_simd_gemv_q8_0_x8(void **state) {
 }
 
 /* The 16-row interleaved layouts (Q8_0 and Q4_0), as X8, with token counts
- * past the AVX-512 tile (12) and the stack's per-pass share of tokens:
- * k = 16384 has 512 blocks, so 16 tokens a pass and 29 tokens make two
- * passes of a full and a partial tile each; k beyond 262144 takes no pass
+ * past the AVX-512 tile (14) and the stack's per-pass share of tokens:
+ * k = 16384 has 512 blocks, so 14 tokens a pass and 29 tokens make three
+ * passes (14, 14, 1: full and partial tiles); k beyond 229376 takes no pass
  * (the definition). Q4_0's scalar kernel equals its row-order reference. */
 static void test_simd_gemv_x16(void **state) {
     const tk_kernels *K = level_of(state);

@@ -16,7 +16,7 @@
 #define KNT_X8 8
 #endif
 #ifndef KNT_X16
-#define KNT_X16 12
+#define KNT_X16 14
 #endif
 /* X16 in 512-bit registers (simd_body.h) */
 #define X16_ZMM 1

@@ -470,12 +470,24 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
  * (= w + 128, one op per 64 weights, shared by the token tile), Q4_0 ones
  * are their 0..15 nibbles; the activations stay signed, so
  * sum(u x) - off * sum(x) (off 128 or 8) is the exact integer block dot.
- * -off * sum(x) and the activation scale as a float are computed once per
- * (token, block) per call (x16_act) and start each block's integer chain,
- * so a chunk costs one dot per token whose activation operand is a
- * broadcast from memory. */
+ *
+ * The activations of a call are rewritten once (x16_act) into a table read
+ * by one pointer: per token tile of nt tokens and per block, the 8 four-byte
+ * chunks of the nt tokens (chunk-major), then the nt corrections
+ * -off * sum(x) that start each block's integer chain, then the nt activation
+ * scales as floats: X16_ENT words per (token, block). A tile's loop then
+ * addresses every activation operand at a constant offset from one pointer
+ * (a broadcast memory operand of its instruction), instead of keeping one
+ * pointer per token in registers. */
 #ifndef X16_ACT_MAX
-#define X16_ACT_MAX 8192 /* (token, block) terms per pass: 64 KB of stack */
+#define X16_ACT_MAX 7168 /* (token, block) terms per pass: 280 KB of stack */
+#endif
+#define X16_ENT 10 /* 32-bit words per (token, block): 8 chunks, correction, scale */
+/* How far ahead the 512-bit X16 tile fetches its weight stream (bytes; 0
+ * turns it off): 4 KB (~7 Q8_0 blocks of 16 rows) read a DRAM-resident
+ * matrix faster than 2 KB at 1 and at 32 tokens, 8 KB no better. */
+#ifndef X16_PREFETCH
+#define X16_PREFETCH 4096
 #endif
 #if defined(X16_ZMM)
 #define X16_NT KNT_X16
@@ -483,49 +495,62 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
 #define X16_NT KNT_X8
 #endif
 
-AI void x16_act(int off, const void *x, size_t xs, int n_tok, int64_t nb, int32_t *corr, float *dx) {
+/* Fills the table for np tokens (tiles of X16_NT, the last one short). */
+AI void x16_act(int off, const void *x, size_t xs, int np, int64_t nb, int32_t *tab) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
-    for (int t = 0; t < n_tok; t++) {
-        const tk_block_q8_0 *xt = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
-        for (int64_t b = 0; b < nb; b++) {
-            /* sum(x + 128) by byte absolute differences from 0, in four 64-bit lanes */
-            __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), flip);
-            __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
-            __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-            int32_t sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
-            corr[(size_t)t * (size_t)nb + (size_t)b] = -off * sum;
-            dx[(size_t)t * (size_t)nb + (size_t)b] = f16_to_f32(xt[b].d);
+    for (int t0 = 0; t0 < np; t0 += X16_NT) {
+        const int nt = np - t0 < X16_NT ? np - t0 : X16_NT;
+        int32_t *tt = tab + (size_t)t0 * (size_t)nb * X16_ENT;
+        for (int j = 0; j < nt; j++) {
+            const tk_block_q8_0 *xt = (const tk_block_q8_0 *)((const char *)x + (size_t)(t0 + j) * xs);
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t *e = tt + (size_t)b * (size_t)(nt * X16_ENT);
+                for (int c = 0; c < 8; c++) memcpy(&e[c * nt + j], xt[b].qs + 4 * c, 4);
+                /* sum(x + 128) by byte absolute differences from 0, in four 64-bit lanes */
+                __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), flip);
+                __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
+                __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+                int32_t sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
+                e[8 * nt + j] = -off * sum;
+                float d = f16_to_f32(xt[b].d);
+                memcpy(&e[9 * nt + j], &d, 4);
+            }
         }
     }
 }
 
-AI int32_t x_chunk(const tk_block_q8_0 *xb, int e) {
-    int32_t xi;
-    memcpy(&xi, xb->qs + e, 4);
-    return xi;
+AI float x16_scale(const int32_t *e) {
+    float d;
+    memcpy(&d, e, 4);
+    return d;
 }
 
 #if defined(X16_ZMM)
-/* One group of 16 rows against nt tokens: acc[t] holds the 16 row sums of
- * token t, one chain per (row, token) over the blocks whatever nt is. */
-AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size_t xs, const int32_t *corr,
-                 const float *dx, float *y, int64_t ldy, int nt) {
+/* vpdpbusd with its activation operand broadcast from memory ({1to16}): one
+ * fused uop where the intrinsic pair compiles to a separate broadcast load. */
+AI __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+}
+
+/* One group of 16 rows against nt tokens (table e, x16_act): acc[t] holds
+ * the 16 row sums of token t, one chain per (row, token) over the blocks
+ * whatever nt is. */
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy,
+                 int nt) {
     const size_t bb = q4 ? 288 : 544;
-    const tk_block_q8_0 *xt[X16_NT];
-#pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
     __m512 acc[X16_NT];
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     const __m512i flip = _mm512_set1_epi8((char)0x80), m4 = _mm512_set1_epi8(0x0f);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
         const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
-        if (X8_PREFETCH > 0)
+        if (X16_PREFETCH > 0)
 #pragma GCC unroll 9
-            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
         __m512i is[X16_NT];
 #pragma GCC unroll 16
-        for (int t = 0; t < nt; t++) is[t] = _mm512_set1_epi32(corr[(size_t)t * (size_t)nb + (size_t)b]);
+        for (int t = 0; t < nt; t++) is[t] = _mm512_set1_epi32(e[8 * nt + t]);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             __m512i wv;
@@ -536,13 +561,12 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size
                 wv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
             }
 #pragma GCC unroll 16
-            for (int t = 0; t < nt; t++)
-                is[t] = _mm512_dpbusd_epi32(is[t], wv, _mm512_set1_epi32(x_chunk(&xt[t][b], 4 * c)));
+            for (int t = 0; t < nt; t++) is[t] = dpbusd_bcast(is[t], wv, &e[c * nt + t]);
         }
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) {
-            __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dx[(size_t)t * (size_t)nb + (size_t)b]));
+            __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x16_scale(&e[9 * nt + t])));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), d, acc[t]);
         }
     }
@@ -552,38 +576,35 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size
 #else
 /* Q4_0 only, in 256-bit halves of 8 rows: the chains of the 512-bit tile,
  * the same integer block dots. */
-AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size_t xs, const int32_t *corr,
-                 const float *dx, float *y, int64_t ldy, int nt) {
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy,
+                 int nt) {
     (void)q4;
-    const tk_block_q8_0 *xt[X16_NT];
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
+        const int32_t *e = e0;
         __m256 acc[X16_NT];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
+        for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
             const unsigned char *blk = g + (size_t)b * 288, *qb = blk + 32 + 32 * h;
             if (X8_PREFETCH > 0 && h == 0)
 #pragma GCC unroll 5
                 for (int o = 0; o < 288; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
             __m256i is[X16_NT];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) is[t] = _mm256_set1_epi32(corr[(size_t)t * (size_t)nb + (size_t)b]);
+            for (int t = 0; t < nt; t++) is[t] = _mm256_set1_epi32(e[8 * nt + t]);
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
                 __m256i wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++)
-                    is[t] =
-                        _mm256_add_epi32(is[t], dot_u8s8(wv, _mm256_set1_epi32(x_chunk(&xt[t][b], 4 * c))));
+                    is[t] = _mm256_add_epi32(is[t], dot_u8s8(wv, _mm256_set1_epi32(e[c * nt + t])));
             }
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
-                __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(dx[(size_t)t * (size_t)nb + (size_t)b]));
+                __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x16_scale(&e[9 * nt + t])));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), d, acc[t]);
             }
         }
@@ -593,24 +614,22 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const void *x, size
 }
 #endif
 
-/* Tokens in passes of at most X16_ACT_MAX / nb (their activation terms on
- * the stack), each pass over the 16-row groups [r0, r1) touches; a group cut
- * by r0 or r1 is computed whole into a scratch tile, as in xr_gemv. */
+/* Tokens in passes of at most X16_ACT_MAX / nb (their table on the stack),
+ * each pass over the 16-row groups [r0, r1) touches; a group cut by r0 or r1
+ * is computed whole into a scratch tile, as in xr_gemv. */
 AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                  int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
-    if (nb > X16_ACT_MAX) { /* k beyond 262144: no pass fits; the definition */
+    if (nb > X16_ACT_MAX) { /* k beyond 229376: no pass fits; the definition */
         (q4 ? kern_gemv_q4_0_x16_ref : kern_gemv_q8_0_x16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
         return;
     }
     const int pass = (int)(X16_ACT_MAX / nb);
     const size_t gb = (size_t)nb * (q4 ? 288 : 544);
-    int32_t corr[X16_ACT_MAX];
-    float dx[X16_ACT_MAX];
+    int32_t tab[X16_ACT_MAX * X16_ENT];
     for (int p0 = 0; p0 < n_tok; p0 += pass) {
         const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
-        const char *xp = (const char *)xq + (size_t)p0 * xq_stride;
-        x16_act(q4 ? 8 : 128, xp, xq_stride, np, nb, corr, dx);
+        x16_act(q4 ? 8 : 128, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
         for (int64_t g0 = r0 / 16 * 16; g0 < r1; g0 += 16) {
             const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
             bool whole = g0 >= r0 && g0 + 16 <= r1;
@@ -619,13 +638,11 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
                 float tmp[X16_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
-                const void *xt = xp + (size_t)t * xq_stride;
-                const int32_t *ct = corr + (size_t)t * (size_t)nb;
-                const float *dt = dx + (size_t)t * (size_t)nb;
+                const int32_t *et = tab + (size_t)t * (size_t)nb * X16_ENT;
                 switch (nt) {
 #define X16_CASE(n)                                                                                          \
     case n:                                                                                                  \
-        x16_tile(q4, nb, g, xt, xq_stride, ct, dt, dst, ld, n);                                              \
+        x16_tile(q4, nb, g, et, dst, ld, n);                                                                 \
         break;
                     X16_CASE(1)
                     X16_CASE(2)
@@ -679,6 +696,7 @@ void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
 }
 #endif
 #undef X16_NT
+#undef X16_ENT
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
 
