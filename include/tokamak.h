@@ -78,6 +78,14 @@ typedef struct tk_model_opts {
      * bytes). true: keep the file's row order (for A/B measurements).
      * Ignored with use_mmap. */
     bool row_layout;
+    /* false (default): BF16 matmuls multiply f32 activations (the float64
+     * reference's path). true: in that copy, BF16 matmul weights whose rows
+     * are a multiple of 16 and k of 32 take the pair layout of vdpbf16ps,
+     * and their activations are rounded to BF16 (relative error of a dot at
+     * most 2^-8 of sum |w x|, docs/kernels.md); on a CPU without
+     * AVX512-BF16 the same arithmetic runs as FMAs. Ignored with use_mmap or
+     * row_layout. */
+    bool bf16_dot;
 } tk_model_opts;
 
 void tk_model_opts_default(tk_model_opts *o);

@@ -16,6 +16,7 @@ typedef enum tk_layout {
     TK_LAYOUT_X16 = 1,
     TK_LAYOUT_X8 = 2,
     TK_LAYOUT_X4 = 3,
+    TK_LAYOUT_P16 = 4, /* BF16 pairs by 16 rows for vdpbf16ps; opt-in (tk_model_opts.bf16_dot) */
     TK_LAYOUT_COUNT
 } tk_layout;
 
