@@ -460,54 +460,39 @@ static void test_simd_gemv_bf16_x4(void **state) {
  * Returns the largest |y - dot| / sum |w x| seen. */
 static double p16_case(const tk_gemv_fn *fns, int n_fn, kt_rng *r, int64_t rows, int64_t k, int n_tok,
                        const char *what) {
-    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
-            ldy = rows + kt_int(r, 0, 3);
-    size_t xs = (size_t)k * sizeof(float) + (size_t)kt_int(r, 0, 3) * 4;
-    float *f = malloc((size_t)k * sizeof *f), *x = malloc(xs * (size_t)n_tok);
-    uint16_t *w = malloc((size_t)(rows * k) * 2), *wp = malloc((size_t)(rows * k) * 2);
-    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
-          *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
-    for (int64_t i = 0; i < rows; i++) {
-        kt_fill(r, f, k, 0.5f);
-        for (int64_t j = 0; j < k; j++) w[i * k + j] = tk_f32_to_bf16(f[j]);
-    }
-    for (int t = 0; t < n_tok; t++) kt_fill(r, (float *)((char *)x + (size_t)t * xs), k, 1.0f);
-    assert_true(kern_pack_bf16_p16(w, wp, rows, k));
-    for (int64_t i = 0; i < ldy * n_tok; i++) want[i] = NAN;
-    kern_gemv_bf16_p16_ref(k, wp, r0, r1, x, xs, n_tok, want, ldy);
-    for (int c = 0; c < n_fn; c++) {
-        for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = NAN;
-        fns[c](k, wp, r0, r1, x, xs, n_tok, y, ldy);
-        for (int64_t i = 0; i < ldy * n_tok; i++)
-            if (memcmp(&y[i], &want[i], sizeof *y) && !(isnan(y[i]) && isnan(want[i])))
-                fail_msg(
-                    "%s bf16 p16 (gemv %d): k %lld rows [%lld,%lld) n_tok %d: output %lld %.9g != reference "
-                    "%.9g",
-                    what, c, (long long)k, (long long)r0, (long long)r1, n_tok, (long long)i, y[i], want[i]);
+    kt_bf16_case c;
+    kt_bf16_case_make(r, rows, k, n_tok, &c);
+    assert_true(kern_pack_bf16_p16(c.w, c.wp, rows, k));
+    for (int64_t i = 0; i < c.ldy * n_tok; i++) c.want[i] = NAN;
+    kern_gemv_bf16_p16_ref(k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.want, c.ldy);
+    for (int f = 0; f < n_fn; f++) {
+        for (int64_t i = 0; i < c.ldy * n_tok; i++) c.y[i] = NAN;
+        fns[f](k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.y, c.ldy);
+        for (int64_t i = 0; i < c.ldy * n_tok; i++)
+            if (memcmp(&c.y[i], &c.want[i], sizeof *c.y) && !(isnan(c.y[i]) && isnan(c.want[i])))
+                fail_msg("%s bf16 p16 (gemv %d): k %lld rows [%lld,%lld) n_tok %d: output %lld %.9g != "
+                         "reference %.9g",
+                         what, f, (long long)k, (long long)c.r0, (long long)c.r1, n_tok, (long long)i, c.y[i],
+                         c.want[i]);
     }
     double worst = 0;
     for (int t = 0; t < n_tok; t++)
-        for (int64_t i = r0; i < r1; i++) {
-            const float *xt = (const float *)((const char *)x + (size_t)t * xs);
+        for (int64_t i = c.r0; i < c.r1; i++) {
+            const float *xt = (const float *)((const char *)c.x + (size_t)t * c.xs);
             double dot = 0, mag = 0;
             for (int64_t j = 0; j < k; j++) {
-                double p = (double)tk_bf16_to_f32(w[i * k + j]) * xt[j];
+                double p = (double)tk_bf16_to_f32(c.w[i * k + j]) * xt[j];
                 dot += p;
                 mag += fabs(p);
             }
-            double err = fabs((double)want[t * ldy + i] - dot),
-                   bound = (ldexp(1, -8) + 1.01 * k * ldexp(1, -24)) * mag;
+            double err = fabs((double)c.want[t * c.ldy + i] - dot),
+                   bound = (ldexp(1, -8) + 1.01 * (double)k * ldexp(1, -24)) * mag;
             if (!(err <= bound))
                 fail_msg("%s bf16 p16: k %lld row %lld token %d: |y - dot| %.3g > bound %.3g", what,
                          (long long)k, (long long)i, t, err, bound);
             if (mag > 0 && err / mag > worst) worst = err / mag;
         }
-    free(f);
-    free(x);
-    free(w);
-    free(wp);
-    free(y);
-    free(want);
+    kt_bf16_case_free(&c);
     return worst;
 }
 
