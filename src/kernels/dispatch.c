@@ -12,10 +12,8 @@
 #if defined(__x86_64__)
 #define BY_ISA(scalar, avx2, avxvnni, avx512)                                                                \
     { [TK_ISA_SCALAR] = scalar, [TK_ISA_AVX2] = avx2, [TK_ISA_AVXVNNI] = avxvnni, [TK_ISA_AVX512] = avx512 }
-#define TOP_ISA  TK_ISA_AVX512
-#define P16_BF16 kern_gemv_bf16_p16_avx512bf16
+#define TOP_ISA TK_ISA_AVX512
 #else
-#define P16_BF16 NULL
 #define BY_ISA(scalar, avx2, avxvnni, avx512)                                                                \
     { [TK_ISA_SCALAR] = scalar }
 #define TOP_ISA TK_ISA_SCALAR
@@ -42,9 +40,14 @@ static const tk_weight_kernels WEIGHTS[TK_DTYPE_COUNT][TK_LAYOUT_COUNT] = {
                                       .pack = kern_pack_bf16_p16,
                                       .dequant_row = kern_dequant_bf16_p16_row,
                                       .gemv = BY_ISA(kern_gemv_bf16_p16_ref, kern_gemv_bf16_p16_avx2,
-                                                     kern_gemv_bf16_p16_avxvnni, kern_gemv_bf16_p16_avx512),
-                                      .gemv_bf16 = P16_BF16,
-                                      .rounds_act = true},
+                                                     kern_gemv_bf16_p16_avxvnni, kern_gemv_bf16_p16_avx512)},
+    [TK_DTYPE_BF16][TK_LAYOUT_P16R] = {.act = TK_DTYPE_F32,
+                                       .pack = kern_pack_bf16_p16,
+                                       .dequant_row = kern_dequant_bf16_p16_row,
+                                       .gemv =
+                                           BY_ISA(kern_gemv_bf16_p16r_ref, kern_gemv_bf16_p16r_avx2,
+                                                  kern_gemv_bf16_p16r_avxvnni, kern_gemv_bf16_p16r_avx512),
+                                       .rounds_act = true},
     [TK_DTYPE_Q8_0][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_0,
                                        .gemv = BY_ISA(kern_gemv_q8_0_ref, kern_gemv_q8_0_avx2,
                                                       kern_gemv_q8_0_avxvnni, kern_gemv_q8_0_avx512)},
@@ -82,9 +85,7 @@ const tk_weight_kernels *kern_weight(tk_dtype t, tk_layout layout) {
 
 tk_gemv_fn kern_gemv(const tk_kernels *K, tk_dtype t, tk_layout layout) {
     const tk_weight_kernels *w = kern_weight(t, layout);
-    if (!w) return NULL;
-    if (K->avx512bf16 && w->gemv_bf16) return w->gemv_bf16;
-    return w->gemv[K->isa];
+    return w ? w->gemv[K->isa] : NULL;
 }
 
 tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {
@@ -189,26 +190,15 @@ static const tk_kernels KERNELS_AVXVNNI = {.isa = TK_ISA_AVXVNNI, KERNELS_AVX2_R
     .kv_to_f16 = kv_to_f16_avx512
 
 static const tk_kernels KERNELS_AVX512 = {KERNELS_AVX512_ROWS};
-/* The same on a CPU with AVX512-BF16: rows with a gemv_bf16 run it. */
-static const tk_kernels KERNELS_AVX512_BF16 = {KERNELS_AVX512_ROWS, .avx512bf16 = true};
 #undef KERNELS_AVX512_ROWS
 
-static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
-static bool cpu_bf16;
-
-static void bf16_init(void) {
-    tk_cpu c;
-    cpu_detect(&c);
-    cpu_bf16 = c.avx512bf16;
-}
 #endif
 
 const tk_kernels *kernels_get(tk_isa isa) {
 #if defined(__x86_64__)
     switch (isa) {
     case TK_ISA_AVX512:
-        pthread_once(&bf16_once, bf16_init);
-        return cpu_bf16 ? &KERNELS_AVX512_BF16 : &KERNELS_AVX512;
+        return &KERNELS_AVX512;
     case TK_ISA_AVXVNNI:
         return &KERNELS_AVXVNNI;
     case TK_ISA_AVX2:

@@ -266,12 +266,32 @@ void kern_rope(float *x, int n_head, int head_dim, int pos, const float *freqs, 
 /* BF16 as a product operand of vdpbf16ps: a subnormal reads as zero. */
 static float bf16_daz(tk_bf16 b) { return (b & 0x7f80u) ? tk_bf16_to_f32(b) : 0.0f; }
 
+/* P16 with f32 activations: the same chains, each step an FMA (a BF16
+ * weight times an f32 activation is not exact in f32, so the fused rounding
+ * is part of the definition). */
+void kern_gemv_bf16_p16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *g = (const uint16_t *)w + (size_t)(r / 16) * 16 * (size_t)k + (size_t)(r % 16) * 2;
+        for (int t = 0; t < n_tok; t++) {
+            const float *x = (const float *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t j = 0; j < k / 2; j++) {
+                const uint16_t *c = g + (size_t)j * 32;
+                s = fmaf(tk_bf16_to_f32(c[1]), x[2 * j + 1], s);
+                s = fmaf(tk_bf16_to_f32(c[0]), x[2 * j], s);
+            }
+            y[t * ldy + r] = s;
+        }
+    }
+}
+
 /* The definition of the P16 layout's arithmetic (kernels_ref.h): activations
  * rounded to BF16, one chain per (row, token), odd then even element of each
  * pair. A product of two BF16 values is exact in f32, so s + a * b is one
  * rounding, as vdpbf16ps's fused steps. */
-void kern_gemv_bf16_p16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
-                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+void kern_gemv_bf16_p16r_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy) {
     for (int64_t r = r0; r < r1; r++) {
         const uint16_t *g = (const uint16_t *)w + (size_t)(r / 16) * 16 * (size_t)k + (size_t)(r % 16) * 2;
         for (int t = 0; t < n_tok; t++) {

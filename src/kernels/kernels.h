@@ -41,7 +41,6 @@ typedef void (*tk_quant_act_fn)(const float *x, void *xq, int64_t k);
  * ISA level (kernels_get). The matmuls are in the weight table below. */
 typedef struct tk_kernels {
     tk_isa isa;
-    bool avx512bf16;            /* the CPU has AVX512-BF16: weight rows' gemv_bf16 run (avx512 level) */
     tk_quant_act_fn quant_q8_0; /* k % 32 == 0 */
     tk_quant_act_fn quant_q8_k; /* k % 256 == 0 */
     /* out[i] = x[i] * w[i] / rms(x) ; out may alias x */
@@ -86,9 +85,6 @@ typedef struct tk_weight_kernels {
      * for TK_LAYOUT_ROWS (tk_kernels.dequant_row at row * row bytes). */
     void (*dequant_row)(const void *w, int64_t k, int64_t row, float *out);
     tk_gemv_fn gemv[TK_ISA_COUNT]; /* by tk_isa; every level of the build is filled */
-    /* The gemv at the avx512 level on a CPU with AVX512-BF16 (the same bits
-     * as gemv[TK_ISA_AVX512]); NULL: gemv[TK_ISA_AVX512]. */
-    tk_gemv_fn gemv_bf16;
     /* The gemv rounds its f32 activations to BF16 (it does not give the f32
      * activations' result): kern_pack never picks the layout, only
      * kern_pack_rounding, when the model asks for it. */

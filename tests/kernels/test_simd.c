@@ -452,19 +452,20 @@ static void test_simd_gemv_bf16_x4(void **state) {
 }
 
 /* One P16 case: rows x k BF16 weights (Gaussian, 0.5), n_tok Gaussian
- * activations; every gemv in fns must give kern_gemv_bf16_p16_ref's bits
+ * activations; every gemv in fns must give kern_gemv_bf16_p16r_ref's bits
  * over [r0, r1) and write nothing else, and the reference must be within
  * the stated bound of the float64 dot with the unrounded activations:
  * |y - dot| <= (2^-8 + 1.01 k 2^-24) sum |w x| (2^-8: the unit roundoff of
  * BF16, one rounding of each activation; the second term: k f32 adds).
  * Returns the largest |y - dot| / sum |w x| seen. */
-static double p16_case(const tk_gemv_fn *fns, int n_fn, kt_rng *r, int64_t rows, int64_t k, int n_tok,
-                       const char *what) {
+static double p16_case(bool round, const tk_gemv_fn *fns, int n_fn, kt_rng *r, int64_t rows, int64_t k,
+                       int n_tok, const char *what) {
     kt_bf16_case c;
     kt_bf16_case_make(r, rows, k, n_tok, &c);
     assert_true(kern_pack_bf16_p16(c.w, c.wp, rows, k));
     for (int64_t i = 0; i < c.ldy * n_tok; i++) c.want[i] = NAN;
-    kern_gemv_bf16_p16_ref(k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.want, c.ldy);
+    (round ? kern_gemv_bf16_p16r_ref : kern_gemv_bf16_p16_ref)(k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.want,
+                                                               c.ldy);
     for (int f = 0; f < n_fn; f++) {
         for (int64_t i = 0; i < c.ldy * n_tok; i++) c.y[i] = NAN;
         fns[f](k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.y, c.ldy);
@@ -486,7 +487,7 @@ static double p16_case(const tk_gemv_fn *fns, int n_fn, kt_rng *r, int64_t rows,
                 mag += fabs(p);
             }
             double err = fabs((double)c.want[t * c.ldy + i] - dot),
-                   bound = (ldexp(1, -8) + 1.01 * (double)k * ldexp(1, -24)) * mag;
+                   bound = ((round ? ldexp(1, -8) : 0) + 1.01 * (double)k * ldexp(1, -24)) * mag;
             if (!(err <= bound))
                 fail_msg("%s bf16 p16: k %lld row %lld token %d: |y - dot| %.3g > bound %.3g", what,
                          (long long)k, (long long)i, t, err, bound);
@@ -496,37 +497,41 @@ static double p16_case(const tk_gemv_fn *fns, int n_fn, kt_rng *r, int64_t rows,
     return worst;
 }
 
-/* The BF16 pair layout (vdpbf16ps): at every level the reference's bits (the
- * avx512 level's FMA form too, on a CPU whose dispatch runs vdpbf16ps), for
- * token counts past the 12-token tile, k that makes several activation passes
- * and row blocks, k beyond the pass (the reference), rows cut inside groups
- * (the reference computes each (row, token) alone, so its bits for every
- * n_tok and range are batch and split invariance); and the rounding bound
- * against float64. */
+/* The BF16 pair layouts: P16 (f32 activations) and P16R (rounded to BF16;
+ * vdpbf16ps's arithmetic) at every level give their reference's bits (P16R
+ * also by vdpbf16ps itself, kern_gemv_bf16_p16r_avx512bf16, on a CPU that has
+ * it), for token counts past the 12-token tile, k that makes several
+ * activation passes and row blocks, k beyond the pass (the reference), rows
+ * cut inside groups (the reference computes each (row, token) alone, so its
+ * bits for every n_tok and range are batch and split invariance); and the
+ * bounds against float64: P16 the f32 accumulation's, P16R 2^-8 of sum |w x|
+ * more for the rounding. */
 static void test_simd_gemv_bf16_p16(void **state) {
     const tk_kernels *K = level_of(state);
     const char *what = cpu_isa_name(K->isa);
-    tk_gemv_fn fns[2] = {kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_P16), NULL};
-    int n_fn = 1;
+    for (int round = 0; round < 2; round++) {
+        tk_gemv_fn fns[2] = {kern_gemv(K, TK_DTYPE_BF16, round ? TK_LAYOUT_P16R : TK_LAYOUT_P16), NULL};
+        int n_fn = 1;
 #if defined(__x86_64__)
-    if (K->isa == TK_ISA_AVX512 && fns[0] != kern_gemv_bf16_p16_avx512)
-        fns[n_fn++] = kern_gemv_bf16_p16_avx512;
+        tk_cpu c;
+        cpu_detect(&c);
+        if (round && K->isa == TK_ISA_AVX512 && c.avx512bf16) fns[n_fn++] = kern_gemv_bf16_p16r_avx512bf16;
 #endif
-    kt_rng r = {1632};
-    double worst = 0, e;
-    for (int n_tok = 1; n_tok <= 30; n_tok++) {
-        e = p16_case(fns, n_fn, &r, 16 * kt_int(&r, 1, 4), 32 * kt_int(&r, 1, 24), n_tok, what);
-        worst = e > worst ? e : worst;
+        kt_rng r = {1632};
+        double worst = 0, e;
+        for (int n_tok = 1; n_tok <= 30; n_tok++) {
+            e = p16_case(round, fns, n_fn, &r, 16 * kt_int(&r, 1, 4), 32 * kt_int(&r, 1, 24), n_tok, what);
+            worst = e > worst ? e : worst;
+        }
+        /* several row blocks and passes; one token a pass at k = P16_PAIRS; beyond it */
+        const int64_t shapes[3][3] = {{160, 2048, 13}, {32, P16_PAIRS, 3}, {16, P16_PAIRS + 32, 2}};
+        for (int i = 0; i < 3; i++) {
+            e = p16_case(round, fns, n_fn, &r, shapes[i][0], shapes[i][1], (int)shapes[i][2], what);
+            worst = e > worst ? e : worst;
+        }
+        print_message("%s bf16 %s: max |y - dot| / sum |w x| = %.3g (%d kernels)\n", what,
+                      round ? "p16r" : "p16", worst, n_fn);
     }
-    /* several row blocks and passes; one token a pass at k = P16_PAIRS; beyond it */
-    e = p16_case(fns, n_fn, &r, 160, 2048, 13, what);
-    worst = e > worst ? e : worst;
-    e = p16_case(fns, n_fn, &r, 32, P16_PAIRS, 3, what);
-    worst = e > worst ? e : worst;
-    e = p16_case(fns, n_fn, &r, 16, P16_PAIRS + 32, 2, what);
-    worst = e > worst ? e : worst;
-    print_message("%s bf16 p16: max |y - dot| / sum |w x| = %.3g (bound 2^-8 = %.3g)\n", what, worst,
-                  ldexp(1, -8));
 }
 
 /* Attention through the dispatcher at this level: a pool opened at the level
@@ -696,6 +701,22 @@ static void test_simd_pack(void **state) {
     assert_int_equal(kern_pack(TK_DTYPE_BF16, w, w4b, rb, kb), TK_LAYOUT_X4);
     assert_memory_equal(w4, w4b, sizeof w4);
     assert_int_equal(kern_pack(TK_DTYPE_F16, w, w4b, rb, kb), TK_LAYOUT_ROWS);
+    /* 16 rows x 32: P16 by default, P16R (rounding) only when asked; 8 rows: X4 either way */
+    uint16_t wb16[16 * 32], wp[16 * 32], wpb[16 * 32];
+    for (int i = 0; i < 16 * 32; i++) wb16[i] = tk_f32_to_bf16(kt_gauss(&r));
+    assert_true(kern_pack_bf16_p16(wb16, wp, 16, 32));
+    assert_int_equal(kern_pack(TK_DTYPE_BF16, wb16, wpb, 16, 32), TK_LAYOUT_P16);
+    assert_memory_equal(wp, wpb, sizeof wp);
+    assert_int_equal(kern_pack_rounding(TK_DTYPE_BF16, wb16, wpb, 16, 32), TK_LAYOUT_P16R);
+    assert_memory_equal(wp, wpb, sizeof wp);
+    assert_int_equal(kern_pack_rounding(TK_DTYPE_BF16, w, w4b, rb, kb), TK_LAYOUT_X4);
+    for (int64_t i = 0; i < 16; i++) {
+        kern_dequant_bf16_ref(wb16 + i * 32, a, 32);
+        kern_dequant_bf16_p16_row(wp, 32, i, b);
+        assert_memory_equal(a, b, 32 * sizeof *a);
+    }
+    assert_false(kern_pack_bf16_p16(wb16, wp, 8, 32));  /* rows not a multiple of 16 */
+    assert_false(kern_pack_bf16_p16(wb16, wp, 16, 16)); /* k not a multiple of 32 */
 }
 
 /* The head_dim fallback: a level's kernel takes head_dim % attn_lanes == 0,

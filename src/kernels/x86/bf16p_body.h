@@ -1,15 +1,17 @@
-/* The BF16 pair-layout gemv (TK_LAYOUT_P16, kernels_ref.h): f32 activations
- * rounded to BF16, one chain per (row, token) of s += w_odd x_odd, then
- * s += w_even x_even over the pairs. Included once per variant with its
- * target flags; the includer defines KFN and one of
- *   P16_HW   vdpbf16ps on 512-bit registers (AVX512-BF16): the pair step is
- *            one instruction for 16 rows against a broadcast activation pair
+/* The BF16 pair-layout gemvs (TK_LAYOUT_P16 and P16R, kernels_ref.h): one
+ * chain per (row, token) of s = fma(w_odd, x_odd, s), then s = fma(w_even,
+ * x_even, s) over the pairs, the activations as they are (P16) or rounded to
+ * BF16 (P16R). Included once per variant with its target flags; the includer
+ * defines KFN and one of
+ *   P16_HW   vdpbf16ps on 512-bit registers (AVX512-BF16, P16R only): the
+ *            pair step is one instruction for 16 rows against a broadcast
+ *            activation pair
  *   P16_ZMM  the same steps as two 512-bit FMAs (AVX-512 without BF16)
  *   (none)   the same steps as FMAs on two 256-bit halves (AVX2)
  * A product of two BF16 values is exact in f32, so an FMA step equals the
- * vdpbf16ps step: every variant gives the reference's bits (subnormal
- * weights, which vdpbf16ps reads as zero, and subnormal partial sums, which
- * it flushes, aside).
+ * vdpbf16ps step: every variant gives its reference's bits (for P16R,
+ * subnormal weights, which vdpbf16ps reads as zero, and subnormal partial
+ * sums, which it flushes, aside).
  *
  * Order of work: row blocks of about P16_BLOCK weight bytes (so a block stays
  * in L2), in each the tokens in passes of P16_PAIRS activation pairs rounded
@@ -68,10 +70,11 @@ P16_AI void p16_round8(const float *x, float *out) {
 #endif
 
 /* The pass's activations: np tokens of k values. HW: k / 2 BF16 pairs a
- * token; otherwise k rounded f32 values a token. Returns the entries a token
- * takes. */
-P16_AI int64_t p16_act(int64_t k, const void *xq, size_t xs, int np, uint32_t *buf) {
+ * token; otherwise k f32 values a token, rounded to BF16 values if round.
+ * Returns the entries a token takes. */
+P16_AI int64_t p16_act(int round, int64_t k, const void *xq, size_t xs, int np, uint32_t *buf) {
 #if defined(P16_HW)
+    (void)round;
     const int64_t per = k / 2;
 #else
     const int64_t per = k;
@@ -84,8 +87,11 @@ P16_AI int64_t p16_act(int64_t k, const void *xq, size_t xs, int np, uint32_t *b
             p16_round32(x + j, o + j / 2);
 #else
             float *f = (float *)(void *)(o + j);
+            if (round)
 #pragma GCC unroll 4
-            for (int e = 0; e < 32; e += 8) p16_round8(x + j + e, f + e);
+                for (int e = 0; e < 32; e += 8) p16_round8(x + j + e, f + e);
+            else
+                memcpy(f, x + j, 32 * sizeof *f);
 #endif
         }
     }
@@ -155,15 +161,16 @@ P16_AI void p16_tile(int64_t k, const uint16_t *g, const uint32_t *xb, int64_t p
 #endif
 }
 
-void KFN(gemv_bf16_p16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                        int n_tok, float *y, int64_t ldy) {
+P16_AI void p16_gemv(int round, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                     size_t xq_stride, int n_tok, float *y, int64_t ldy) {
 #if defined(P16_HW)
     const int64_t per_tok = k / 2;
 #else
     const int64_t per_tok = k;
 #endif
     if (k <= 0 || k > P16_PAIRS) { /* no pass fits: the definition */
-        kern_gemv_bf16_p16_ref(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+        (round ? kern_gemv_bf16_p16r_ref : kern_gemv_bf16_p16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y,
+                                                                   ldy);
         return;
     }
     const int pass = (int)(P16_PAIRS / per_tok);
@@ -175,7 +182,8 @@ void KFN(gemv_bf16_p16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
         const int64_t b1 = b0 + gpb < gend ? b0 + gpb : gend;
         for (int p0 = 0; p0 < n_tok; p0 += pass) {
             const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
-            const int64_t per = p16_act(k, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, buf);
+            const int64_t per =
+                p16_act(round, k, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, buf);
             for (int64_t gi = b0; gi < b1; gi++) {
                 const int64_t g0 = gi * 16;
                 const uint16_t *g = (const uint16_t *)w + (size_t)gi * 16 * (size_t)k;
@@ -218,6 +226,20 @@ void KFN(gemv_bf16_p16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
         }
     }
 }
+
+/* TK_LAYOUT_P16R: activations rounded to BF16 */
+void KFN(gemv_bf16_p16r)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy) {
+    p16_gemv(1, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+#if !defined(P16_HW)
+/* TK_LAYOUT_P16: f32 activations */
+void KFN(gemv_bf16_p16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    p16_gemv(0, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+#endif
 
 #undef P16_NT
 #undef P16_AI
