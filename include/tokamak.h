@@ -74,17 +74,15 @@ typedef struct tk_model_opts {
      * (less memory, instant load; llama.cpp's default). */
     bool use_mmap;
     /* false (default): in that copy, Q8_0 matmul weights are interleaved by
-     * 8 rows and BF16 ones by 4 (the layouts the decode kernels stream; same
+     * 16 or 8 rows and BF16 ones by pairs of 16 rows or by 4 (the layouts the decode kernels stream; same
      * bytes). true: keep the file's row order (for A/B measurements).
      * Ignored with use_mmap. */
     bool row_layout;
     /* false (default): BF16 matmuls multiply f32 activations (the float64
-     * reference's path). true: in that copy, BF16 matmul weights whose rows
-     * are a multiple of 16 and k of 32 take the pair layout of vdpbf16ps,
-     * and their activations are rounded to BF16 (relative error of a dot at
-     * most 2^-8 of sum |w x|, docs/kernels.md); on a CPU without
-     * AVX512-BF16 the same arithmetic runs as FMAs. Ignored with use_mmap or
-     * row_layout. */
+     * reference's path). true: in that copy, BF16 matmuls whose rows are a
+     * multiple of 16 and k of 32 round their activations to BF16 first
+     * (vdpbf16ps's arithmetic; a dot within 2^-8 of sum |w x| of the
+     * unrounded one, docs/kernels.md). Ignored with use_mmap or row_layout. */
     bool bf16_dot;
 } tk_model_opts;
 

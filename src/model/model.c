@@ -410,8 +410,9 @@ static bool is_matmul_weight(const tk_model *m, const tk_tensor *t) {
 /* Copy every matmul weight (file views and owned repacks alike) to one
  * anonymous region advised for transparent huge pages, packing each matrix
  * into its type's interleaved layout on the way where the kernels have one
- * (kern_pack: Q8_0 by 16 or 8 rows, BF16 by 4, or by pairs of 16 rows for
- * vdpbf16ps with o->bf16_dot), unless o->row_layout. Decode
+ * (kern_pack: Q8_0 by 16 or 8 rows, BF16 by pairs of 16 rows or by 4; with
+ * o->bf16_dot, BF16 pairs whose gemv rounds activations to BF16), unless
+ * o->row_layout. Decode
  * streams all weights every token; with 4 KiB file pages each page costs a
  * TLB walk and stops the hardware prefetcher, which measured 10-15% of the
  * read bandwidth here. */
