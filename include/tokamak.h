@@ -78,10 +78,16 @@ typedef struct tk_model_opts {
      * (less memory, instant load; llama.cpp's default). */
     bool use_mmap;
     /* false (default): in that copy, Q8_0 matmul weights are interleaved by
-     * 8 rows and BF16 ones by 4 (the layouts the decode kernels stream; same
+     * 16 or 8 rows and BF16 ones by pairs of 16 rows or by 4 (the layouts the decode kernels stream; same
      * bytes). true: keep the file's row order (for A/B measurements).
      * Ignored with use_mmap. */
     bool row_layout;
+    /* false (default): BF16 matmuls multiply f32 activations (the float64
+     * reference's path). true: in that copy, BF16 matmuls whose rows are a
+     * multiple of 16 and k of 32 round their activations to BF16 first
+     * (vdpbf16ps's arithmetic; a dot within 2^-8 of sum |w x| of the
+     * unrounded one, docs/kernels.md). Ignored with use_mmap or row_layout. */
+    bool bf16_dot;
 } tk_model_opts;
 
 void tk_model_opts_default(tk_model_opts *o);

@@ -113,7 +113,7 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned ch
 static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n, bool pf) {
 #if PROBE_X86
     if (isa == TK_ISA_AVX512) return read_avx512(p, n, pf);
-    if (isa == TK_ISA_AVX2) return read_avx2(p, n, pf);
+    if (isa >= TK_ISA_AVX2) return read_avx2(p, n, pf); /* avxvnni too */
 #endif
     (void)isa;
     (void)pf;
@@ -218,6 +218,23 @@ __attribute__((target("avx2"))) static uint32_t int8_avx2(long iters) {
     return probe_lanes_sum(lanes, 8);
 }
 
+/* The AVX-VNNI dot: one VEX vpdpbusd per 32 pairs, 8 accumulators as int8_avx2. */
+__attribute__((target("avx2,avxvnni"))) static uint32_t int8_avxvnni(long iters) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const __m256i a = _mm256_set1_epi8(PROBE_U8), b = _mm256_set1_epi8(PROBE_S8);
+    for (long i = 0; i < iters; i++) {
+        a0 = _mm256_dpbusd_avx_epi32(a0, a, b), a1 = _mm256_dpbusd_avx_epi32(a1, a, b);
+        a2 = _mm256_dpbusd_avx_epi32(a2, a, b), a3 = _mm256_dpbusd_avx_epi32(a3, a, b);
+        a4 = _mm256_dpbusd_avx_epi32(a4, a, b), a5 = _mm256_dpbusd_avx_epi32(a5, a, b);
+        a6 = _mm256_dpbusd_avx_epi32(a6, a, b), a7 = _mm256_dpbusd_avx_epi32(a7, a, b);
+    }
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                                 _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)(void *)lanes, s);
+    return probe_lanes_sum(lanes, 8);
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint32_t int8_avx512(long iters) {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     __m512i a8 = a0, a9 = a0, a10 = a0, a11 = a0;
@@ -258,6 +275,7 @@ static uint32_t int8_plain(long iters) {
 uint32_t probe_int8_pass(tk_isa isa, long iters) {
 #if PROBE_X86
     if (isa == TK_ISA_AVX512) return int8_avx512(iters);
+    if (isa == TK_ISA_AVXVNNI) return int8_avxvnni(iters);
     if (isa == TK_ISA_AVX2) return int8_avx2(iters);
 #endif
     (void)isa;
@@ -268,7 +286,7 @@ uint32_t probe_int8_expect(tk_isa isa, long iters) {
     int64_t per_iter = 0; /* summed over every lane of every accumulator */
     if (PROBE_X86 && isa == TK_ISA_AVX512)
         per_iter = (int64_t)PROBE_AVX512_ACC * 16 * 4 * PROBE_U8 * PROBE_S8;
-    else if (PROBE_X86 && isa == TK_ISA_AVX2)
+    else if (PROBE_X86 && (isa == TK_ISA_AVX2 || isa == TK_ISA_AVXVNNI))
         per_iter = (int64_t)PROBE_AVX2_ACC * 8 * 4 * PROBE_U8 * PROBE_S8;
     else
         for (int k = 0; k < PROBE_PLAIN_LANES; k++) per_iter += (int64_t)(k + 1) * (3 - k);
@@ -278,14 +296,17 @@ uint32_t probe_int8_expect(tk_isa isa, long iters) {
 /* Ops (multiply-add = 2) one iteration of each loop performs. */
 static double compute_ops_per_iter(probe_kind kind, tk_isa isa) {
     if (kind == PROBE_FMA)
-        return isa == TK_ISA_AVX512 ? 12 * 16 * 2 : isa == TK_ISA_AVX2 ? 12 * 8 * 2 : 8 * 4 * 2;
-    return isa == TK_ISA_AVX512 ? 12 * 64 * 2 : isa == TK_ISA_AVX2 ? 4 * 32 * 2 : 16 * 2;
+        return isa == TK_ISA_AVX512 ? 12 * 16 * 2 : isa >= TK_ISA_AVX2 ? 12 * 8 * 2 : 8 * 4 * 2;
+    return isa == TK_ISA_AVX512    ? 12 * 64 * 2
+           : isa == TK_ISA_AVXVNNI ? 8 * 32 * 2
+           : isa == TK_ISA_AVX2    ? 4 * 32 * 2
+                                   : 16 * 2;
 }
 
 static uint64_t compute_once(probe_kind kind, tk_isa isa, long iters) {
 #if PROBE_X86
     if (kind == PROBE_FMA && isa == TK_ISA_AVX512) return fma_avx512(iters);
-    if (kind == PROBE_FMA && isa == TK_ISA_AVX2) return fma_avx2(iters);
+    if (kind == PROBE_FMA && isa >= TK_ISA_AVX2) return fma_avx2(iters);
 #endif
     return kind == PROBE_FMA ? fma_plain(iters) : probe_int8_pass(isa, iters);
 }

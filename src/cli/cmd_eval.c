@@ -34,7 +34,7 @@ typedef struct ev_args {
 static const cli_opt EV_ROWS[] = {
     {.name = "--ref",
      .arg = "MODEL",
-     .help = "reference model (same tokenizer; run with f32 KV)",
+     .help = "reference model (same tokenizer; run with f32 KV and f32 activations)",
      .kind = CLI_STR,
      .off = offsetof(ev_args, ref)},
     {.name = "-f",
@@ -318,7 +318,9 @@ int cmd_eval(int argc, char **argv) {
         f ? cli_read_all(f, a.file, EV_MAX_TEXT, &text, &len) : tk_fail(TK_ERR_IO, "cannot read %s", a.file);
     if (f) fclose(f);
     if (!st) st = tk_model_open(o.model_path, &o.model, &m);
-    if (!st && a.ref) st = tk_model_open(a.ref, &o.model, &ref);
+    tk_model_opts ref_opts = o.model;
+    ref_opts.bf16_dot = false; /* the reference multiplies f32 activations */
+    if (!st && a.ref) st = tk_model_open(a.ref, &ref_opts, &ref);
     if (!st) st = tk_tokenize(m, text, len, true, false, &ids, &n_ids);
     long n = (long)n_ids;
     if (!st && a.max_tokens && n > a.max_tokens) n = a.max_tokens;

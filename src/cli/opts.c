@@ -45,6 +45,12 @@ static const cli_opt MODEL_ROWS[] = {
      .kind = CLI_FLAG,
      .dest = CLI_D_MODEL,
      .off = offsetof(tk_model_opts, row_layout)},
+    {.name = "--bf16-dot",
+     .help = "BF16 weights: round activations to BF16 (vdpbf16ps's arithmetic; dots within 2^-8\n"
+             "of sum |w x|; default: f32 activations, as fast on the CPUs measured)",
+     .kind = CLI_FLAG,
+     .dest = CLI_D_MODEL,
+     .off = offsetof(tk_model_opts, bf16_dot)},
     {0},
 };
 

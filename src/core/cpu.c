@@ -62,10 +62,26 @@ void cpu_detect(tk_cpu *c) {
 }
 #endif
 
+bool cpu_has_isa(const tk_cpu *c, tk_isa isa) {
+    bool avx2 = c->avx2 && c->fma && c->f16c;
+    switch (isa) {
+    case TK_ISA_SCALAR:
+        return true;
+    case TK_ISA_AVX2:
+        return avx2;
+    case TK_ISA_AVXVNNI:
+        return avx2 && c->avxvnni;
+    case TK_ISA_AVX512:
+        return avx2 && c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni;
+    default:
+        return false;
+    }
+}
+
 tk_isa cpu_best_isa(const tk_cpu *c) {
-    if (c->avx512f && c->avx512bw && c->avx512vl && c->avx512vnni && c->fma && c->f16c) return TK_ISA_AVX512;
-    if (c->avx2 && c->fma && c->f16c) return TK_ISA_AVX2;
-    return TK_ISA_SCALAR;
+    int l = TK_ISA_COUNT - 1;
+    while (l > TK_ISA_SCALAR && !cpu_has_isa(c, (tk_isa)l)) l--;
+    return (tk_isa)l;
 }
 
 tk_isa cpu_isa_from_env(const tk_cpu *c) {
@@ -77,13 +93,15 @@ tk_isa cpu_isa_from_env(const tk_cpu *c) {
         want = TK_ISA_SCALAR;
     else if (!strcmp(s, "avx2"))
         want = TK_ISA_AVX2;
+    else if (!strcmp(s, "avxvnni"))
+        want = TK_ISA_AVXVNNI;
     else if (!strcmp(s, "avx512"))
         want = TK_ISA_AVX512;
     else {
-        tk_log_warn("TOKAMAK_ISA=%s is not scalar|avx2|avx512; using %s", s, cpu_isa_name(best));
+        tk_log_warn("TOKAMAK_ISA=%s is not scalar|avx2|avxvnni|avx512; using %s", s, cpu_isa_name(best));
         return best;
     }
-    if (want > best) {
+    if (!cpu_has_isa(c, want)) {
         tk_log_warn("TOKAMAK_ISA=%s is not supported by this CPU; using %s", s, cpu_isa_name(best));
         return best;
     }
@@ -94,6 +112,8 @@ const char *cpu_isa_name(tk_isa isa) {
     switch (isa) {
     case TK_ISA_AVX512:
         return "avx512";
+    case TK_ISA_AVXVNNI:
+        return "avxvnni";
     case TK_ISA_AVX2:
         return "avx2";
     default:

@@ -8,14 +8,17 @@
 
 /* How a matmul weight's rows sit in memory. ROWS is the file's order (row r
  * at r * row bytes); X16 and X8 are Q8_0 interleaved by 16 and 8 rows (the
- * loader takes X16 where rows % 16 == 0, X8 where only rows % 8 == 0), X4
- * BF16 interleaved by 4 rows, for the decode kernels (the layout rows of src/kernels/dispatch.c,
- * docs/kernels.md), made when the weights are copied at load. */
+ * loader takes X16 where rows % 16 == 0, X8 where only rows % 8 == 0), P16
+ * BF16 pairs interleaved by 16 rows (where rows % 16 == 0 and k % 32 == 0),
+ * X4 BF16 interleaved by 4 rows (other shapes), for the decode kernels (the layout rows of
+ * src/kernels/dispatch.c, docs/kernels.md), made when the weights are copied at load. */
 typedef enum tk_layout {
     TK_LAYOUT_ROWS = 0,
     TK_LAYOUT_X16 = 1,
     TK_LAYOUT_X8 = 2,
-    TK_LAYOUT_X4 = 3,
+    TK_LAYOUT_P16 = 3, /* BF16 pairs by 16 rows, f32 activations (before X4: the loader's first pick) */
+    TK_LAYOUT_X4 = 4,
+    TK_LAYOUT_P16R = 5, /* the P16 bytes, activations rounded to BF16 (vdpbf16ps); opt-in (bf16_dot) */
     TK_LAYOUT_COUNT
 } tk_layout;
 

@@ -197,7 +197,7 @@ static const samp_simd SAMP_AVX512 = {max_clean_avx512, sum_exp_avx512};
 const samp_simd *samp_simd_for(tk_isa isa) {
 #if SAMP_X86
     if (isa == TK_ISA_AVX512) return &SAMP_AVX512;
-    if (isa == TK_ISA_AVX2) return &SAMP_AVX2;
+    if (isa >= TK_ISA_AVX2) return &SAMP_AVX2; /* avxvnni too */
 #endif
     (void)isa;
     return &SAMP_SCALAR;

@@ -10,11 +10,11 @@
 
 /* A function per ISA level, by tk_isa; the x86 levels exist on x86-64 only. */
 #if defined(__x86_64__)
-#define BY_ISA(scalar, avx2, avx512)                                                                         \
-    { [TK_ISA_SCALAR] = scalar, [TK_ISA_AVX2] = avx2, [TK_ISA_AVX512] = avx512 }
+#define BY_ISA(scalar, avx2, avxvnni, avx512)                                                                \
+    { [TK_ISA_SCALAR] = scalar, [TK_ISA_AVX2] = avx2, [TK_ISA_AVXVNNI] = avxvnni, [TK_ISA_AVX512] = avx512 }
 #define TOP_ISA TK_ISA_AVX512
 #else
-#define BY_ISA(scalar, avx2, avx512)                                                                         \
+#define BY_ISA(scalar, avx2, avxvnni, avx512)                                                                \
     { [TK_ISA_SCALAR] = scalar }
 #define TOP_ISA TK_ISA_SCALAR
 #endif
@@ -24,45 +24,57 @@
 static const tk_weight_kernels WEIGHTS[TK_DTYPE_COUNT][TK_LAYOUT_COUNT] = {
     [TK_DTYPE_F32][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_F32,
                                       .gemv = BY_ISA(kern_gemv_f32_ref, kern_gemv_f32_avx2,
-                                                     kern_gemv_f32_avx512)},
+                                                     kern_gemv_f32_avxvnni, kern_gemv_f32_avx512)},
     [TK_DTYPE_F16][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_F32,
                                       .gemv = BY_ISA(kern_gemv_f16_ref, kern_gemv_f16_avx2,
-                                                     kern_gemv_f16_avx512)},
+                                                     kern_gemv_f16_avxvnni, kern_gemv_f16_avx512)},
     [TK_DTYPE_BF16][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_F32,
                                        .gemv = BY_ISA(kern_gemv_bf16_ref, kern_gemv_bf16_avx2,
-                                                      kern_gemv_bf16_avx512)},
+                                                      kern_gemv_bf16_avxvnni, kern_gemv_bf16_avx512)},
     [TK_DTYPE_BF16][TK_LAYOUT_X4] = {.act = TK_DTYPE_F32,
                                      .pack = kern_pack_bf16_x4,
                                      .dequant_row = kern_dequant_bf16_x4_row,
                                      .gemv = BY_ISA(kern_gemv_bf16_x4_ref, kern_gemv_bf16_x4_avx2,
-                                                    kern_gemv_bf16_x4_avx512)},
+                                                    kern_gemv_bf16_x4_avxvnni, kern_gemv_bf16_x4_avx512)},
+    [TK_DTYPE_BF16][TK_LAYOUT_P16] = {.act = TK_DTYPE_F32,
+                                      .pack = kern_pack_bf16_p16,
+                                      .dequant_row = kern_dequant_bf16_p16_row,
+                                      .gemv = BY_ISA(kern_gemv_bf16_p16_ref, kern_gemv_bf16_p16_avx2,
+                                                     kern_gemv_bf16_p16_avxvnni, kern_gemv_bf16_p16_avx512)},
+    [TK_DTYPE_BF16][TK_LAYOUT_P16R] = {.act = TK_DTYPE_F32,
+                                       .pack = kern_pack_bf16_p16,
+                                       .dequant_row = kern_dequant_bf16_p16_row,
+                                       .gemv =
+                                           BY_ISA(kern_gemv_bf16_p16r_ref, kern_gemv_bf16_p16r_avx2,
+                                                  kern_gemv_bf16_p16r_avxvnni, kern_gemv_bf16_p16r_avx512),
+                                       .rounds_act = true},
     [TK_DTYPE_Q8_0][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_0,
                                        .gemv = BY_ISA(kern_gemv_q8_0_ref, kern_gemv_q8_0_avx2,
-                                                      kern_gemv_q8_0_avx512)},
+                                                      kern_gemv_q8_0_avxvnni, kern_gemv_q8_0_avx512)},
     [TK_DTYPE_Q8_0][TK_LAYOUT_X16] = {.act = TK_DTYPE_Q8_0,
                                       .pack = kern_pack_q8_0_x16,
                                       .dequant_row = kern_dequant_q8_0_x16_row,
                                       .gemv = BY_ISA(kern_gemv_q8_0_x16_ref, kern_gemv_q8_0_x16_avx2,
-                                                     kern_gemv_q8_0_x16_avx512)},
+                                                     kern_gemv_q8_0_x16_avxvnni, kern_gemv_q8_0_x16_avx512)},
     [TK_DTYPE_Q8_0][TK_LAYOUT_X8] = {.act = TK_DTYPE_Q8_0,
                                      .pack = kern_pack_q8_0_x8,
                                      .dequant_row = kern_dequant_q8_0_x8_row,
                                      .gemv = BY_ISA(kern_gemv_q8_0_x8_ref, kern_gemv_q8_0_x8_avx2,
-                                                    kern_gemv_q8_0_x8_avx512)},
+                                                    kern_gemv_q8_0_x8_avxvnni, kern_gemv_q8_0_x8_avx512)},
     [TK_DTYPE_Q4_0][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_0,
                                        .gemv = BY_ISA(kern_gemv_q4_0_ref, kern_gemv_q4_0_avx2,
-                                                      kern_gemv_q4_0_avx512)},
+                                                      kern_gemv_q4_0_avxvnni, kern_gemv_q4_0_avx512)},
     [TK_DTYPE_Q4_0][TK_LAYOUT_X16] = {.act = TK_DTYPE_Q8_0,
                                       .pack = kern_pack_q4_0_x16,
                                       .dequant_row = kern_dequant_q4_0_x16_row,
                                       .gemv = BY_ISA(kern_gemv_q4_0_x16_ref, kern_gemv_q4_0_x16_avx2,
-                                                     kern_gemv_q4_0_x16_avx512)},
+                                                     kern_gemv_q4_0_x16_avxvnni, kern_gemv_q4_0_x16_avx512)},
     [TK_DTYPE_Q4_K][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_K,
                                        .gemv = BY_ISA(kern_gemv_q4_k_ref, kern_gemv_q4_k_avx2,
-                                                      kern_gemv_q4_k_avx512)},
+                                                      kern_gemv_q4_k_avxvnni, kern_gemv_q4_k_avx512)},
     [TK_DTYPE_Q6_K][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_K,
                                        .gemv = BY_ISA(kern_gemv_q6_k_ref, kern_gemv_q6_k_avx2,
-                                                      kern_gemv_q6_k_avx512)},
+                                                      kern_gemv_q6_k_avxvnni, kern_gemv_q6_k_avx512)},
 };
 
 const tk_weight_kernels *kern_weight(tk_dtype t, tk_layout layout) {
@@ -79,9 +91,17 @@ tk_gemv_fn kern_gemv(const tk_kernels *K, tk_dtype t, tk_layout layout) {
 tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {
     for (int l = TK_LAYOUT_ROWS + 1; l < TK_LAYOUT_COUNT; l++) {
         const tk_weight_kernels *w = kern_weight(t, (tk_layout)l);
-        if (w && w->pack && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
+        if (w && w->pack && !w->rounds_act && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
     }
     return TK_LAYOUT_ROWS;
+}
+
+tk_layout kern_pack_rounding(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {
+    for (int l = TK_LAYOUT_ROWS + 1; l < TK_LAYOUT_COUNT; l++) {
+        const tk_weight_kernels *w = kern_weight(t, (tk_layout)l);
+        if (w && w->pack && w->rounds_act && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
+    }
+    return kern_pack(t, rows_in, out, rows, k);
 }
 
 void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out) {
@@ -149,35 +169,29 @@ static const tk_kernels KERNELS_SCALAR = {
 };
 
 #if defined(__x86_64__)
-static const tk_kernels KERNELS_AVX2 = {
-    .isa = TK_ISA_AVX2,
-    .quant_q8_0 = kern_quant_q8_0_avx2,
-    .quant_q8_k = kern_quant_q8_k_avx2,
-    .rmsnorm = kern_rmsnorm_avx2,
-    .add = kern_add_avx2,
-    .silu_mul = kern_silu_mul_avx2,
-    .dequant_row =
-        {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},
-    .attn = kv_attn_avx2,
-    .attn_part = kv_attn_part_avx2,
-    .attn_lanes = 8,
-    .kv_to_f16 = kv_to_f16_avx2,
-};
+/* AVX-VNNI's table is AVX2's: only its int8 gemvs (the weight table) differ. */
+#define KERNELS_AVX2_ROWS                                                                                    \
+    .quant_q8_0 = kern_quant_q8_0_avx2, .quant_q8_k = kern_quant_q8_k_avx2, .rmsnorm = kern_rmsnorm_avx2,    \
+    .add = kern_add_avx2, .silu_mul = kern_silu_mul_avx2,                                                    \
+    .dequant_row =                                                                                           \
+        {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},  \
+    .attn = kv_attn_avx2, .attn_part = kv_attn_part_avx2, .attn_lanes = 8, .kv_to_f16 = kv_to_f16_avx2
 
-static const tk_kernels KERNELS_AVX512 = {
-    .isa = TK_ISA_AVX512,
-    .quant_q8_0 = kern_quant_q8_0_avx512,
-    .quant_q8_k = kern_quant_q8_k_avx512,
-    .rmsnorm = kern_rmsnorm_avx512,
-    .add = kern_add_avx512,
-    .silu_mul = kern_silu_mul_avx512,
-    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,
-                    [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},
-    .attn = kv_attn_avx512,
-    .attn_part = kv_attn_part_avx512,
-    .attn_lanes = 16,
-    .kv_to_f16 = kv_to_f16_avx512,
-};
+static const tk_kernels KERNELS_AVX2 = {.isa = TK_ISA_AVX2, KERNELS_AVX2_ROWS};
+static const tk_kernels KERNELS_AVXVNNI = {.isa = TK_ISA_AVXVNNI, KERNELS_AVX2_ROWS};
+#undef KERNELS_AVX2_ROWS
+
+#define KERNELS_AVX512_ROWS                                                                                  \
+    .isa = TK_ISA_AVX512, .quant_q8_0 = kern_quant_q8_0_avx512, .quant_q8_k = kern_quant_q8_k_avx512,        \
+    .rmsnorm = kern_rmsnorm_avx512, .add = kern_add_avx512, .silu_mul = kern_silu_mul_avx512,                \
+    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,                                \
+                    [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},                                             \
+    .attn = kv_attn_avx512, .attn_part = kv_attn_part_avx512, .attn_lanes = 16,                              \
+    .kv_to_f16 = kv_to_f16_avx512
+
+static const tk_kernels KERNELS_AVX512 = {KERNELS_AVX512_ROWS};
+#undef KERNELS_AVX512_ROWS
+
 #endif
 
 const tk_kernels *kernels_get(tk_isa isa) {
@@ -185,6 +199,8 @@ const tk_kernels *kernels_get(tk_isa isa) {
     switch (isa) {
     case TK_ISA_AVX512:
         return &KERNELS_AVX512;
+    case TK_ISA_AVXVNNI:
+        return &KERNELS_AVXVNNI;
     case TK_ISA_AVX2:
         return &KERNELS_AVX2;
     default:
@@ -200,7 +216,11 @@ tk_isa kernels_top_isa(void) { return TOP_ISA; }
 
 kv_attn_fn kern_attn_for(tk_isa isa, int head_dim, tk_isa *level) {
     int l = (int)isa > (int)TOP_ISA ? (int)TOP_ISA : (int)isa;
-    while (l > TK_ISA_SCALAR && (head_dim <= 0 || head_dim % kernels_get((tk_isa)l)->attn_lanes)) l--;
+    /* down past levels that do not take head_dim, and past those that run the
+     * level below's attention (avxvnni: avx2's), so *level names the kernel */
+    while (l > TK_ISA_SCALAR && (head_dim <= 0 || head_dim % kernels_get((tk_isa)l)->attn_lanes ||
+                                 kernels_get((tk_isa)l)->attn == kernels_get((tk_isa)(l - 1))->attn))
+        l--;
     if (l < TK_ISA_SCALAR) l = TK_ISA_SCALAR;
     if (level) *level = (tk_isa)l;
     return kernels_get((tk_isa)l)->attn;

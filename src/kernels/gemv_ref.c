@@ -262,3 +262,44 @@ void kern_rope(float *x, int n_head, int head_dim, int pos, const float *freqs, 
         }
     }
 }
+
+/* BF16 as a product operand of vdpbf16ps: a subnormal reads as zero. */
+static float bf16_daz(tk_bf16 b) { return (b & 0x7f80u) ? tk_bf16_to_f32(b) : 0.0f; }
+
+/* The pair layouts' arithmetic (kernels_ref.h): one chain per (row, token),
+ * odd then even element of each pair, each step an FMA. round (P16R): the
+ * activations rounded to BF16 and subnormal weights read as zero, as
+ * vdpbf16ps does; the products are then exact, so the FMA is s + a * b. */
+static void gemv_bf16_pairs(bool round, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *g = (const uint16_t *)w + (size_t)(r / 16) * 16 * (size_t)k + (size_t)(r % 16) * 2;
+        for (int t = 0; t < n_tok; t++) {
+            const float *x = (const float *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t j = 0; j < k / 2; j++) {
+                const uint16_t *c = g + (size_t)j * 32;
+                float xe = x[2 * j], xo = x[2 * j + 1], we = tk_bf16_to_f32(c[0]), wo = tk_bf16_to_f32(c[1]);
+                if (round) {
+                    xe = tk_bf16_to_f32(kern_act_bf16_ref(xe));
+                    xo = tk_bf16_to_f32(kern_act_bf16_ref(xo));
+                    we = bf16_daz(c[0]);
+                    wo = bf16_daz(c[1]);
+                }
+                s = fmaf(wo, xo, s);
+                s = fmaf(we, xe, s);
+            }
+            y[t * ldy + r] = s;
+        }
+    }
+}
+
+void kern_gemv_bf16_p16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    gemv_bf16_pairs(false, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+void kern_gemv_bf16_p16r_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    gemv_bf16_pairs(true, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}

@@ -85,6 +85,10 @@ typedef struct tk_weight_kernels {
      * for TK_LAYOUT_ROWS (tk_kernels.dequant_row at row * row bytes). */
     void (*dequant_row)(const void *w, int64_t k, int64_t row, float *out);
     tk_gemv_fn gemv[TK_ISA_COUNT]; /* by tk_isa; every level of the build is filled */
+    /* The gemv rounds its f32 activations to BF16 (it does not give the f32
+     * activations' result): kern_pack never picks the layout, only
+     * kern_pack_rounding, when the model asks for it. */
+    bool rounds_act;
 } tk_weight_kernels;
 
 /* The row for (t, layout); NULL when no matmul reads t in that layout. */
@@ -102,13 +106,17 @@ static inline tk_gemv_fn kern_gemv_of(const tk_kernels *K, const tk_tensor *w) {
  * TK_LAYOUT_ROWS, writing nothing, when no layout takes it (the caller copies
  * the rows as they are). out holds as many bytes as the input. */
 tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k);
+/* As kern_pack, but a layout whose gemv rounds the activations (rounds_act:
+ * BF16's vdpbf16ps layout) comes first when it takes the shape. */
+tk_layout kern_pack_rounding(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k);
 /* Row `row` of weight tensor t (any layout) as floats; t->type has a dequant_row. */
 void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out);
 
 /* The attention kernel for head_dim at level isa: isa's own when head_dim is
  * a multiple of its attn_lanes, else the next level down that takes it
  * (scalar takes any head_dim, so a SIMD kernel carries no tail code). The
- * level chosen goes to *level (may be NULL). */
+ * level whose kernel it is goes to *level (may be NULL): avx2 for avxvnni,
+ * which runs AVX2's attention. */
 kv_attn_fn kern_attn_for(tk_isa isa, int head_dim, tk_isa *level);
 
 /* Activation format for a weight type, and its row size for k elements

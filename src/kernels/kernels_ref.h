@@ -119,6 +119,30 @@ int kern_q4_0_x16_q(const uint8_t *blk, int i, int e);
 bool kern_pack_bf16_x4(const void *rows_in, void *out, int64_t rows, int64_t k);
 void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out);
 
+/* BF16 pairs interleaved by 16 rows (TK_LAYOUT_P16 and TK_LAYOUT_P16R, the
+ * same bytes), for rows % 16 == 0 and k % 32 == 0: group g (rows
+ * 16g..16g+15) is k / 2 chunks of 64 bytes, chunk j holding w[16g + i][2j],
+ * w[16g + i][2j + 1] for i = 0..15 in turn, so one 512-bit load is sixteen
+ * rows' pair (the operand of vdpbf16ps, or two FMAs after a shift and a
+ * mask) against a broadcast activation pair. Each (row, token) is one chain
+ * over the pairs: s = fma(w[2j+1], x[2j+1], s), then s = fma(w[2j], x[2j], s).
+ * P16 takes the f32 activations. P16R (opt-in, tk_weight_kernels.rounds_act)
+ * first rounds them to BF16 (kern_act_bf16_ref), which makes each product
+ * exact in f32: vdpbf16ps's arithmetic (which also reads subnormal BF16 as
+ * zero). */
+bool kern_pack_bf16_p16(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_bf16_p16_row(const void *w, int64_t k, int64_t row, float *out);
+/* f32 to BF16 as vcvtneps2bf16: round to nearest even, a subnormal to a zero
+ * of its sign, NaN quiet. */
+tk_bf16 kern_act_bf16_ref(float x);
+void kern_gemv_bf16_p16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_p16r_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+/* The P16 gemvs round a pass of tokens' activations onto the stack, at most
+ * P16_PAIRS 32-bit entries (64 KB); a k beyond P16_PAIRS runs the reference. */
+#define P16_PAIRS 16384
+
 /* ---- attention over the paged KV cache (attn_ref.c) -------------------------------- */
 void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
                  int h1, float scale, float *out, float *scratch);
@@ -153,6 +177,10 @@ void kern_gemv_q4_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const
                          int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_p16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_p16r_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_quant_q8_0_avx2(const float *x, void *xq, int64_t k);
 void kern_quant_q8_k_avx2(const float *x, void *xq, int64_t k);
 void kern_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
@@ -166,6 +194,36 @@ void kv_attn_avx2(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const 
 void kv_attn_part_avx2(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_to_f16_avx2(const float *x, tk_f16 *y, int n);
+
+/* ---- AVX2 + AVX-VNNI (x86/<name>_avxvnni.c): the AVX2 bodies with VEX vpdpbusd;
+ * the level's other kernels are the AVX2 ones ------------------------------------ */
+void kern_gemv_f32_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+void kern_gemv_f16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                           int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x8_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_x4_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_0_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_k_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+
+void kern_gemv_bf16_p16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_p16r_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                 size_t xq_stride, int n_tok, float *y, int64_t ldy);
 
 /* ---- AVX-512 F/BW/VL/VNNI (x86/<name>_avx512.c) ------------------------------------ */
 void kern_gemv_f32_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
@@ -190,6 +248,15 @@ void kern_gemv_q4_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, con
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_p16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_bf16_p16r_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
+/* x86/bf16dot_avx512.c: P16R by vdpbf16ps, for CPUs with AVX512-BF16 (the
+ * same bits). Tested, not dispatched: on the Sapphire Rapids class machine the
+ * instruction runs at ~0.85x the two FMAs it replaces (docs/kernels.md). */
+void kern_gemv_bf16_p16r_avx512bf16(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                    size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_quant_q8_0_avx512(const float *x, void *xq, int64_t k);
 void kern_quant_q8_k_avx512(const float *x, void *xq, int64_t k);
 void kern_rmsnorm_avx512(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -413,3 +413,28 @@ void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out)
     const uint16_t *g = (const uint16_t *)w + (size_t)(row / 4) * 4 * (size_t)k + (size_t)(row % 4) * 16;
     for (int64_t j = 0; j < k / 16; j++) kern_dequant_bf16_ref(g + (size_t)j * 64, out + j * 16, 16);
 }
+
+/* ---- BF16 pairs interleaved by 16 rows (kernels_ref.h) ---------------------------- */
+
+bool kern_pack_bf16_p16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % 16 || k <= 0 || k % 32) return false;
+    const uint16_t *in = rows_in;
+    uint16_t *o = out;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < k / 2; j++)
+            memcpy(o + (size_t)(r / 16) * 16 * (size_t)k + (size_t)j * 32 + (size_t)(r % 16) * 2,
+                   in + (size_t)r * (size_t)k + (size_t)j * 2, 2 * sizeof *o);
+    return true;
+}
+
+void kern_dequant_bf16_p16_row(const void *w, int64_t k, int64_t row, float *out) {
+    const uint16_t *g = (const uint16_t *)w + (size_t)(row / 16) * 16 * (size_t)k + (size_t)(row % 16) * 2;
+    for (int64_t j = 0; j < k / 2; j++) kern_dequant_bf16_ref(g + (size_t)j * 32, out + 2 * j, 2);
+}
+
+tk_bf16 kern_act_bf16_ref(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0) return (tk_bf16)((u >> 16) & 0x8000u);
+    return tk_f32_to_bf16(x);
+}

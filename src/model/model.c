@@ -418,7 +418,9 @@ static bool is_matmul_weight(const tk_model *m, const tk_tensor *t) {
 /* Copy every matmul weight (file views and owned repacks alike) to one
  * anonymous region advised for transparent huge pages, packing each matrix
  * into its type's interleaved layout on the way where the kernels have one
- * (kern_pack: Q8_0 by 16 or 8 rows, BF16 by 4), unless o->row_layout. Decode
+ * (kern_pack: Q8_0 by 16 or 8 rows, BF16 by pairs of 16 rows or by 4; with
+ * o->bf16_dot, BF16 pairs whose gemv rounds activations to BF16), unless
+ * o->row_layout. Decode
  * streams all weights every token; with 4 KiB file pages each page costs a
  * TLB walk and stops the hardware prefetcher, which measured 10-15% of the
  * read bandwidth here. */
@@ -467,7 +469,8 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         const void *old = t->data;
         int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
         tk_layout lay = TK_LAYOUT_ROWS;
-        if (!o->row_layout && is_matmul_weight(m, t)) lay = kern_pack(t->type, old, p + off, rows, t->ne[0]);
+        if (!o->row_layout && is_matmul_weight(m, t))
+            lay = (o->bf16_dot ? kern_pack_rounding : kern_pack)(t->type, old, p + off, rows, t->ne[0]);
         if (lay == TK_LAYOUT_ROWS) memcpy(p + off, old, (size_t)t->nbytes);
         /* A tied output shares the embedding's data: move both. */
         for (int j = 0; j < n; j++)

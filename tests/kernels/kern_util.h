@@ -188,38 +188,61 @@ static inline void kt_check_invariance_xr(tk_dtype tw, tk_gemv_fn fn, int R, kt_
     free(xq);
 }
 
+/* A BF16 gemv case: rows x k Gaussian BF16 weights (0.5) in file order and a
+ * buffer of the same size for a packed copy, n_tok Gaussian activation rows
+ * (1.0) with a ragged stride, a ragged [r0, r1) and ldy, and two outputs. */
+typedef struct {
+    int64_t r0, r1, ldy;
+    size_t xs;
+    uint16_t *w, *wp;
+    float *x, *y, *want;
+} kt_bf16_case;
+
+static inline void kt_bf16_case_make(kt_rng *r, int64_t rows, int64_t k, int n_tok, kt_bf16_case *c) {
+    c->r0 = kt_int(r, 0, (int)rows - 1);
+    c->r1 = kt_int(r, (int)c->r0 + 1, (int)rows);
+    c->ldy = rows + kt_int(r, 0, 3);
+    c->xs = (size_t)k * sizeof(float) + (size_t)kt_int(r, 0, 3) * 4;
+    float *f = malloc((size_t)k * sizeof *f);
+    c->x = malloc(c->xs * (size_t)n_tok);
+    c->w = malloc((size_t)(rows * k) * 2);
+    c->wp = malloc((size_t)(rows * k) * 2);
+    c->y = malloc((size_t)(c->ldy * n_tok) * sizeof *c->y);
+    c->want = malloc((size_t)(c->ldy * n_tok) * sizeof *c->want);
+    for (int64_t i = 0; i < rows; i++) {
+        kt_fill(r, f, k, 0.5f);
+        for (int64_t j = 0; j < k; j++) c->w[i * k + j] = tk_f32_to_bf16(f[j]);
+    }
+    for (int t = 0; t < n_tok; t++) kt_fill(r, (float *)((char *)c->x + (size_t)t * c->xs), k, 1.0f);
+    free(f);
+}
+
+static inline void kt_bf16_case_free(kt_bf16_case *c) {
+    free(c->x);
+    free(c->w);
+    free(c->wp);
+    free(c->y);
+    free(c->want);
+}
+
 /* An interleaved BF16 gemv (4-row layout) against a row-order one: random
  * rows (a multiple of 4), k a multiple of 16, ragged [r0, r1), NaN-filled y;
  * the results must be the same bits (the layouts differ only in addresses). */
 static inline void kt_bf16_x4_case(tk_gemv_fn x4, tk_gemv_fn rows_fn, kt_rng *r, int n_tok,
                                    const char *what) {
     int64_t k = 16 * kt_int(r, 1, 40), rows = 4 * kt_int(r, 1, 6);
-    int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
-            ldy = rows + kt_int(r, 0, 3);
-    size_t xs = (size_t)k * sizeof(float) + (size_t)kt_int(r, 0, 3) * 4;
-    float *f = malloc((size_t)k * sizeof *f), *x = malloc(xs * (size_t)n_tok);
-    uint16_t *w = malloc((size_t)(rows * k) * 2), *w4 = malloc((size_t)(rows * k) * 2);
-    float *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
-          *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
-    for (int64_t i = 0; i < rows; i++) {
-        kt_fill(r, f, k, 0.5f);
-        for (int64_t j = 0; j < k; j++) w[i * k + j] = tk_f32_to_bf16(f[j]);
-    }
-    for (int t = 0; t < n_tok; t++) kt_fill(r, (float *)((char *)x + (size_t)t * xs), k, 1.0f);
-    assert_true(kern_pack_bf16_x4(w, w4, rows, k));
-    for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
-    rows_fn(k, w, r0, r1, x, xs, n_tok, want, ldy);
-    x4(k, w4, r0, r1, x, xs, n_tok, y, ldy);
-    for (int64_t i = 0; i < ldy * n_tok; i++)
-        if (memcmp(&y[i], &want[i], sizeof *y) && !(isnan(y[i]) && isnan(want[i])))
+    kt_bf16_case c;
+    kt_bf16_case_make(r, rows, k, n_tok, &c);
+    assert_true(kern_pack_bf16_x4(c.w, c.wp, rows, k));
+    for (int64_t i = 0; i < c.ldy * n_tok; i++) c.y[i] = c.want[i] = NAN;
+    rows_fn(k, c.w, c.r0, c.r1, c.x, c.xs, n_tok, c.want, c.ldy);
+    x4(k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.y, c.ldy);
+    for (int64_t i = 0; i < c.ldy * n_tok; i++)
+        if (memcmp(&c.y[i], &c.want[i], sizeof *c.y) && !(isnan(c.y[i]) && isnan(c.want[i])))
             fail_msg("%s bf16 x4: k %lld rows [%lld,%lld) n_tok %d: output %lld %.9g != row layout %.9g",
-                     what, (long long)k, (long long)r0, (long long)r1, n_tok, (long long)i, y[i], want[i]);
-    free(f);
-    free(x);
-    free(w);
-    free(w4);
-    free(y);
-    free(want);
+                     what, (long long)k, (long long)c.r0, (long long)c.r1, n_tok, (long long)i, c.y[i],
+                     c.want[i]);
+    kt_bf16_case_free(&c);
 }
 
 #endif

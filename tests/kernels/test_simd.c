@@ -2,7 +2,7 @@
  * random shapes with ragged row ranges and tails, n_tok 1..9, and a stated
  * tolerance; every row of the weight table (each weight type and layout) and
  * the attention kernels as kern_attn_for picks them.
- *   kernels_test_simd LEVEL   LEVEL = scalar, avx2 or avx512. Exits 77 (ctest
+ *   kernels_test_simd LEVEL   LEVEL = scalar, avx2, avxvnni or avx512. Exits 77 (ctest
  *                             reports it skipped) when this build or this CPU
  *                             does not have the level, so a missing level is
  *                             never counted as a pass.
@@ -327,12 +327,19 @@ static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, 
         char *xq = malloc(xb * (size_t)n_tok);
         float *xf = malloc((size_t)k * sizeof *xf), *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
               *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
+        /* a layout whose gemv rounds activations to BF16 is held to the
+         * file-order reference given the rounded activations */
+        char *xr = malloc(xb * (size_t)n_tok);
         for (int i = 0; i < n_tok; i++) {
             kt_fill(r, xf, k, 2.0f);
             kern_quant_act(R, t, xf, xq + (size_t)i * xb, k);
+            if (w->rounds_act)
+                for (int64_t j = 0; j < k; j++) xf[j] = tk_bf16_to_f32(kern_act_bf16_ref(xf[j]));
+            kern_quant_act(R, t, xf, xr + (size_t)i * xb, k);
         }
         for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
-        ref(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
+        ref(k, wq, r0, r1, xr, xb, n_tok, want, ldy);
+        free(xr);
         fn(k, wl, r0, r1, xq, xb, n_tok, y, ldy);
         double num = 0, den = 0;
         for (int tt = 0; tt < n_tok; tt++)
@@ -444,6 +451,89 @@ static void test_simd_gemv_bf16_x4(void **state) {
                             kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_ROWS), &r, n_tok, cpu_isa_name(K->isa));
 }
 
+/* One P16 case: rows x k BF16 weights (Gaussian, 0.5), n_tok Gaussian
+ * activations; every gemv in fns must give kern_gemv_bf16_p16r_ref's bits
+ * over [r0, r1) and write nothing else, and the reference must be within
+ * the stated bound of the float64 dot with the unrounded activations:
+ * |y - dot| <= (2^-8 + 1.01 k 2^-24) sum |w x| (2^-8: the unit roundoff of
+ * BF16, one rounding of each activation; the second term: k f32 adds).
+ * Returns the largest |y - dot| / sum |w x| seen. */
+static double p16_case(bool round, const tk_gemv_fn *fns, int n_fn, kt_rng *r, int64_t rows, int64_t k,
+                       int n_tok, const char *what) {
+    kt_bf16_case c;
+    kt_bf16_case_make(r, rows, k, n_tok, &c);
+    assert_true(kern_pack_bf16_p16(c.w, c.wp, rows, k));
+    for (int64_t i = 0; i < c.ldy * n_tok; i++) c.want[i] = NAN;
+    (round ? kern_gemv_bf16_p16r_ref : kern_gemv_bf16_p16_ref)(k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.want,
+                                                               c.ldy);
+    for (int f = 0; f < n_fn; f++) {
+        for (int64_t i = 0; i < c.ldy * n_tok; i++) c.y[i] = NAN;
+        fns[f](k, c.wp, c.r0, c.r1, c.x, c.xs, n_tok, c.y, c.ldy);
+        for (int64_t i = 0; i < c.ldy * n_tok; i++)
+            if (memcmp(&c.y[i], &c.want[i], sizeof *c.y) && !(isnan(c.y[i]) && isnan(c.want[i])))
+                fail_msg("%s bf16 p16 (gemv %d): k %lld rows [%lld,%lld) n_tok %d: output %lld %.9g != "
+                         "reference %.9g",
+                         what, f, (long long)k, (long long)c.r0, (long long)c.r1, n_tok, (long long)i, c.y[i],
+                         c.want[i]);
+    }
+    double worst = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t i = c.r0; i < c.r1; i++) {
+            const float *xt = (const float *)((const char *)c.x + (size_t)t * c.xs);
+            double dot = 0, mag = 0;
+            for (int64_t j = 0; j < k; j++) {
+                double p = (double)tk_bf16_to_f32(c.w[i * k + j]) * xt[j];
+                dot += p;
+                mag += fabs(p);
+            }
+            double err = fabs((double)c.want[t * c.ldy + i] - dot),
+                   bound = ((round ? ldexp(1, -8) : 0) + 1.01 * (double)k * ldexp(1, -24)) * mag;
+            if (!(err <= bound))
+                fail_msg("%s bf16 p16: k %lld row %lld token %d: |y - dot| %.3g > bound %.3g", what,
+                         (long long)k, (long long)i, t, err, bound);
+            if (mag > 0 && err / mag > worst) worst = err / mag;
+        }
+    kt_bf16_case_free(&c);
+    return worst;
+}
+
+/* The BF16 pair layouts: P16 (f32 activations) and P16R (rounded to BF16;
+ * vdpbf16ps's arithmetic) at every level give their reference's bits (P16R
+ * also by vdpbf16ps itself, kern_gemv_bf16_p16r_avx512bf16, on a CPU that has
+ * it), for token counts past the 12-token tile, k that makes several
+ * activation passes and row blocks, k beyond the pass (the reference), rows
+ * cut inside groups (the reference computes each (row, token) alone, so its
+ * bits for every n_tok and range are batch and split invariance); and the
+ * bounds against float64: P16 the f32 accumulation's, P16R 2^-8 of sum |w x|
+ * more for the rounding. */
+static void test_simd_gemv_bf16_p16(void **state) {
+    const tk_kernels *K = level_of(state);
+    const char *what = cpu_isa_name(K->isa);
+    for (int round = 0; round < 2; round++) {
+        tk_gemv_fn fns[2] = {kern_gemv(K, TK_DTYPE_BF16, round ? TK_LAYOUT_P16R : TK_LAYOUT_P16), NULL};
+        int n_fn = 1;
+#if defined(__x86_64__)
+        tk_cpu c;
+        cpu_detect(&c);
+        if (round && K->isa == TK_ISA_AVX512 && c.avx512bf16) fns[n_fn++] = kern_gemv_bf16_p16r_avx512bf16;
+#endif
+        kt_rng r = {1632};
+        double worst = 0, e;
+        for (int n_tok = 1; n_tok <= 30; n_tok++) {
+            e = p16_case(round, fns, n_fn, &r, 16 * kt_int(&r, 1, 4), 32 * kt_int(&r, 1, 24), n_tok, what);
+            worst = e > worst ? e : worst;
+        }
+        /* several row blocks and passes; one token a pass at k = P16_PAIRS; beyond it */
+        const int64_t shapes[3][3] = {{160, 2048, 13}, {32, P16_PAIRS, 3}, {16, P16_PAIRS + 32, 2}};
+        for (int i = 0; i < 3; i++) {
+            e = p16_case(round, fns, n_fn, &r, shapes[i][0], shapes[i][1], (int)shapes[i][2], what);
+            worst = e > worst ? e : worst;
+        }
+        print_message("%s bf16 %s: max |y - dot| / sum |w x| = %.3g (%d kernels)\n", what,
+                      round ? "p16r" : "p16", worst, n_fn);
+    }
+}
+
 /* Attention through the dispatcher at this level: a pool opened at the level
  * runs kern_attn_for's kernel (the level's own, or the one below for a
  * head_dim it does not take); its output is compared with the reference
@@ -478,7 +568,7 @@ static void test_simd_attention(void **state) {
             const kv_attn_fn fn = kern_attn_for(K->isa, hd, &want_level);
             assert_int_equal(kv_isa(kv), want_level);
             assert_true(want_level <= K->isa);
-            if (hd % K->attn_lanes == 0) assert_int_equal(want_level, K->isa);
+            if (hd % K->attn_lanes == 0) assert_true(fn == K->attn); /* the level's own (avxvnni: avx2's) */
             int32_t bt[4];
             for (int i = 0; i < 4; i++) bt[3 - i] = kv_block_alloc(kv); /* blocks out of order */
             const size_t row = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
@@ -611,10 +701,27 @@ static void test_simd_pack(void **state) {
     assert_int_equal(kern_pack(TK_DTYPE_BF16, w, w4b, rb, kb), TK_LAYOUT_X4);
     assert_memory_equal(w4, w4b, sizeof w4);
     assert_int_equal(kern_pack(TK_DTYPE_F16, w, w4b, rb, kb), TK_LAYOUT_ROWS);
+    /* 16 rows x 32: P16 by default, P16R (rounding) only when asked; 8 rows: X4 either way */
+    uint16_t wb16[16 * 32], wp[16 * 32], wpb[16 * 32];
+    for (int i = 0; i < 16 * 32; i++) wb16[i] = tk_f32_to_bf16(kt_gauss(&r));
+    assert_true(kern_pack_bf16_p16(wb16, wp, 16, 32));
+    assert_int_equal(kern_pack(TK_DTYPE_BF16, wb16, wpb, 16, 32), TK_LAYOUT_P16);
+    assert_memory_equal(wp, wpb, sizeof wp);
+    assert_int_equal(kern_pack_rounding(TK_DTYPE_BF16, wb16, wpb, 16, 32), TK_LAYOUT_P16R);
+    assert_memory_equal(wp, wpb, sizeof wp);
+    assert_int_equal(kern_pack_rounding(TK_DTYPE_BF16, w, w4b, rb, kb), TK_LAYOUT_X4);
+    for (int64_t i = 0; i < 16; i++) {
+        kern_dequant_bf16_ref(wb16 + i * 32, a, 32);
+        kern_dequant_bf16_p16_row(wp, 32, i, b);
+        assert_memory_equal(a, b, 32 * sizeof *a);
+    }
+    assert_false(kern_pack_bf16_p16(wb16, wp, 8, 32));  /* rows not a multiple of 16 */
+    assert_false(kern_pack_bf16_p16(wb16, wp, 16, 16)); /* k not a multiple of 32 */
 }
 
 /* The head_dim fallback: a level's kernel takes head_dim % attn_lanes == 0,
- * otherwise the next level down; scalar takes any. */
+ * otherwise the next level down; scalar takes any. A level that runs the one
+ * below's kernel (avxvnni) reports that level. */
 static void test_simd_attention_fallback(void **state) {
     (void)state;
     static const int hds[] = {1, 8, 16, 20, 40, 64, 72, 128, 0, -8};
@@ -623,7 +730,9 @@ static void test_simd_attention_fallback(void **state) {
             tk_isa got;
             kv_attn_fn fn = kern_attn_for((tk_isa)isa, hds[i], &got);
             int want = isa;
-            while (want > 0 && (hds[i] <= 0 || hds[i] % kernels_get((tk_isa)want)->attn_lanes)) want--;
+            while (want > 0 && (hds[i] <= 0 || hds[i] % kernels_get((tk_isa)want)->attn_lanes ||
+                                kernels_get((tk_isa)want)->attn == kernels_get((tk_isa)(want - 1))->attn))
+                want--;
             assert_int_equal(got, want);
             assert_true(fn == kernels_get(got)->attn);
             assert_true(kern_attn_for((tk_isa)isa, hds[i], NULL) == fn);
@@ -636,6 +745,7 @@ static void test_simd_attention_fallback(void **state) {
     assert_true(kern_attn_for(TK_ISA_AVX512, 40, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
     assert_true(kern_attn_for(TK_ISA_AVX512, 20, &got) == kv_attn_ref && got == TK_ISA_SCALAR);
     assert_true(kern_attn_for(TK_ISA_AVX2, 128, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
+    assert_true(kern_attn_for(TK_ISA_AVXVNNI, 128, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
 #endif
 }
 
@@ -652,13 +762,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < TK_ISA_COUNT; i++)
         if (!strcmp(argv[1], cpu_isa_name((tk_isa)i))) lv = i;
     if (lv < 0) {
-        fprintf(stderr, "usage: %s [scalar|avx2|avx512]\n", argv[0]);
+        fprintf(stderr, "usage: %s [scalar|avx2|avxvnni|avx512]\n", argv[0]);
         return 2;
     }
     tk_isa level = (tk_isa)lv;
     tk_cpu c;
     cpu_detect(&c);
-    if (level > kernels_top_isa() || level > cpu_best_isa(&c)) {
+    if (level > kernels_top_isa() || !cpu_has_isa(&c, level)) {
         printf("SKIP: %s kernels: %s\n", argv[1],
                level > kernels_top_isa() ? "this build has none" : "this CPU does not have the level");
         return 77;
@@ -674,6 +784,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_prestate(test_simd_gemv_q8_0_x8, &level),
         cmocka_unit_test_prestate(test_simd_gemv_x16, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_x4, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_bf16_p16, &level),
         cmocka_unit_test_prestate(test_simd_attention, &level),
     };
     return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);

@@ -21,7 +21,7 @@ static inline void probe_check_level(tk_isa isa) {
 static inline int probe_skip_without(tk_isa isa) {
     tk_cpu c;
     cpu_detect(&c);
-    if (cpu_best_isa(&c) >= isa) return 0;
+    if (cpu_has_isa(&c, isa)) return 0;
     fprintf(stderr, "SKIP: this CPU lacks %s, so its int8 probe loop cannot run here\n", cpu_isa_name(isa));
     return 77;
 }

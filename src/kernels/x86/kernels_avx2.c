@@ -33,4 +33,5 @@ static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i u, __m256i
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
 }
 
+#include "kernels/x86/bf16p_body.h"
 #include "kernels/x86/simd_body.h"

@@ -37,3 +37,5 @@ static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i u, __m256i
 }
 
 #include "kernels/x86/simd_body.h"
+#define P16_ZMM 1 /* bf16p_body.h: FMA steps in 512-bit registers */
+#include "kernels/x86/bf16p_body.h"

@@ -15,6 +15,9 @@
  *   KNT_X8               the token tile of the 8-row interleaved Q8_0
  *                        kernel (two registers per token: 4 on AVX2, 8 on
  *                        AVX-512)
+ * and optionally dot_u8s8_acc(a, u, x) (a + dot_u8s8, one op with VNNI) and
+ * X16_FLIP (dot_u8s8 takes u up to 255: Q8_0 X16 by unsigned weights, as the
+ * 512-bit kernel; kernels_avxvnni.c),
  * and is compiled with its own target flags, so the same source becomes two
  * binaries: the AVX2 one is what the tests run here, the AVX-512 one differs
  * only in those definitions (VNNI dots) and in the wider register file the
@@ -519,6 +522,11 @@ AI void x16_act(int off, const void *x, size_t xs, int np, int64_t nb, int32_t *
     }
 }
 
+/* a + dot_u8s8(u, x); a level with an accumulating dot defines it as one op. */
+#ifndef dot_u8s8_acc
+#define dot_u8s8_acc(a, u, x) _mm256_add_epi32(a, dot_u8s8(u, x))
+#endif
+
 AI float x16_scale(const int32_t *e) {
     float d;
     memcpy(&d, e, 4);
@@ -574,11 +582,13 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
 }
 #else
-/* Q4_0 only, in 256-bit halves of 8 rows: the chains of the 512-bit tile,
- * the same integer block dots. */
+/* In 256-bit halves of 8 rows: the chains of the 512-bit tile, the same
+ * integer block dots. Q4_0, and Q8_0 where X16_FLIP says the int8 dot is
+ * vpdpbusd (without it, Q8_0 takes X8's sign-trick kernel: see below). */
 AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy,
                  int nt) {
-    (void)q4;
+    const size_t bb = q4 ? 288 : 544;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
         const int32_t *e = e0;
@@ -586,20 +596,25 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
-            const unsigned char *blk = g + (size_t)b * 288, *qb = blk + 32 + 32 * h;
+            const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32 + 32 * h;
             if (X8_PREFETCH > 0 && h == 0)
-#pragma GCC unroll 5
-                for (int o = 0; o < 288; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+#pragma GCC unroll 9
+                for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
             __m256i is[X16_NT];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) is[t] = _mm256_set1_epi32(e[8 * nt + t]);
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
-                __m256i wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+                __m256i wv;
+                if (q4) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
+                    wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+                } else {
+                    wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c)), flip);
+                }
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++)
-                    is[t] = _mm256_add_epi32(is[t], dot_u8s8(wv, _mm256_set1_epi32(e[c * nt + t])));
+                    is[t] = dot_u8s8_acc(is[t], wv, _mm256_set1_epi32(e[c * nt + t]));
             }
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
 #pragma GCC unroll 8
@@ -682,7 +697,7 @@ void KFN(gemv_q4_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
     x16_gemv(1, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 
-#if defined(X16_ZMM)
+#if defined(X16_ZMM) || defined(X16_FLIP)
 void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
     x16_gemv(0, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);

@@ -1,0 +1,245 @@
+/* The BF16 pair-layout gemvs (TK_LAYOUT_P16 and P16R, kernels_ref.h): one
+ * chain per (row, token) of s = fma(w_odd, x_odd, s), then s = fma(w_even,
+ * x_even, s) over the pairs, the activations as they are (P16) or rounded to
+ * BF16 (P16R). Included once per variant with its target flags; the includer
+ * defines KFN and one of
+ *   P16_HW   vdpbf16ps on 512-bit registers (AVX512-BF16, P16R only): the
+ *            pair step is one instruction for 16 rows against a broadcast
+ *            activation pair
+ *   P16_ZMM  the same steps as two 512-bit FMAs (AVX-512 without BF16)
+ *   (none)   the same steps as FMAs on two 256-bit halves (AVX2)
+ * A product of two BF16 values is exact in f32, so an FMA step equals the
+ * vdpbf16ps step: every variant gives its reference's bits (for P16R,
+ * subnormal weights, which vdpbf16ps reads as zero, and subnormal partial
+ * sums, which it flushes, aside).
+ *
+ * Order of work: row blocks of about P16_BLOCK weight bytes (so a block stays
+ * in L2), in each the tokens in passes of P16_PAIRS activation pairs rounded
+ * onto the stack, and in each pass every 16-row group against token tiles.
+ * A group cut by r0 or r1 is computed whole into a scratch tile, so a row's
+ * value does not depend on where the range is cut, nor on the tile or pass
+ * its token falls in. */
+#if !defined(KFN)
+#error "define KFN before including bf16p_body.h"
+#endif
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#define P16_AI static inline __attribute__((always_inline))
+
+#ifndef P16_BLOCK
+#define P16_BLOCK (256 * 1024)
+#endif
+
+/* The weights are one stream per thread: fetch 2 KB ahead (never faults; the
+ * address is formed as an integer, as simd_body.h's prefetch_ahead). */
+P16_AI void p16_prefetch(const void *p) { _mm_prefetch((const char *)((uintptr_t)p + 2048), _MM_HINT_T0); }
+
+#if defined(P16_HW)
+#define P16_NT 12 /* tokens per tile: one 512-bit accumulator each */
+/* x[0..31] as 16 BF16 pairs: vcvtne2ps2bf16 puts its second operand low. */
+P16_AI void p16_round32(const float *x, uint32_t *out) {
+    __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+    _mm512_storeu_si512((void *)out, (__m512i)v);
+}
+#else
+#if defined(P16_ZMM)
+#define P16_NT 12
+#else
+#define P16_NT 4 /* two 256-bit accumulators each */
+#endif
+/* x[0..7] rounded to BF16 as f32 (the value the BF16 bits stand for):
+ * kern_act_bf16_ref's arithmetic, in integer lanes. */
+P16_AI void p16_round8(const float *x, float *out) {
+    __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x));
+    __m256i r = _mm256_add_epi32(
+        u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                            _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+    __m256i sub =
+        _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    r = _mm256_blendv_epi8(r, _mm256_and_si256(u, _mm256_set1_epi32((int)0x80000000u)), sub);
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    _mm256_storeu_ps(out, _mm256_castsi256_ps(r));
+}
+#endif
+
+/* The pass's activations: np tokens of k values. HW: k / 2 BF16 pairs a
+ * token; otherwise k f32 values a token, rounded to BF16 values if round.
+ * Returns the entries a token takes. */
+P16_AI int64_t p16_act(int round, int64_t k, const void *xq, size_t xs, int np, uint32_t *buf) {
+#if defined(P16_HW)
+    (void)round;
+    const int64_t per = k / 2;
+#else
+    const int64_t per = k;
+#endif
+    for (int t = 0; t < np; t++) {
+        const float *x = (const float *)((const char *)xq + (size_t)t * xs);
+        uint32_t *o = buf + (size_t)t * (size_t)per;
+        for (int64_t j = 0; j < k; j += 32) {
+#if defined(P16_HW)
+            p16_round32(x + j, o + j / 2);
+#else
+            float *f = (float *)(void *)(o + j);
+            if (round)
+#pragma GCC unroll 4
+                for (int e = 0; e < 32; e += 8) p16_round8(x + j + e, f + e);
+            else
+                memcpy(f, x + j, 32 * sizeof *f);
+#endif
+        }
+    }
+    return per;
+}
+
+/* One 16-row group g (k / 2 chunks of 64 bytes) against nt tokens of the pass
+ * buffer (per entries each): y[t * ldy + i] for rows i = 0..15. */
+P16_AI void p16_tile(int64_t k, const uint16_t *g, const uint32_t *xb, int64_t per, float *y, int64_t ldy,
+                     int nt) {
+    const int64_t np = k / 2;
+#if defined(P16_HW) || defined(P16_ZMM)
+    __m512 acc[P16_NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < np; j++) {
+        __m512i w = _mm512_loadu_si512((const void *)(g + (size_t)j * 32));
+        if ((j & 1) == 0) p16_prefetch(g + (size_t)j * 32);
+#if defined(P16_HW)
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) {
+            __m512i xp = _mm512_set1_epi32((int)xb[(size_t)t * (size_t)per + (size_t)j]);
+            acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)w, (__m512bh)xp);
+        }
+#else
+        __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+        __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) {
+            const float *xf = (const float *)(const void *)(xb + (size_t)t * (size_t)per) + 2 * j;
+            acc[t] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xf[1]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(we, _mm512_set1_ps(xf[0]), acc[t]);
+        }
+#endif
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
+#else
+    __m256 acc[P16_NT][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    for (int64_t j = 0; j < np; j++) {
+        const uint16_t *c = g + (size_t)j * 32;
+        if ((j & 1) == 0) p16_prefetch(c);
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)c),
+                w1 = _mm256_loadu_si256((const __m256i *)(c + 16));
+        __m256 we0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)),
+               wo0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
+        __m256 we1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)),
+               wo1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const float *xf = (const float *)(const void *)(xb + (size_t)t * (size_t)per) + 2 * j;
+            __m256 xe = _mm256_broadcast_ss(xf), xo = _mm256_broadcast_ss(xf + 1);
+            acc[t][0] = _mm256_fmadd_ps(wo0, xo, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(wo1, xo, acc[t][1]);
+            acc[t][0] = _mm256_fmadd_ps(we0, xe, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(we1, xe, acc[t][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        _mm256_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t][0]);
+        _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8, acc[t][1]);
+    }
+#endif
+}
+
+P16_AI void p16_gemv(int round, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                     size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+#if defined(P16_HW)
+    const int64_t per_tok = k / 2;
+#else
+    const int64_t per_tok = k;
+#endif
+    if (k <= 0 || k > P16_PAIRS) { /* no pass fits: the definition */
+        (round ? kern_gemv_bf16_p16r_ref : kern_gemv_bf16_p16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y,
+                                                                   ldy);
+        return;
+    }
+    const int pass = (int)(P16_PAIRS / per_tok);
+    const size_t gb = (size_t)k * 32; /* bytes of a 16-row group */
+    const int64_t gpb = P16_BLOCK / (int64_t)gb > 0 ? P16_BLOCK / (int64_t)gb : 1;
+    uint32_t buf[P16_PAIRS];
+    const int64_t gend = (r1 + 15) / 16;
+    for (int64_t b0 = r0 / 16; b0 < gend; b0 += gpb) {
+        const int64_t b1 = b0 + gpb < gend ? b0 + gpb : gend;
+        for (int p0 = 0; p0 < n_tok; p0 += pass) {
+            const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
+            const int64_t per =
+                p16_act(round, k, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, buf);
+            for (int64_t gi = b0; gi < b1; gi++) {
+                const int64_t g0 = gi * 16;
+                const uint16_t *g = (const uint16_t *)w + (size_t)gi * 16 * (size_t)k;
+                const bool whole = g0 >= r0 && g0 + 16 <= r1;
+                for (int t = 0; t < np; t += P16_NT) {
+                    const int nt = np - t < P16_NT ? np - t : P16_NT;
+                    float tmp[P16_NT * 16];
+                    float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
+                    const int64_t ld = whole ? ldy : 16;
+                    const uint32_t *xb = buf + (size_t)t * (size_t)per;
+                    switch (nt) {
+#define P16_CASE(n)                                                                                          \
+    case n:                                                                                                  \
+        p16_tile(k, g, xb, per, dst, ld, n);                                                                 \
+        break;
+                        P16_CASE(1)
+                        P16_CASE(2)
+                        P16_CASE(3)
+                        P16_CASE(4)
+#if P16_NT > 4
+                        P16_CASE(5)
+                        P16_CASE(6)
+                        P16_CASE(7)
+                        P16_CASE(8)
+                        P16_CASE(9)
+                        P16_CASE(10)
+                        P16_CASE(11)
+                        P16_CASE(12)
+#endif
+#undef P16_CASE
+                    default:
+                        break;
+                    }
+                    if (!whole)
+                        for (int tt = 0; tt < nt; tt++)
+                            for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + 16 && r < r1; r++)
+                                y[(size_t)(p0 + t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * 16 + (r - g0)];
+                }
+            }
+        }
+    }
+}
+
+/* TK_LAYOUT_P16R: activations rounded to BF16 */
+void KFN(gemv_bf16_p16r)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy) {
+    p16_gemv(1, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+#if !defined(P16_HW)
+/* TK_LAYOUT_P16: f32 activations */
+void KFN(gemv_bf16_p16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                        int n_tok, float *y, int64_t ldy) {
+    p16_gemv(0, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+#endif
+
+#undef P16_NT
+#undef P16_AI
