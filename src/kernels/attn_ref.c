@@ -15,6 +15,37 @@ void kv_to_f16_ref(const float *x, tk_f16 *y, int n) {
     for (int i = 0; i < n; i++) y[i] = tk_f32_to_f16(x[i]);
 }
 
+/* t rounded to the nearest integer, ties to even, as an int8 after clamping
+ * to [-127, 127]; NaN gives 0. Adding 1.5 * 2^23 leaves no fraction bits:
+ * the same result as nearbyintf in the default rounding mode (and as the
+ * SIMD converts), without a library call. */
+static int8_t round_i8(float t) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23; IEEE arithmetic keeps the pair */
+    if (t != t) return 0;
+    t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
+    return (int8_t)((t + magic) - magic);
+}
+
+float kv_quant_token_ref(const float *x, int8_t *y, int n) {
+    float a = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float v = fabsf(x[i]);
+        a = v > a ? v : a; /* a NaN compares false: skipped */
+    }
+    const float s = a / 127.0f;
+    for (int i = 0; i < n; i++) y[i] = s > 0.0f ? round_i8(x[i] / s) : 0;
+    return s;
+}
+
+bool kv_quant_chan_ref(const float *x, const float *s, int8_t *y, int n) {
+    bool fit = true;
+    for (int i = 0; i < n; i++) {
+        fit &= !(fabsf(x[i]) > s[i] * 127.0f);
+        y[i] = s[i] > 0.0f ? round_i8(x[i] / s[i]) : 0;
+    }
+    return fit;
+}
+
 /* Row j of a block of the KV type as floats; int8 times its scales (one per
  * row with per-token scales, one per channel with per-head scales). */
 static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scales, int j, float *out) {

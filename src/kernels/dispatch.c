@@ -146,6 +146,8 @@ static const tk_kernels KERNELS_SCALAR = {
     .attn_part = kv_attn_part_ref,
     .attn_lanes = 1,
     .kv_to_f16 = kv_to_f16_ref,
+    .kv_quant_token = kv_quant_token_ref,
+    .kv_quant_chan = kv_quant_chan_ref,
 };
 
 #if defined(__x86_64__)
@@ -162,6 +164,8 @@ static const tk_kernels KERNELS_AVX2 = {
     .attn_part = kv_attn_part_avx2,
     .attn_lanes = 8,
     .kv_to_f16 = kv_to_f16_avx2,
+    .kv_quant_token = kv_quant_token_avx2,
+    .kv_quant_chan = kv_quant_chan_avx2,
 };
 
 static const tk_kernels KERNELS_AVX512 = {
@@ -177,6 +181,8 @@ static const tk_kernels KERNELS_AVX512 = {
     .attn_part = kv_attn_part_avx512,
     .attn_lanes = 16,
     .kv_to_f16 = kv_to_f16_avx512,
+    .kv_quant_token = kv_quant_token_avx512,
+    .kv_quant_chan = kv_quant_chan_avx512,
 };
 #endif
 

@@ -6,6 +6,7 @@
 #ifndef TK_KERNELS_KVATTN_H
 #define TK_KERNELS_KVATTN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,5 +89,14 @@ typedef void (*kv_attn_part_fn)(const kv_geom *g, const int32_t *bt, int pos, in
 void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, float *out);
 /* n floats to half, round-to-nearest-even (same bits as tk_f32_to_f16); any n. */
 typedef void (*kv_to_f16_fn)(const float *x, tk_f16 *y, int n);
+/* The int8 stores (definitions: kv_quant_token_ref, kv_quant_chan_ref); any n.
+ * quant_token: one scale s = max|x| / 127 (NaN elements skipped) and
+ *   y = x / s rounded to nearest, ties to even, clamped to [-127, 127], NaN
+ *   to 0; all zeros when s == 0. Returns s.
+ * quant_chan: one scale per element: y[c] = s[c] > 0 ? x[c] / s[c] rounded
+ *   as above : 0; returns whether every |x[c]| <= 127 * s[c] (false: the
+ *   caller grows the scales of those that do not fit and calls again). */
+typedef float (*kv_quant_token_fn)(const float *x, int8_t *y, int n);
+typedef bool (*kv_quant_chan_fn)(const float *x, const float *s, int8_t *y, int n);
 
 #endif

@@ -16,6 +16,8 @@
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_ref.h"
 #include "kv/kv.h"
 #include "kv/kv_simd.h"
 
@@ -92,6 +94,28 @@ AI void vf_store_f16(tk_f16 *y, vf v) {
     _mm_storeu_si128((__m128i *)y, _mm256_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm_storeu_si128((__m128i *)(y + 8),
                      _mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+AI vf vf_abs(vf a) {
+    const __m256 m = _mm256_set1_ps(-0.0f);
+    return (vf){_mm256_andnot_ps(m, a.lo), _mm256_andnot_ps(m, a.hi)};
+}
+AI vf vf_div(vf a, vf b) { return (vf){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+AI bool vf_any_gt(vf a, vf b) {
+    return _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ)) != 0 ||
+           _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)) != 0;
+}
+AI vf vf_pos_or_zero(vf s, vf v) {
+    const __m256 z = _mm256_setzero_ps();
+    return (vf){_mm256_and_ps(v.lo, _mm256_cmp_ps(s.lo, z, _CMP_GT_OQ)),
+                _mm256_and_ps(v.hi, _mm256_cmp_ps(s.hi, z, _CMP_GT_OQ))};
+}
+AI void vf_store_i8(int8_t *y, vf v) {
+    float x[16];
+    vf_store(x, v);
+    for (int i = 0; i < 16; i++) {
+        float t = x[i] != x[i] ? 0.0f : x[i] > 127.0f ? 127.0f : x[i] < -127.0f ? -127.0f : x[i];
+        y[i] = (int8_t)nearbyintf(t);
+    }
 }
 #include "kernels/x86/kvattn_body.h"
 #if defined(__clang__)
@@ -851,6 +875,58 @@ static void test_kv_write_heads(void **state) {
     }
 }
 
+/* The int8 stores of every level (and the 16-lane body) give the reference's
+ * bits: ragged lengths, NaN, values far outside a scale, zero scales. */
+static void test_kv_quant_kernels(void **state) {
+    (void)state;
+    typedef struct {
+        kv_quant_token_fn tok;
+        kv_quant_chan_fn chan;
+    } qk;
+    qk levels[TK_ISA_AVX512 + 2];
+    int n_lv = 0;
+    for (int isa = 0; isa <= (int)best_isa(); isa++)
+        levels[n_lv++] =
+            (qk){kernels_get((tk_isa)isa)->kv_quant_token, kernels_get((tk_isa)isa)->kv_quant_chan};
+#ifdef HAVE_VL16
+    if (best_isa() >= TK_ISA_AVX2) levels[n_lv++] = (qk){kv_quant_token_vl16, kv_quant_chan_vl16};
+#endif
+    uint64_t rng = 11;
+    float x[300], sc[300];
+    int8_t want[300], got[300];
+    for (int it = 0; it < 400; it++) {
+        const int n = 1 + (int)(rng_next(&rng) % 300);
+        const float mag = (it % 3 == 0) ? 1e-3f : (it % 3 == 1) ? 1.0f : 300.0f;
+        for (int i = 0; i < n; i++) {
+            x[i] = rng_unit(&rng) * mag;
+            sc[i] = (rng_next(&rng) % 7 == 0) ? 0.0f : fabsf(rng_unit(&rng)) / 100.0f;
+            if (rng_next(&rng) % 53 == 0) x[i] = NAN;
+            if (it % 17 == 0) x[i] = 0.0f;
+        }
+        const float ws = kv_quant_token_ref(x, want, n);
+        for (int lv = 0; lv < n_lv; lv++) {
+            memset(got, 0x55, sizeof got);
+            const float gs = levels[lv].tok(x, got, n);
+            assert_true(memcmp(&gs, &ws, sizeof ws) == 0);
+            if (memcmp(got, want, (size_t)n) != 0) fail_msg("quant_token level %d n %d differs", lv, n);
+        }
+        const bool wf = kv_quant_chan_ref(x, sc, want, n);
+        for (int lv = 0; lv < n_lv; lv++) {
+            memset(got, 0x55, sizeof got);
+            assert_int_equal(levels[lv].chan(x, sc, got, n), wf);
+            if (memcmp(got, want, (size_t)n) != 0) fail_msg("quant_chan level %d n %d differs", lv, n);
+        }
+    }
+    /* ties go to even, as nearbyintf does */
+    const float ties[4] = {0.5f, 1.5f, -2.5f, 126.5f}, ones[4] = {1, 1, 1, 1};
+    int8_t y[4];
+    for (int lv = 0; lv < n_lv; lv++) {
+        assert_true(levels[lv].chan(ties, ones, y, 4));
+        assert_int_equal(y[0], 0), assert_int_equal(y[1], 2), assert_int_equal(y[2], -2);
+        assert_int_equal(y[3], 126);
+    }
+}
+
 /* The kernels of every level agree with each other closely (not bitwise). */
 static void test_kv_attention_isa_agree(void **state) {
     (void)state;
@@ -889,6 +965,7 @@ int main(void) {
         cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
         cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_write_heads),
         cmocka_unit_test(test_kv_attention_isa_agree),  cmocka_unit_test(test_kv_attention_parts),
+        cmocka_unit_test(test_kv_quant_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

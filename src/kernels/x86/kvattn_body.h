@@ -16,6 +16,11 @@
  *   vf_load_kv(row, c, type)  VL elements at c of a row of the KV type as
  *                        floats (int8 unscaled)
  *   vf_store_f16(y, v)   VL halves, round-to-nearest-even
+ *   vf_abs, vf_div       |a|, a / b
+ *   vf_store_i8(y, v)    VL int8s: v rounded to nearest (ties to even),
+ *                        clamped to [-127, 127], NaN to 0
+ *   vf_any_gt(a, b)      whether some lane has a > b
+ *   vf_pos_or_zero(s, v) v where s > 0, else 0
  * and is compiled with its own target flags, so the same source becomes both
  * kernels. Differences from the reference, all for speed:
  *  - work goes in tiles of up to KV_ATTN_TILE (query, head) pairs that read
@@ -324,6 +329,42 @@ void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const 
 void KFN(kv_attn_part)(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch) {
     run_heads(g, bt, pos, 1, q, n_head, h0, h1, part, scale, part_out, 0, KV_PART_REC(g->head_dim), scratch);
+}
+
+float KFN(kv_quant_token)(const float *x, int8_t *y, int n) {
+    vf a = vf_zero();
+    int i = 0;
+    /* |x| first: a NaN lane keeps the running max (the second operand) */
+    for (; i + VL <= n; i += VL) a = vf_max(vf_abs(vf_load(x + i)), a);
+    float m = vf_hmax(a);
+    for (int j = i; j < n; j++) m = fabsf(x[j]) > m ? fabsf(x[j]) : m;
+    const float s = m / 127.0f;
+    if (!(s > 0.0f)) {
+        for (int j = 0; j < n; j++) y[j] = 0;
+        return s;
+    }
+    const vf sv = vf_set1(s);
+    for (i = 0; i + VL <= n; i += VL) vf_store_i8(y + i, vf_div(vf_load(x + i), sv));
+    if (i < n) { /* the tail through a padded vector */
+        float t[VL] = {0};
+        int8_t q[VL];
+        for (int j = i; j < n; j++) t[j - i] = x[j];
+        vf_store_i8(q, vf_div(vf_load(t), sv));
+        for (int j = i; j < n; j++) y[j] = q[j - i];
+    }
+    return s;
+}
+
+bool KFN(kv_quant_chan)(const float *x, const float *s, int8_t *y, int n) {
+    const vf lim = vf_set1(127.0f);
+    bool fit = true;
+    int i = 0;
+    for (; i + VL <= n; i += VL) {
+        const vf xv = vf_load(x + i), sv = vf_load(s + i);
+        fit &= !vf_any_gt(vf_abs(xv), vf_mul(sv, lim));
+        vf_store_i8(y + i, vf_pos_or_zero(sv, vf_div(xv, sv)));
+    }
+    return kv_quant_chan_ref(x + i, s + i, y + i, n - i) && fit;
 }
 
 void KFN(kv_to_f16)(const float *x, tk_f16 *y, int n) {
