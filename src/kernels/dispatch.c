@@ -180,6 +180,7 @@ static const tk_kernels KERNELS_AVX512 = {
     .attn = kv_attn_avx512,
     .attn_part = kv_attn_part_avx512,
     .attn_lanes = 16,
+    .attn_q8 = true,
     .kv_to_f16 = kv_to_f16_avx512,
     .kv_quant_token = kv_quant_token_avx512,
     .kv_quant_chan = kv_quant_chan_avx512,

@@ -43,7 +43,16 @@ typedef struct kv_geom {
     int n_blocks, n_head_kv, head_dim, block_size;
     tk_kv_type type;
     tk_kv_scale scale;
+    /* int8 only: K is dotted against int8-quantised queries (kv_attn_ref
+     * defines it: per query, head and block, q times the block's per-channel
+     * K scales is rounded to int8 at max|.| / 127; the dot is exact in
+     * integers). Set only for levels whose table says attn_q8. */
+    bool q8;
 } kv_geom;
+
+/* Bytes of one (query, head)'s int8 query in a tile: head_dim rounded up to
+ * 64 (the tail zero), so whole 64-byte dot products read it. */
+#define KV_Q8_BYTES(hd) (((size_t)(hd) + 63) / 64 * 64)
 
 /* Element size of a KV type in bytes (f32 4, f16/bf16 2, int8 1). */
 static inline size_t kv_type_size(tk_kv_type t) { return t == TK_KV_F32 ? 4 : t == TK_KV_INT8 ? 1 : 2; }

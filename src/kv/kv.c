@@ -22,6 +22,7 @@ struct tk_kv {
     int n_free;
     int32_t *refs; /* [n_blocks] holders of each block; 0 while free (catches double frees) */
     tk_isa isa;    /* level of the attention kernel in use */
+    bool q8;       /* int8 K against int8-quantised queries (kv_geom.q8) */
     kv_attn_fn attn;
     kv_attn_part_fn attn_part;
     kv_to_f16_fn to_f16;
@@ -98,8 +99,9 @@ size_t kv_bytes_per_token(const tk_kv_opts *o) {
 }
 
 size_t kv_attn_scratch_need(int head_dim, int block_size) {
-    /* tile state (scores, acc, m, l, q times scales) and the folded parts (M, L, A) */
-    return (size_t)KV_ATTN_TILE * ((size_t)block_size + 3 * (size_t)head_dim + 4);
+    /* tile state (scores, acc, m, l, q times scales), the folded parts (M,
+     * L, A), and the int8 queries (scales, offsets, KV_Q8_BYTES each) */
+    return (size_t)KV_ATTN_TILE * ((size_t)block_size + 3 * (size_t)head_dim + 6 + KV_Q8_BYTES(head_dim) / 4);
 }
 
 size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx) {
@@ -163,6 +165,7 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     /* The dispatcher picks the kernels (and the level below isa that takes an odd head_dim). */
     kv->attn = kern_attn_for(isa, o->head_dim, &kv->isa);
     kv->attn_part = kernels_get(kv->isa)->attn_part;
+    kv->q8 = o->type == TK_KV_INT8 && kernels_get(kv->isa)->attn_q8;
     kv->to_f16 = kernels_get(isa)->kv_to_f16;
     kv->quant_token = kernels_get(isa)->kv_quant_token;
     kv->quant_chan = kernels_get(isa)->kv_quant_chan;
@@ -190,6 +193,8 @@ void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn) {
     kv->attn = fn;
     kv->attn_part = part_fn;
 }
+bool kv_query_int8(const tk_kv *kv) { return kv->q8; }
+void kv_set_query_int8(tk_kv *kv, bool on) { kv->q8 = on && kv->o.type == TK_KV_INT8; }
 
 int kv_block_alloc(tk_kv *kv) {
     if (kv->n_free == 0) return -1;
@@ -245,6 +250,7 @@ static kv_geom geom_of(const tk_kv *kv, int l) {
         .block_size = kv->o.block_size,
         .type = kv->o.type,
         .scale = kv->o.scale,
+        .q8 = kv->q8,
     };
 }
 

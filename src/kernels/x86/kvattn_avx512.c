@@ -97,4 +97,17 @@ AI void vf_store_i8(int8_t *y, vf v) {
     _mm_storeu_si128((__m128i *)y, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
 }
 
+/* int8 K against int8 queries by vpdpbusd: K made unsigned by ^ 0x80 (one op
+ * per 64 bytes, shared by the tile's queries), 128 * sum(q) taken off after. */
+#define KV_Q8 1
+typedef __m512i vq;
+AI vq vq_zero(void) { return _mm512_setzero_si512(); }
+AI vq vq_load_k(const uint8_t *row, int c, int hd) {
+    const __m512i k = hd - c >= 64 ? _mm512_loadu_si512(row + c)
+                                   : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (hd - c)) - 1), row + c);
+    return _mm512_xor_si512(k, _mm512_set1_epi8((char)0x80));
+}
+AI vq vq_dot(vq acc, vq k, const int8_t *q8) { return _mm512_dpbusd_epi32(acc, k, _mm512_loadu_si512(q8)); }
+AI vf vq_to_f(vq v) { return _mm512_cvtepi32_ps(v); }
+
 #include "kernels/x86/kvattn_body.h"
