@@ -71,6 +71,22 @@ typedef struct tile_pairs {
     int len[KV_ATTN_TILE];
 } tile_pairs;
 
+/* s[p*bs + j0 + r] from the dot products x[r*P + p]: (x - off[p]) * mul[p]
+ * (off, mul NULL: x itself), times the row's per-token scale ks[j0 + r] (ks
+ * NULL: none) and the attention scale. */
+AI void store_scores(const float *x, const float *off, const float *mul, const float *ks, float scale,
+                     float *s, int bs, int j0, const int R, const int P) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int p = 0; p < P; p++) {
+            float y = x[r * P + p];
+            if (off) y = (y - off[p]) * mul[p];
+            if (ks) y *= ks[j0 + r];
+            s[p * bs + j0 + r] = y * scale;
+        }
+}
+
 /* Scores of rows [j0, j0+R) of a block for P pairs: s[p*bs + j]. ks: the
  * per-token int8 scales, NULL otherwise (per-channel scales are already in q).
  * Each (row, pair) is its own chain in the same order whatever R and P are. */
@@ -89,14 +105,7 @@ AI void dot_rows(const uint8_t *K, size_t row_bytes, int j0, int hd, const float
     }
     float x[VL];
     vf_hsum_n(d, R * P, x);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int p = 0; p < P; p++) {
-            float y = x[r * P + p];
-            if (ks) y *= ks[j0 + r];
-            s[p * bs + j0 + r] = y * scale;
-        }
+    store_scores(x, NULL, NULL, ks, scale, s, bs, j0, R, P);
 }
 
 #ifdef KV_Q8
@@ -125,14 +134,7 @@ AI void dot_rows_q8(const uint8_t *K, size_t row_bytes, int j0, int hd, const in
     for (int i = 0; i < R * P; i++) f[i] = vq_to_f(d[i]);
     float x[VL];
     vf_hsum_n(f, R * P, x);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int p = 0; p < P; p++) {
-            float y = (x[r * P + p] - qoff[p]) * qmul[p];
-            if (ks) y *= ks[j0 + r];
-            s[p * bs + j0 + r] = y * scale;
-        }
+    store_scores(x, qoff, qmul, ks, scale, s, bs, j0, R, P);
 }
 
 /* The int8 query of pair p for one block (attn_ref.c's query_q8): qk rounded
