@@ -15,6 +15,37 @@ void kv_to_f16_ref(const float *x, tk_f16 *y, int n) {
     for (int i = 0; i < n; i++) y[i] = tk_f32_to_f16(x[i]);
 }
 
+/* t rounded to the nearest integer, ties to even, as an int8 after clamping
+ * to [-127, 127]; NaN gives 0. Adding 1.5 * 2^23 leaves no fraction bits:
+ * the same result as nearbyintf in the default rounding mode (and as the
+ * SIMD converts), without a library call. */
+static int8_t round_i8(float t) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23; IEEE arithmetic keeps the pair */
+    if (t != t) return 0;
+    t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
+    return (int8_t)((t + magic) - magic);
+}
+
+float kv_quant_token_ref(const float *x, int8_t *y, int n) {
+    float a = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float v = fabsf(x[i]);
+        a = v > a ? v : a; /* a NaN compares false: skipped */
+    }
+    const float s = a / 127.0f;
+    for (int i = 0; i < n; i++) y[i] = s > 0.0f ? round_i8(x[i] / s) : 0;
+    return s;
+}
+
+bool kv_quant_chan_ref(const float *x, const float *s, int8_t *y, int n) {
+    bool fit = true;
+    for (int i = 0; i < n; i++) {
+        fit &= !(fabsf(x[i]) > s[i] * 127.0f);
+        y[i] = s[i] > 0.0f ? round_i8(x[i] / s[i]) : 0;
+    }
+    return fit;
+}
+
 /* Row j of a block of the KV type as floats; int8 times its scales (one per
  * row with per-token scales, one per channel with per-head scales). */
 static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scales, int j, float *out) {
@@ -38,10 +69,47 @@ static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scale
     }
 }
 
+/* The int8 query of one block (kv_geom.q8): qk (q times the block's
+ * per-channel K scales, or q) rounded to int8 at max|qk| / 127, which it
+ * returns (0 for an all-zero query, whose int8 values are all 0). */
+static float query_q8(const float *qk, int hd, int8_t *q8) {
+    float a = 0.0f;
+    for (int c = 0; c < hd; c++) {
+        const float v = fabsf(qk[c]);
+        a = v > a ? v : a;
+    }
+    const float inv = a > 0.0f ? 127.0f / a : 0.0f;
+    for (int c = 0; c < hd; c++) q8[c] = round_i8(qk[c] * inv);
+    return a / 127.0f;
+}
+
+/* Scores of a block's n rows of int8 K against int8 queries (kv_geom.q8):
+ * the dot product exact in integers, times the query's scale, the row's K
+ * scale (per token) and the attention scale. qs: head_dim floats, q8:
+ * head_dim bytes. */
+static void scores_q8(const kv_geom *g, const int8_t *K, const float *ks, int n, const float *q, float scale,
+                      float *s, float *qs, int8_t *q8) {
+    const int hd = g->head_dim;
+    const bool per_tok = g->scale == TK_KV_SCALE_TOKEN;
+    const float *qk = q;
+    if (!per_tok) {
+        for (int c = 0; c < hd; c++) qs[c] = q[c] * ks[c];
+        qk = qs;
+    }
+    const float qsc = query_q8(qk, hd, q8);
+    for (int j = 0; j < n; j++) {
+        int32_t d = 0;
+        for (int c = 0; c < hd; c++) d += (int32_t)K[(size_t)j * (size_t)hd + (size_t)c] * (int32_t)q8[c];
+        float y = (float)d * qsc;
+        if (per_tok) y *= ks[j];
+        s[j] = y * scale;
+    }
+}
+
 /* Attention of one query vector q (head_dim) against positions [p0, p1) of
  * kv head kvh (p0 a multiple of the block size): the unnormalized result, its
  * running max *m, sum *l and weighted V sum acc (head_dim floats). scratch:
- * block_size + head_dim. */
+ * block_size + head_dim floats, then head_dim bytes. */
 static void attn_range(const kv_geom *g, const int32_t *bt, int p0, int p1, int kvh, const float *q,
                        float scale, float *m_out, float *l_out, float *acc, float *scratch) {
     const int hd = g->head_dim, bs = g->block_size;
@@ -53,11 +121,15 @@ static void attn_range(const kv_geom *g, const int32_t *bt, int p0, int p1, int 
         const uint8_t *K = kv_geom_k(g, bt[b], kvh), *V = kv_geom_v(g, bt[b], kvh);
         const float *ks = kv_geom_ks(g, bt[b], kvh), *vs = kv_geom_vs(g, bt[b], kvh);
         float bmax = -INFINITY;
+        if (g->q8 && g->type == TK_KV_INT8)
+            scores_q8(g, (const int8_t *)K, ks, n, q, scale, s, row, (int8_t *)(row + hd));
         for (int j = 0; j < n; j++) {
-            row_to_f32(g, K, ks, j, row);
-            float d = 0.0f;
-            for (int c = 0; c < hd; c++) d += q[c] * row[c];
-            s[j] = d * scale;
+            if (!(g->q8 && g->type == TK_KV_INT8)) {
+                row_to_f32(g, K, ks, j, row);
+                float d = 0.0f;
+                for (int c = 0; c < hd; c++) d += q[c] * row[c];
+                s[j] = d * scale;
+            }
             bmax = fmaxf(bmax, s[j]);
         }
         const float m_new = fmaxf(m, bmax), corr = expf(m - m_new);
@@ -109,7 +181,7 @@ void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_he
 }
 
 /* Attention of one query vector over positions [0, len), part by part.
- * scratch: block_size + 3 * head_dim + 2. */
+ * scratch: block_size + 4 * head_dim floats. */
 static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, float scale,
                      float *out, float *scratch) {
     const int hd = g->head_dim;

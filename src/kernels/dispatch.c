@@ -166,6 +166,8 @@ static const tk_kernels KERNELS_SCALAR = {
     .attn_part = kv_attn_part_ref,
     .attn_lanes = 1,
     .kv_to_f16 = kv_to_f16_ref,
+    .kv_quant_token = kv_quant_token_ref,
+    .kv_quant_chan = kv_quant_chan_ref,
 };
 
 #if defined(__x86_64__)
@@ -175,23 +177,30 @@ static const tk_kernels KERNELS_SCALAR = {
     .add = kern_add_avx2, .silu_mul = kern_silu_mul_avx2,                                                    \
     .dequant_row =                                                                                           \
         {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},  \
-    .attn = kv_attn_avx2, .attn_part = kv_attn_part_avx2, .attn_lanes = 8, .kv_to_f16 = kv_to_f16_avx2
+    .attn = kv_attn_avx2, .attn_part = kv_attn_part_avx2, .attn_lanes = 8, .kv_to_f16 = kv_to_f16_avx2,      \
+    .kv_quant_token = kv_quant_token_avx2, .kv_quant_chan = kv_quant_chan_avx2
 
 static const tk_kernels KERNELS_AVX2 = {.isa = TK_ISA_AVX2, KERNELS_AVX2_ROWS};
 static const tk_kernels KERNELS_AVXVNNI = {.isa = TK_ISA_AVXVNNI, KERNELS_AVX2_ROWS};
 #undef KERNELS_AVX2_ROWS
 
-#define KERNELS_AVX512_ROWS                                                                                  \
-    .isa = TK_ISA_AVX512, .quant_q8_0 = kern_quant_q8_0_avx512, .quant_q8_k = kern_quant_q8_k_avx512,        \
-    .rmsnorm = kern_rmsnorm_avx512, .add = kern_add_avx512, .silu_mul = kern_silu_mul_avx512,                \
-    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,                                \
-                    [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},                                             \
-    .attn = kv_attn_avx512, .attn_part = kv_attn_part_avx512, .attn_lanes = 16,                              \
-    .kv_to_f16 = kv_to_f16_avx512
-
-static const tk_kernels KERNELS_AVX512 = {KERNELS_AVX512_ROWS};
-#undef KERNELS_AVX512_ROWS
-
+static const tk_kernels KERNELS_AVX512 = {
+    .isa = TK_ISA_AVX512,
+    .quant_q8_0 = kern_quant_q8_0_avx512,
+    .quant_q8_k = kern_quant_q8_k_avx512,
+    .rmsnorm = kern_rmsnorm_avx512,
+    .add = kern_add_avx512,
+    .silu_mul = kern_silu_mul_avx512,
+    .dequant_row = {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx512,
+                    [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},
+    .attn = kv_attn_avx512,
+    .attn_part = kv_attn_part_avx512,
+    .attn_lanes = 16,
+    .attn_q8 = true,
+    .kv_to_f16 = kv_to_f16_avx512,
+    .kv_quant_token = kv_quant_token_avx512,
+    .kv_quant_chan = kv_quant_chan_avx512,
+};
 #endif
 
 const tk_kernels *kernels_get(tk_isa isa) {

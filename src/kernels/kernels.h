@@ -56,7 +56,10 @@ typedef struct tk_kernels {
     kv_attn_fn attn;
     kv_attn_part_fn attn_part; /* one part of a decode token's context, same rule */
     int attn_lanes;
+    bool attn_q8; /* int8 KV: attn takes kv_geom.q8 (int8 queries against int8 K) */
     kv_to_f16_fn kv_to_f16;
+    kv_quant_token_fn kv_quant_token; /* the int8 KV stores; any n */
+    kv_quant_chan_fn kv_quant_chan;
 } tk_kernels;
 
 /* The table for an ISA level; levels above what the CPU has must not be asked

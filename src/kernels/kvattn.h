@@ -6,6 +6,7 @@
 #ifndef TK_KERNELS_KVATTN_H
 #define TK_KERNELS_KVATTN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,7 +43,16 @@ typedef struct kv_geom {
     int n_blocks, n_head_kv, head_dim, block_size;
     tk_kv_type type;
     tk_kv_scale scale;
+    /* int8 only: K is dotted against int8-quantised queries (kv_attn_ref
+     * defines it: per query, head and block, q times the block's per-channel
+     * K scales is rounded to int8 at max|.| / 127; the dot is exact in
+     * integers). Set only for levels whose table says attn_q8. */
+    bool q8;
 } kv_geom;
+
+/* Bytes of one (query, head)'s int8 query in a tile: head_dim rounded up to
+ * 64 (the tail zero), so whole 64-byte dot products read it. */
+#define KV_Q8_BYTES(hd) (((size_t)(hd) + 63) / 64 * 64)
 
 /* Element size of a KV type in bytes (f32 4, f16/bf16 2, int8 1). */
 static inline size_t kv_type_size(tk_kv_type t) { return t == TK_KV_F32 ? 4 : t == TK_KV_INT8 ? 1 : 2; }
@@ -88,5 +98,14 @@ typedef void (*kv_attn_part_fn)(const kv_geom *g, const int32_t *bt, int pos, in
 void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, float *out);
 /* n floats to half, round-to-nearest-even (same bits as tk_f32_to_f16); any n. */
 typedef void (*kv_to_f16_fn)(const float *x, tk_f16 *y, int n);
+/* The int8 stores (definitions: kv_quant_token_ref, kv_quant_chan_ref); any n.
+ * quant_token: one scale s = max|x| / 127 (NaN elements skipped) and
+ *   y = x / s rounded to nearest, ties to even, clamped to [-127, 127], NaN
+ *   to 0; all zeros when s == 0. Returns s.
+ * quant_chan: one scale per element: y[c] = s[c] > 0 ? x[c] / s[c] rounded
+ *   as above : 0; returns whether every |x[c]| <= 127 * s[c] (false: the
+ *   caller grows the scales of those that do not fit and calls again). */
+typedef float (*kv_quant_token_fn)(const float *x, int8_t *y, int n);
+typedef bool (*kv_quant_chan_fn)(const float *x, const float *s, int8_t *y, int n);
 
 #endif

@@ -22,9 +22,12 @@ struct tk_kv {
     int n_free;
     int32_t *refs; /* [n_blocks] holders of each block; 0 while free (catches double frees) */
     tk_isa isa;    /* level of the attention kernel in use */
+    bool q8;       /* int8 K against int8-quantised queries (kv_geom.q8) */
     kv_attn_fn attn;
     kv_attn_part_fn attn_part;
     kv_to_f16_fn to_f16;
+    kv_quant_token_fn quant_token;
+    kv_quant_chan_fn quant_chan;
 };
 
 /* Sizes of one (layer, block) region; false on overflow. */
@@ -96,8 +99,9 @@ size_t kv_bytes_per_token(const tk_kv_opts *o) {
 }
 
 size_t kv_attn_scratch_need(int head_dim, int block_size) {
-    /* tile state (scores, acc, m, l, q times scales) and the folded parts (M, L, A) */
-    return (size_t)KV_ATTN_TILE * ((size_t)block_size + 3 * (size_t)head_dim + 4);
+    /* tile state (scores, acc, m, l, q times scales), the folded parts (M,
+     * L, A), and the int8 queries (scales, offsets, KV_Q8_BYTES each) */
+    return (size_t)KV_ATTN_TILE * ((size_t)block_size + 3 * (size_t)head_dim + 6 + KV_Q8_BYTES(head_dim) / 4);
 }
 
 size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx) {
@@ -161,7 +165,10 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     /* The dispatcher picks the kernels (and the level below isa that takes an odd head_dim). */
     kv->attn = kern_attn_for(isa, o->head_dim, &kv->isa);
     kv->attn_part = kernels_get(kv->isa)->attn_part;
+    kv->q8 = o->type == TK_KV_INT8 && kernels_get(kv->isa)->attn_q8;
     kv->to_f16 = kernels_get(isa)->kv_to_f16;
+    kv->quant_token = kernels_get(isa)->kv_quant_token;
+    kv->quant_chan = kernels_get(isa)->kv_quant_chan;
     *out = kv;
     return TK_OK;
 }
@@ -186,6 +193,8 @@ void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn) {
     kv->attn = fn;
     kv->attn_part = part_fn;
 }
+bool kv_query_int8(const tk_kv *kv) { return kv->q8; }
+void kv_set_query_int8(tk_kv *kv, bool on) { kv->q8 = on && kv->o.type == TK_KV_INT8; }
 
 int kv_block_alloc(tk_kv *kv) {
     if (kv->n_free == 0) return -1;
@@ -241,6 +250,7 @@ static kv_geom geom_of(const tk_kv *kv, int l) {
         .block_size = kv->o.block_size,
         .type = kv->o.type,
         .scale = kv->o.scale,
+        .q8 = kv->q8,
     };
 }
 
@@ -249,26 +259,6 @@ static int32_t block_at(const tk_kv *kv, const int32_t *bt, int pos) {
     int32_t b = bt[pos / kv->o.block_size];
     TK_ASSERT(b >= 0 && b < kv->o.n_blocks && kv->refs[b] > 0);
     return b;
-}
-
-static float absmax(const float *x, int n) {
-    float a = 0.0f;
-    for (int i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
-    return a;
-}
-
-static int8_t quant_one(float x, float s) {
-    float r = nearbyintf(x / s);
-    /* NaN (a broken activation) stores 0 rather than an undefined cast. */
-    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r == r ? r : 0);
-}
-
-static void quant_vec(const float *x, int8_t *q, int n, float s) {
-    if (s == 0.0f) { /* an all-zero vector (or block so far) */
-        memset(q, 0, (size_t)n);
-        return;
-    }
-    for (int i = 0; i < n; i++) q[i] = quant_one(x[i], s);
 }
 
 /* Per-head int8: one scale per (block, head, channel), which only grows. The
@@ -295,26 +285,28 @@ static void quant_vec(const float *x, int8_t *q, int n, float s) {
  * Random data rescales a channel only on new maxima, and mostly by more than
  * 1.125, so it costs nothing there, unlike headroom added to every new scale
  * (1.25 of headroom: +20% error at 16 slots). */
-static void write_int8_chan(int8_t *rows, float *scales, int slot, int hd, const float *x) {
+static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int slot, int hd, const float *x) {
     if (slot == 0)
         for (int c = 0; c < hd; c++) scales[c] = 0.0f;
     int8_t *y = rows + (size_t)slot * (size_t)hd;
+    /* Rescales are rare (a channel's new maximum): quantize first, and only
+     * when some channel does not fit, grow those scales and quantize again. */
+    if (kv->quant_chan(x, scales, y, hd)) return;
     for (int c = 0; c < hd; c++) {
-        float a = fabsf(x[c]), s = scales[c];
-        if (a > s * 127.0f) {
-            float s_new = fmaxf(a / 127.0f, s * KV_INT8_MIN_GROWTH);
-            if (s > 0.0f) {
-                float r = s / s_new;
-                for (size_t i = (size_t)c; i < (size_t)slot * (size_t)hd; i += (size_t)hd) {
-                    float v = nearbyintf((float)rows[i] * r);
-                    rows[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
-                }
+        const float a = fabsf(x[c]), s = scales[c];
+        if (!(a > s * 127.0f)) continue;
+        const float s_new = fmaxf(a / 127.0f, s * KV_INT8_MIN_GROWTH);
+        if (s > 0.0f) {
+            const float r = s / s_new;
+            for (size_t i = (size_t)c; i < (size_t)slot * (size_t)hd; i += (size_t)hd) {
+                float v = nearbyintf((float)rows[i] * r);
+                rows[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
             }
-            s = scales[c] = s_new;
         }
-        /* s == 0: the channel is 0 so far (or x[c] is NaN, which stores 0). */
-        y[c] = s > 0.0f ? quant_one(x[c], s) : 0;
+        scales[c] = s_new;
     }
+    /* scale 0: the channel is 0 so far (or x[c] is NaN, which stores 0) */
+    (void)kv->quant_chan(x, scales, y, hd);
 }
 
 /* Converts one vector of head_dim floats into slot `slot` of a head's rows. */
@@ -332,13 +324,10 @@ static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, c
         for (int i = 0; i < hd; i++) ((tk_bf16 *)rows)[off + i] = tk_f32_to_bf16(x[i]);
         break;
     case TK_KV_INT8:
-        if (kv->o.scale == TK_KV_SCALE_TOKEN) {
-            float s = absmax(x, hd) / 127.0f;
-            scales[slot] = s;
-            quant_vec(x, (int8_t *)rows + off, hd, s);
-        } else {
-            write_int8_chan((int8_t *)rows, scales, slot, hd, x);
-        }
+        if (kv->o.scale == TK_KV_SCALE_TOKEN)
+            scales[slot] = kv->quant_token(x, (int8_t *)rows + off, hd);
+        else
+            write_int8_chan(kv, (int8_t *)rows, scales, slot, hd, x);
         break;
     }
 }

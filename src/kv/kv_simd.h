@@ -7,6 +7,7 @@
 #ifndef TK_KV_SIMD_H
 #define TK_KV_SIMD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,5 +39,11 @@ tk_isa kv_isa(const tk_kv *kv);
  * (kernels built outside the library, e.g. the shared x86 body at another
  * vector width); they must handle the pool's head_dim. kv_isa is not changed. */
 void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn);
+/* Whether the pool's attention dots int8 K against int8-quantised queries
+ * (kv_geom.q8: int8 KV at a level whose table says attn_q8). */
+bool kv_query_int8(const tk_kv *kv);
+/* Tests only: turn that on (int8 KV only) or off, for the reference level or
+ * a level that implements it (attn_q8). */
+void kv_set_query_int8(tk_kv *kv, bool on);
 
 #endif

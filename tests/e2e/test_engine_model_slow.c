@@ -27,6 +27,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "tokamak.h"
 
@@ -328,9 +329,15 @@ static void test_engine_model_int8_kv_agreement(void **state) {
                       runs[k].name, agree[k], NGEN, 100.0 * agree[k] / NGEN, agree_tol[k], NGEN, worst_gap[k],
                       kl[k] / NGEN, kl_max[k]);
     }
+    /* Int8 queries (INT8 KV at a level with attn_q8) add their own rounding to
+     * the scores: on this random model's near-flat logits that flips a few
+     * more near-ties (measured 97.3% per head, 96.1% per token, every flip at
+     * an F32 gap < 0.01; float queries 97.7% / 98.0%). The trained model's
+     * bound (e2e_test_refmodel_kvcheck_slow, >= 99%) is unchanged. */
+    const int min_pct = kernels_default()->attn_q8 ? 95 : 97;
     for (int k = 0; k < NRUN; k++) {
         if (runs[k].kl_bound == 0) continue;
-        assert_true(agree[k] * 100 >= 97 * NGEN);
+        assert_true(agree[k] * 100 >= min_pct * NGEN);
         assert_true(kl[k] / NGEN < runs[k].kl_bound);
     }
     tk_free(lr);

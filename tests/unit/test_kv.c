@@ -16,6 +16,8 @@
 #include "core/cpu.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_ref.h"
 #include "kv/kv.h"
 #include "kv/kv_simd.h"
 
@@ -92,6 +94,28 @@ AI void vf_store_f16(tk_f16 *y, vf v) {
     _mm_storeu_si128((__m128i *)y, _mm256_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm_storeu_si128((__m128i *)(y + 8),
                      _mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+AI vf vf_abs(vf a) {
+    const __m256 m = _mm256_set1_ps(-0.0f);
+    return (vf){_mm256_andnot_ps(m, a.lo), _mm256_andnot_ps(m, a.hi)};
+}
+AI vf vf_div(vf a, vf b) { return (vf){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+AI bool vf_any_gt(vf a, vf b) {
+    return _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ)) != 0 ||
+           _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)) != 0;
+}
+AI vf vf_pos_or_zero(vf s, vf v) {
+    const __m256 z = _mm256_setzero_ps();
+    return (vf){_mm256_and_ps(v.lo, _mm256_cmp_ps(s.lo, z, _CMP_GT_OQ)),
+                _mm256_and_ps(v.hi, _mm256_cmp_ps(s.hi, z, _CMP_GT_OQ))};
+}
+AI void vf_store_i8(int8_t *y, vf v) {
+    float x[16];
+    vf_store(x, v);
+    for (int i = 0; i < 16; i++) {
+        float t = x[i] != x[i] ? 0.0f : x[i] > 127.0f ? 127.0f : x[i] < -127.0f ? -127.0f : x[i];
+        y[i] = (int8_t)nearbyintf(t);
+    }
 }
 #include "kernels/x86/kvattn_body.h"
 #if defined(__clang__)
@@ -610,7 +634,16 @@ static void attn_f64(const float *K, const float *V, int len, int nkv, int hd, i
 
 typedef struct attn_case {
     int isa, kind, bs, len, n_q, n_head, nkv, hd;
+    bool q8; /* int8 queries (kv_geom.q8) at a level that has no such kernel: the reference's */
 } attn_case;
+
+/* Output error bound of int8 queries against the float64 attention, as a
+ * fraction of max|V|. The query of each block is rounded at max|q*ks| / 127,
+ * so a score moves by at most scale * max|q*ks| / 254 * sum|k| (about 0.4% of
+ * a typical score's spread); on these tests' data (uniform q in [-2, 2],
+ * peaked K rows) the outputs' error measures <= 0.6% of max|V|, with INT8 K
+ * and V's own rounding included. */
+#define Q8_BOUND 3e-2
 
 /* Fills a pool with len random positions, runs kv_attention (at level c->isa,
  * see level_open) for the last n_q queries, and compares with attn_f64.
@@ -621,6 +654,7 @@ static double attn_check(const attn_case *c, uint64_t *rng) {
     tk_kv_opts o = opts_make(2, c->nkv, c->hd, c->bs, n_tab + 3, KINDS[c->kind].t, KINDS[c->kind].sc);
     tk_kv *kv;
     if (!level_open(&o, c->isa, &kv)) return 0;
+    if (c->q8) kv_set_query_int8(kv, true);
     int32_t bt[128];
     table_make(kv, bt, n_tab, rng);
     const size_t row = (size_t)c->nkv * c->hd, qrow = (size_t)c->n_head * c->hd;
@@ -652,6 +686,21 @@ static double attn_check(const attn_case *c, uint64_t *rng) {
     kv_attention(kv, 1, bt, pos0, c->n_q, q, c->n_head, 0, c->n_head, scale, out, scratch);
     double err = 0;
     const int ratio = c->n_head / c->nkv;
+    if (kv_query_int8(kv)) {
+        /* int8 queries: the kernel gives the reference's scores bit for bit,
+         * so against it the bound is float rounding; against float64 it is
+         * Q8_BOUND (the caller's). */
+        float *want = tk_malloc((size_t)c->n_q * qrow * 4);
+        kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref);
+        kv_attention(kv, 1, bt, pos0, c->n_q, q, c->n_head, 0, c->n_head, scale, want, scratch);
+        double e = 0;
+        for (size_t i = 0; i < (size_t)c->n_q * qrow; i++) e = fmax(e, fabs(out[i] - want[i]) / vmax);
+        tk_free(want);
+        if (!(e <= 1e-5))
+            fail_msg(
+                "attention int8 queries %s isa %d bs %d len %d n_q %d: %.3g of max|V| from the reference",
+                KINDS[c->kind].name, c->isa, c->bs, c->len, c->n_q, e);
+    }
     for (int i = 0; i < c->n_q; i++)
         for (int h = 0; h < c->n_head; h++) {
             attn_f64(K, V, pos0 + i + 1, c->nkv, c->hd, h / ratio, q + i * qrow + (size_t)h * c->hd, scale,
@@ -665,8 +714,26 @@ static double attn_check(const attn_case *c, uint64_t *rng) {
     return err;
 }
 
+/* Largest error of int8-query attention against float64 seen by attn_expect. */
+static double q8_err_max;
+
+/* Whether case c runs with int8 queries (so is bounded by Q8_BOUND). */
+static bool case_q8(const attn_case *c) {
+    if (KINDS[c->kind].t != TK_KV_INT8) return false;
+    if (c->q8) return true;
+    return c->isa <= (int)best_isa() && kernels_get((tk_isa)c->isa)->attn_q8 && c->hd % 16 == 0;
+}
+
 static void attn_expect(const attn_case *c, uint64_t *rng) {
     double err = attn_check(c, rng);
+    if (case_q8(c)) {
+        q8_err_max = fmax(q8_err_max, err);
+        if (!(err <= Q8_BOUND))
+            fail_msg("attention int8 queries %s isa %d bs %d len %d n_q %d heads %d/%d hd %d: max error %.3g "
+                     "of max|V|",
+                     KINDS[c->kind].name, c->isa, c->bs, c->len, c->n_q, c->n_head, c->nkv, c->hd, err);
+        return;
+    }
     if (!(err <= 1e-5))
         fail_msg("attention %s isa %d bs %d len %d n_q %d heads %d/%d hd %d: max error %.3g of max|V|",
                  KINDS[c->kind].name, c->isa, c->bs, c->len, c->n_q, c->n_head, c->nkv, c->hd, err);
@@ -687,14 +754,21 @@ static void test_kv_attention_vs_f64(void **state) {
                     if (len > 300 && (kind % 2 || li < 4)) continue; /* keep the long cases few */
                     int n_qs[] = {1, len < 7 ? len : 7};
                     for (int qi = 0; qi < 2; qi++) {
-                        attn_case c = {isa, kind, bs, len, n_qs[qi], 8, 2, 64};
+                        attn_case c = {isa, kind, bs, len, n_qs[qi], 8, 2, 64, false};
                         attn_expect(&c, &rng);
                         cases++;
+                        /* the reference's int8-query path, on any machine */
+                        if (isa == 0 && KINDS[kind].t == TK_KV_INT8) {
+                            c.q8 = true;
+                            attn_expect(&c, &rng);
+                            cases++;
+                        }
                     }
                 }
             }
-    print_message("attention: %d cases, levels 0..%d (ISA levels 0..%d, then the 16-lane body on AVX2)\n",
-                  cases, n_levels() - 1, (int)best_isa());
+    print_message("attention: %d cases, levels 0..%d (ISA levels 0..%d, then the 16-lane body on AVX2); "
+                  "int8 queries: max error %.3g of max|V| (bound %.3g)\n",
+                  cases, n_levels() - 1, (int)best_isa(), q8_err_max, Q8_BOUND);
 }
 
 /* GQA ratios 1..5 (tiles of 1..4 heads and a remainder), head_dims that take
@@ -707,7 +781,7 @@ static void test_kv_attention_gqa(void **state) {
     for (int isa = 0; isa < n_levels(); isa++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int kind = 0; kind < N_KINDS; kind++) {
-                attn_case c = {isa, kind, 32, 70, 3, shapes[s][0], shapes[s][1], shapes[s][2]};
+                attn_case c = {isa, kind, 32, 70, 3, shapes[s][0], shapes[s][1], shapes[s][2], false};
                 attn_expect(&c, &rng);
             }
     /* Which kernel each head_dim gets. */
@@ -813,8 +887,8 @@ static void test_kv_attention_parts(void **state) {
             tk_free(scratch), tk_free(recs);
             kv_free(kv);
             /* the long contexts against float64 too */
-            attn_case c = {isa, kind, 64, 2 * KV_ATTN_PART + 37 < 1200 ? 2 * KV_ATTN_PART + 37 : 1200,
-                           3,   4,    2,  32};
+            attn_case c = {isa, kind, 64,   2 * KV_ATTN_PART + 37 < 1200 ? 2 * KV_ATTN_PART + 37 : 1200, 3, 4,
+                           2,   32,   false};
             attn_expect(&c, &rng);
         }
 }
@@ -851,6 +925,58 @@ static void test_kv_write_heads(void **state) {
     }
 }
 
+/* The int8 stores of every level (and the 16-lane body) give the reference's
+ * bits: ragged lengths, NaN, values far outside a scale, zero scales. */
+static void test_kv_quant_kernels(void **state) {
+    (void)state;
+    typedef struct {
+        kv_quant_token_fn tok;
+        kv_quant_chan_fn chan;
+    } qk;
+    qk levels[TK_ISA_AVX512 + 2];
+    int n_lv = 0;
+    for (int isa = 0; isa <= (int)best_isa(); isa++)
+        levels[n_lv++] =
+            (qk){kernels_get((tk_isa)isa)->kv_quant_token, kernels_get((tk_isa)isa)->kv_quant_chan};
+#ifdef HAVE_VL16
+    if (best_isa() >= TK_ISA_AVX2) levels[n_lv++] = (qk){kv_quant_token_vl16, kv_quant_chan_vl16};
+#endif
+    uint64_t rng = 11;
+    float x[300], sc[300];
+    int8_t want[300], got[300];
+    for (int it = 0; it < 400; it++) {
+        const int n = 1 + (int)(rng_next(&rng) % 300);
+        const float mag = (it % 3 == 0) ? 1e-3f : (it % 3 == 1) ? 1.0f : 300.0f;
+        for (int i = 0; i < n; i++) {
+            x[i] = rng_unit(&rng) * mag;
+            sc[i] = (rng_next(&rng) % 7 == 0) ? 0.0f : fabsf(rng_unit(&rng)) / 100.0f;
+            if (rng_next(&rng) % 53 == 0) x[i] = NAN;
+            if (it % 17 == 0) x[i] = 0.0f;
+        }
+        const float ws = kv_quant_token_ref(x, want, n);
+        for (int lv = 0; lv < n_lv; lv++) {
+            memset(got, 0x55, sizeof got);
+            const float gs = levels[lv].tok(x, got, n);
+            assert_true(memcmp(&gs, &ws, sizeof ws) == 0);
+            if (memcmp(got, want, (size_t)n) != 0) fail_msg("quant_token level %d n %d differs", lv, n);
+        }
+        const bool wf = kv_quant_chan_ref(x, sc, want, n);
+        for (int lv = 0; lv < n_lv; lv++) {
+            memset(got, 0x55, sizeof got);
+            assert_int_equal(levels[lv].chan(x, sc, got, n), wf);
+            if (memcmp(got, want, (size_t)n) != 0) fail_msg("quant_chan level %d n %d differs", lv, n);
+        }
+    }
+    /* ties go to even, as nearbyintf does */
+    const float ties[4] = {0.5f, 1.5f, -2.5f, 126.5f}, ones[4] = {1, 1, 1, 1};
+    int8_t y[4];
+    for (int lv = 0; lv < n_lv; lv++) {
+        assert_true(levels[lv].chan(ties, ones, y, 4));
+        assert_int_equal(y[0], 0), assert_int_equal(y[1], 2), assert_int_equal(y[2], -2);
+        assert_int_equal(y[3], 126);
+    }
+}
+
 /* The kernels of every level agree with each other closely (not bitwise). */
 static void test_kv_attention_isa_agree(void **state) {
     (void)state;
@@ -874,8 +1000,10 @@ static void test_kv_attention_isa_agree(void **state) {
             float *scratch = tk_malloc(kv_attn_scratch_floats(kv, LEN) * 4);
             kv_attention(kv, 0, bt, LEN - 1, 1, q, NH, 0, NH, 0.0884f, outs[isa], scratch);
             tk_free(scratch);
+            /* int8 queries: within their bound of the float ones */
+            const double tol = kv_query_int8(kv) ? Q8_BOUND : 2e-5;
             kv_free(kv);
-            for (int i = 0; i < NH * HD && isa > 0; i++) assert_float_equal(outs[isa][i], outs[0][i], 2e-5);
+            for (int i = 0; i < NH * HD && isa > 0; i++) assert_float_equal(outs[isa][i], outs[0][i], tol);
         }
     }
 }
@@ -889,6 +1017,7 @@ int main(void) {
         cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
         cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_write_heads),
         cmocka_unit_test(test_kv_attention_isa_agree),  cmocka_unit_test(test_kv_attention_parts),
+        cmocka_unit_test(test_kv_quant_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

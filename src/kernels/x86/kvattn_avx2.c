@@ -93,4 +93,18 @@ AI void vf_store_f16(tk_f16 *y, vf v) {
     _mm_storeu_si128((__m128i *)y, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+AI vf vf_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+AI vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+AI bool vf_any_gt(vf a, vf b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0; }
+AI vf vf_pos_or_zero(vf s, vf v) {
+    return _mm256_and_ps(v, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GT_OQ));
+}
+AI void vf_store_i8(int8_t *y, vf v) {
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q)); /* NaN to 0 */
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    const __m256i i = _mm256_cvtps_epi32(v);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64((__m128i *)y, _mm_packs_epi16(w, w));
+}
+
 #include "kernels/x86/kvattn_body.h"

@@ -85,4 +85,29 @@ AI void vf_store_f16(tk_f16 *y, vf v) {
     _mm256_storeu_si256((__m256i *)y, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+AI vf vf_abs(vf a) { return _mm512_abs_ps(a); }
+AI vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+AI bool vf_any_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
+AI vf vf_pos_or_zero(vf s, vf v) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), v);
+}
+AI void vf_store_i8(int8_t *y, vf v) {
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v); /* NaN to 0 */
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    _mm_storeu_si128((__m128i *)y, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+
+/* int8 K against int8 queries by vpdpbusd: K made unsigned by ^ 0x80 (one op
+ * per 64 bytes, shared by the tile's queries), 128 * sum(q) taken off after. */
+#define KV_Q8 1
+typedef __m512i vq;
+AI vq vq_zero(void) { return _mm512_setzero_si512(); }
+AI vq vq_load_k(const uint8_t *row, int c, int hd) {
+    const __m512i k = hd - c >= 64 ? _mm512_loadu_si512(row + c)
+                                   : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (hd - c)) - 1), row + c);
+    return _mm512_xor_si512(k, _mm512_set1_epi8((char)0x80));
+}
+AI vq vq_dot(vq acc, vq k, const int8_t *q8) { return _mm512_dpbusd_epi32(acc, k, _mm512_loadu_si512(q8)); }
+AI vf vq_to_f(vq v) { return _mm512_cvtepi32_ps(v); }
+
 #include "kernels/x86/kvattn_body.h"

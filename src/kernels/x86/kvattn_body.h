@@ -16,6 +16,19 @@
  *   vf_load_kv(row, c, type)  VL elements at c of a row of the KV type as
  *                        floats (int8 unscaled)
  *   vf_store_f16(y, v)   VL halves, round-to-nearest-even
+ *   vf_abs, vf_div       |a|, a / b
+ *   vf_store_i8(y, v)    VL int8s: v rounded to nearest (ties to even),
+ *                        clamped to [-127, 127], NaN to 0
+ *   vf_any_gt(a, b)      whether some lane has a > b
+ *   vf_pos_or_zero(s, v) v where s > 0, else 0
+ * A level with int8 dot products (kv_geom.q8, the AVX-512 VNNI one) also
+ * defines KV_Q8 and
+ *   vq, vq_zero          a vector of VL int32 sums
+ *   vq_load_k(row, c, hd) 64 int8s of a K row from c as unsigned (+128),
+ *                        zeros past hd
+ *   vq_dot(acc, k, q8)   acc + the sums of 4 adjacent products k * q8 (64
+ *                        int8s of the query), lane by lane
+ *   vq_to_f(v)           the sums as floats
  * and is compiled with its own target flags, so the same source becomes both
  * kernels. Differences from the reference, all for speed:
  *  - work goes in tiles of up to KV_ATTN_TILE (query, head) pairs that read
@@ -58,6 +71,22 @@ typedef struct tile_pairs {
     int len[KV_ATTN_TILE];
 } tile_pairs;
 
+/* s[p*bs + j0 + r] from the dot products x[r*P + p]: (x - off[p]) * mul[p]
+ * (off, mul NULL: x itself), times the row's per-token scale ks[j0 + r] (ks
+ * NULL: none) and the attention scale. */
+AI void store_scores(const float *x, const float *off, const float *mul, const float *ks, float scale,
+                     float *s, int bs, int j0, const int R, const int P) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int p = 0; p < P; p++) {
+            float y = x[r * P + p];
+            if (off) y = (y - off[p]) * mul[p];
+            if (ks) y *= ks[j0 + r];
+            s[p * bs + j0 + r] = y * scale;
+        }
+}
+
 /* Scores of rows [j0, j0+R) of a block for P pairs: s[p*bs + j]. ks: the
  * per-token int8 scales, NULL otherwise (per-channel scales are already in q).
  * Each (row, pair) is its own chain in the same order whatever R and P are. */
@@ -76,15 +105,54 @@ AI void dot_rows(const uint8_t *K, size_t row_bytes, int j0, int hd, const float
     }
     float x[VL];
     vf_hsum_n(d, R * P, x);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int p = 0; p < P; p++) {
-            float y = x[r * P + p];
-            if (ks) y *= ks[j0 + r];
-            s[p * bs + j0 + r] = y * scale;
-        }
+    store_scores(x, NULL, NULL, ks, scale, s, bs, j0, R, P);
 }
+
+#ifdef KV_Q8
+/* Scores of rows [j0, j0+R) of an int8 block against P int8 queries (q8: P
+ * rows of KV_Q8_BYTES(hd), scales qmul[p], and 128 * their sums qoff[p],
+ * which the unsigned K rows add): the integer dot products are exact, and
+ * so are their float sums (below 2^24 for head_dim <= 512), so the scores
+ * are the reference's bits (kv_attn_ref, kv_geom.q8). */
+AI void dot_rows_q8(const uint8_t *K, size_t row_bytes, int j0, int hd, const int8_t *q8, const float *qmul,
+                    const float *qoff, const float *ks, float scale, float *s, int bs, const int R,
+                    const int P) {
+    const size_t qb = KV_Q8_BYTES(hd);
+    vq d[VL];
+#pragma GCC unroll 16
+    for (int i = 0; i < R * P; i++) d[i] = vq_zero();
+    for (int c = 0; c < hd; c += 64) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            const vq k = vq_load_k(K + (size_t)(j0 + r) * row_bytes, c, hd);
+#pragma GCC unroll 8
+            for (int p = 0; p < P; p++) d[r * P + p] = vq_dot(d[r * P + p], k, q8 + (size_t)p * qb + c);
+        }
+    }
+    vf f[VL];
+#pragma GCC unroll 16
+    for (int i = 0; i < R * P; i++) f[i] = vq_to_f(d[i]);
+    float x[VL];
+    vf_hsum_n(f, R * P, x);
+    store_scores(x, qoff, qmul, ks, scale, s, bs, j0, R, P);
+}
+
+/* The int8 query of pair p for one block (attn_ref.c's query_q8): qk rounded
+ * at max|qk| / 127 into q8 (zeros up to KV_Q8_BYTES), its scale and 128 *
+ * its sum. */
+AI void query_q8(const float *qk, int hd, int8_t *q8, float *qmul, float *qoff) {
+    vf a = vf_zero();
+    for (int c = 0; c < hd; c += VL) a = vf_max(vf_abs(vf_load(qk + c)), a);
+    const float m = vf_hmax(a);
+    const vf inv = vf_set1(m > 0.0f ? 127.0f / m : 0.0f);
+    for (int c = 0; c < hd; c += VL) vf_store_i8(q8 + c, vf_mul(vf_load(qk + c), inv));
+    int32_t sum = 0;
+    for (int c = 0; c < hd; c++) sum += q8[c];
+    for (size_t c = (size_t)hd; c < KV_Q8_BYTES(hd); c++) q8[c] = 0;
+    *qmul = m / 127.0f;
+    *qoff = 128.0f * (float)sum;
+}
+#endif
 
 /* acc[p*hd + c..] = acc * corr[p] + vs[c..] * sum_j w[p*bs + j] * V_j[c..] for
  * C chunks of VL dims from c (vs: the per-channel int8 scales; NULL means 1);
@@ -122,6 +190,8 @@ AI void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const
  * times the block's per-channel K scales qs[p*hd + c] (int8 per head). */
 typedef struct tile_state {
     float *s, *acc, *m, *l, *qs;
+    int8_t *q8;         /* [P][KV_Q8_BYTES(hd)] int8 queries (kv_geom.q8) */
+    float *qmul, *qoff; /* [P] their scales and 128 * their sums */
 } tile_state;
 
 /* Block b of the context (block id blk) for P pairs; n: the rows any pair
@@ -150,6 +220,16 @@ AI void tile_block(const kv_geom *g, int32_t blk, int kvh, int b, int n, const t
     const float *ks_tok = per_tok ? ks : NULL;
     const int R = KV_ROWS(P);
     int j0 = 0;
+#ifdef KV_Q8
+    if (type == TK_KV_INT8 && g->q8) {
+        for (int p = 0; p < P; p++)
+            query_q8(qk[p], hd, st->q8 + (size_t)p * KV_Q8_BYTES(hd), &st->qmul[p], &st->qoff[p]);
+        for (; j0 + R <= n; j0 += R)
+            dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, R, P);
+        for (; j0 < n; j0++)
+            dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, 1, P);
+    }
+#endif
     for (; j0 + R <= n; j0 += R) dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, R, P, type);
     for (; j0 < n; j0++) dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, 1, P, type);
     /* Mask each pair's rows past its context and pad to whole vectors with
@@ -212,8 +292,8 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
 /* P pairs that read kv head kvh. part < 0: the whole context of each pair,
  * part by part, folded (kv_attn_fold) and normalized into out[p]; part >= 0:
  * only that part, its record (KV_PART_REC: acc, m, l) into out[p]. scratch:
- * kv_attn_scratch_need floats, laid out as tile_state then the folded M, L
- * and A. */
+ * kv_attn_scratch_need floats, laid out as tile_state (s, acc, m, l, qs)
+ * then the folded M, L and A, then qmul, qoff and q8. */
 AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part, float scale,
                  float *scratch, const int P, const tk_kv_type type) {
     const int bs = g->block_size, hd = g->head_dim;
@@ -222,6 +302,9 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
     st.l = st.m + KV_ATTN_TILE;
     st.qs = st.l + KV_ATTN_TILE;
     float *M = st.qs + (size_t)KV_ATTN_TILE * hd, *L = M + KV_ATTN_TILE, *A = L + KV_ATTN_TILE;
+    st.qmul = A + (size_t)KV_ATTN_TILE * hd;
+    st.qoff = st.qmul + KV_ATTN_TILE;
+    st.q8 = (int8_t *)(st.qoff + KV_ATTN_TILE);
     if (part >= 0) {
         tile_part(g, bt, kvh, tp, part, scale, &st, P, type);
         for (int p = 0; p < P; p++) {
@@ -324,6 +407,42 @@ void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const 
 void KFN(kv_attn_part)(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch) {
     run_heads(g, bt, pos, 1, q, n_head, h0, h1, part, scale, part_out, 0, KV_PART_REC(g->head_dim), scratch);
+}
+
+float KFN(kv_quant_token)(const float *x, int8_t *y, int n) {
+    vf a = vf_zero();
+    int i = 0;
+    /* |x| first: a NaN lane keeps the running max (the second operand) */
+    for (; i + VL <= n; i += VL) a = vf_max(vf_abs(vf_load(x + i)), a);
+    float m = vf_hmax(a);
+    for (int j = i; j < n; j++) m = fabsf(x[j]) > m ? fabsf(x[j]) : m;
+    const float s = m / 127.0f;
+    if (!(s > 0.0f)) {
+        for (int j = 0; j < n; j++) y[j] = 0;
+        return s;
+    }
+    const vf sv = vf_set1(s);
+    for (i = 0; i + VL <= n; i += VL) vf_store_i8(y + i, vf_div(vf_load(x + i), sv));
+    if (i < n) { /* the tail through a padded vector */
+        float t[VL] = {0};
+        int8_t q[VL];
+        for (int j = i; j < n; j++) t[j - i] = x[j];
+        vf_store_i8(q, vf_div(vf_load(t), sv));
+        for (int j = i; j < n; j++) y[j] = q[j - i];
+    }
+    return s;
+}
+
+bool KFN(kv_quant_chan)(const float *x, const float *s, int8_t *y, int n) {
+    const vf lim = vf_set1(127.0f);
+    bool fit = true;
+    int i = 0;
+    for (; i + VL <= n; i += VL) {
+        const vf xv = vf_load(x + i), sv = vf_load(s + i);
+        fit &= !vf_any_gt(vf_abs(xv), vf_mul(sv, lim));
+        vf_store_i8(y + i, vf_pos_or_zero(sv, vf_div(xv, sv)));
+    }
+    return kv_quant_chan_ref(x + i, s + i, y + i, n - i) && fit;
 }
 
 void KFN(kv_to_f16)(const float *x, tk_f16 *y, int n) {
