@@ -584,8 +584,9 @@ def dechunk(raw):
 
 
 def test_drain():
-    s = Server("--drain-timeout", "60", tag="drain")
-    sock, first = start_stream(s, 40)
+    # long enough to be still running when the health check comes (a token is ~1 ms)
+    s = Server("--drain-timeout", "60", "--ctx", "2048", tag="drain")
+    sock, first = start_stream(s, 1500)
     t0 = time.time()
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
