@@ -364,7 +364,11 @@ void report_markdown(const bench_result *r, FILE *f) {
         }
         report_rung g;
         if (report_rung_summary(r, 0, &g))
-            fprintf(f, "\nlo = concurrency %d, hi = concurrency %d.\n", g.lo_level, g.hi_level);
+            fprintf(f,
+                    "\nlo = concurrency %d, hi = concurrency %d; roofline: the rung's own decode floor (the "
+                    "bytes "
+                    "its weights and KV make a step read, at the probe's bandwidth) / its TPOT.\n",
+                    g.lo_level, g.hi_level);
     }
 }
 
