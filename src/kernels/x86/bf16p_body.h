@@ -28,6 +28,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/x86/cut_tile.h"
+
 #define P16_AI static inline __attribute__((always_inline))
 
 #ifndef P16_BLOCK
@@ -218,9 +220,7 @@ P16_AI void p16_gemv(int round, int64_t k, const void *w, int64_t r0, int64_t r1
                         break;
                     }
                     if (!whole)
-                        for (int tt = 0; tt < nt; tt++)
-                            for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + 16 && r < r1; r++)
-                                y[(size_t)(p0 + t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * 16 + (r - g0)];
+                        cut_tile_store(y + (size_t)(p0 + t) * (size_t)ldy, ldy, tmp, 16, nt, g0, r0, r1);
                 }
             }
         }

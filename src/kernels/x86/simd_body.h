@@ -38,6 +38,8 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "kernels/x86/cut_tile.h"
+
 #define AI static inline __attribute__((always_inline))
 
 /* ---- small helpers ---------------------------------------------------------------- */
@@ -454,10 +456,7 @@ AI void xr_gemv(int R, int64_t k, const void *w, int64_t r0, int64_t r1, const v
                 default:
                     break;
                 }
-            if (!whole)
-                for (int tt = 0; tt < nt; tt++)
-                    for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + R && r < r1; r++)
-                        y[(size_t)(t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * R + (r - g0)];
+            if (!whole) cut_tile_store(y + (size_t)t * (size_t)ldy, ldy, tmp, R, nt, g0, r0, r1);
         }
     }
 }
@@ -683,10 +682,7 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
                 default:
                     break;
                 }
-                if (!whole)
-                    for (int tt = 0; tt < nt; tt++)
-                        for (int64_t r = g0 > r0 ? g0 : r0; r < g0 + 16 && r < r1; r++)
-                            y[(size_t)(p0 + t + tt) * (size_t)ldy + (size_t)r] = tmp[tt * 16 + (r - g0)];
+                if (!whole) cut_tile_store(y + (size_t)(p0 + t) * (size_t)ldy, ldy, tmp, 16, nt, g0, r0, r1);
             }
         }
     }
