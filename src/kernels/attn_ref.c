@@ -168,7 +168,8 @@ void kv_attn_finish(const float *A, float L, int hd, float *out) {
     for (int c = 0; c < hd; c++) out[c] = A[c] * inv;
 }
 
-void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, float *out) {
+void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, const float *own,
+                   float *out) {
     for (int h = 0; h < n_heads; h++) {
         float M = 0.0f, L = 0.0f;
         float *A = out + (size_t)h * (size_t)hd;
@@ -176,44 +177,64 @@ void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_he
             const float *r = parts + (size_t)k * part_stride + (size_t)h * KV_PART_REC(hd);
             kv_attn_fold(&M, &L, A, r[hd], r[hd + 1], r, hd, k == 0);
         }
+        if (own) {
+            const float *r = own + (size_t)h * KV_PART_REC(hd);
+            kv_attn_fold(&M, &L, A, r[hd], r[hd + 1], r, hd, n_parts == 0);
+        }
         kv_attn_finish(A, L, hd, A);
     }
 }
 
-/* Attention of one query vector over positions [0, len), part by part.
- * scratch: block_size + 4 * head_dim floats. */
-static void attn_one(const kv_geom *g, const int32_t *bt, int len, int kvh, const float *q, float scale,
-                     float *out, float *scratch) {
+/* Attention of one query vector over positions [0, end), part by part, then
+ * (own not NULL) its own-block record. scratch: block_size + 4 * head_dim
+ * floats. */
+static void attn_one(const kv_geom *g, const int32_t *bt, int end, int kvh, const float *q, float scale,
+                     const float *own, float *out, float *scratch) {
     const int hd = g->head_dim;
     float *acc = scratch, *A = acc + hd, *rest = A + hd;
     float M = 0.0f, L = 0.0f;
-    for (int k = 0; k * KV_ATTN_PART < len; k++) {
-        const int p1 = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
+    int k = 0;
+    for (; k * KV_ATTN_PART < end; k++) {
+        const int p1 = (k + 1) * KV_ATTN_PART < end ? (k + 1) * KV_ATTN_PART : end;
         float m, l;
         attn_range(g, bt, k * KV_ATTN_PART, p1, kvh, q, scale, &m, &l, acc, rest);
         kv_attn_fold(&M, &L, A, m, l, acc, hd, k == 0);
     }
+    if (own) kv_attn_fold(&M, &L, A, own[hd], own[hd + 1], own, hd, k == 0);
     kv_attn_finish(A, L, hd, out);
 }
 
 void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                 int h1, float scale, float *out, float *scratch) {
-    const int ratio = n_head / g->n_head_kv;
+                 int h1, float scale, const float *own, float *out, float *scratch) {
+    const int ratio = n_head / g->n_head_kv, bs = g->block_size;
     const size_t hd = (size_t)g->head_dim;
-    for (int i = 0; i < n_q; i++)
+    for (int i = 0; i < n_q; i++) {
+        const int pos = pos0 + i, end = own ? pos - pos % bs : pos + 1;
         for (int h = h0; h < h1; h++) {
             const size_t off = ((size_t)i * (size_t)n_head + (size_t)h) * hd;
-            attn_one(g, bt, pos0 + i + 1, h / ratio, q + off, scale, out + off, scratch);
+            const float *r = own ? own + ((size_t)i * (size_t)n_head + (size_t)h) * KV_PART_REC(hd) : NULL;
+            attn_one(g, bt, end, h / ratio, q + off, scale, r, out + off, scratch);
         }
+    }
 }
 
-void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                       int h0, int h1, float scale, float *part_out, float *scratch) {
-    const int ratio = n_head / g->n_head_kv, hd = g->head_dim, len = pos + 1;
-    const int p1 = (part + 1) * KV_ATTN_PART < len ? (part + 1) * KV_ATTN_PART : len;
+    const int ratio = n_head / g->n_head_kv, hd = g->head_dim;
+    const int p1 = (part + 1) * KV_ATTN_PART < end ? (part + 1) * KV_ATTN_PART : end;
     for (int h = h0; h < h1; h++) {
         float *r = part_out + (size_t)(h - h0) * KV_PART_REC(hd);
         attn_range(g, bt, part * KV_ATTN_PART, p1, h / ratio, q + (size_t)h * (size_t)hd, scale, &r[hd],
                    &r[hd + 1], r, scratch);
+    }
+}
+
+void kv_attn_own_ref(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0, int h1,
+                     float scale, float *rec, float *scratch) {
+    const int ratio = n_head / g->n_head_kv, hd = g->head_dim;
+    for (int h = h0; h < h1; h++) {
+        float *r = rec + (size_t)(h - h0) * KV_PART_REC(hd);
+        attn_range(g, bt, pos - pos % g->block_size, pos + 1, h / ratio, q + (size_t)h * (size_t)hd, scale,
+                   &r[hd], &r[hd + 1], r, scratch);
     }
 }

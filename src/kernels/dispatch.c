@@ -164,6 +164,7 @@ static const tk_kernels KERNELS_SCALAR = {
         {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_ref, [TK_DTYPE_BF16] = kern_dequant_bf16_ref},
     .attn = kv_attn_ref,
     .attn_part = kv_attn_part_ref,
+    .attn_own = kv_attn_own_ref,
     .attn_lanes = 1,
     .kv_to_f16 = kv_to_f16_ref,
     .kv_quant_token = kv_quant_token_ref,
@@ -177,8 +178,8 @@ static const tk_kernels KERNELS_SCALAR = {
     .add = kern_add_avx2, .silu_mul = kern_silu_mul_avx2,                                                    \
     .dequant_row =                                                                                           \
         {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},  \
-    .attn = kv_attn_avx2, .attn_part = kv_attn_part_avx2, .attn_lanes = 8, .kv_to_f16 = kv_to_f16_avx2,      \
-    .kv_quant_token = kv_quant_token_avx2, .kv_quant_chan = kv_quant_chan_avx2
+    .attn = kv_attn_avx2, .attn_part = kv_attn_part_avx2, .attn_own = kv_attn_own_avx2, .attn_lanes = 8,     \
+    .kv_to_f16 = kv_to_f16_avx2, .kv_quant_token = kv_quant_token_avx2, .kv_quant_chan = kv_quant_chan_avx2
 
 static const tk_kernels KERNELS_AVX2 = {.isa = TK_ISA_AVX2, KERNELS_AVX2_ROWS};
 static const tk_kernels KERNELS_AVXVNNI = {.isa = TK_ISA_AVXVNNI, KERNELS_AVX2_ROWS};
@@ -195,6 +196,7 @@ static const tk_kernels KERNELS_AVX512 = {
                     [TK_DTYPE_BF16] = kern_dequant_bf16_avx512},
     .attn = kv_attn_avx512,
     .attn_part = kv_attn_part_avx512,
+    .attn_own = kv_attn_own_avx512,
     .attn_lanes = 16,
     .attn_q8 = true,
     .kv_to_f16 = kv_to_f16_avx512,

@@ -55,6 +55,7 @@ typedef struct tk_kernels {
      * == 0; kern_attn_for applies that rule. kv_to_f16 takes any n. */
     kv_attn_fn attn;
     kv_attn_part_fn attn_part; /* one part of a decode token's context, same rule */
+    kv_attn_own_fn attn_own;   /* a query's own-block record, same rule */
     int attn_lanes;
     bool attn_q8; /* int8 KV: attn takes kv_geom.q8 (int8 queries against int8 K) */
     kv_to_f16_fn kv_to_f16;

@@ -145,9 +145,11 @@ void kern_gemv_bf16_p16r_ref(int64_t k, const void *w, int64_t r0, int64_t r1, c
 
 /* ---- attention over the paged KV cache (attn_ref.c) -------------------------------- */
 void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                 int h1, float scale, float *out, float *scratch);
-void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+                 int h1, float scale, const float *own, float *out, float *scratch);
+void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                       int h0, int h1, float scale, float *part_out, float *scratch);
+void kv_attn_own_ref(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0, int h1,
+                     float scale, float *rec, float *scratch);
 void kv_to_f16_ref(const float *x, tk_f16 *y, int n);
 float kv_quant_token_ref(const float *x, int8_t *y, int n);
 bool kv_quant_chan_ref(const float *x, const float *s, int8_t *y, int n);
@@ -192,9 +194,11 @@ void kern_dequant_f16_avx2(const void *row, float *out, int64_t k);
 void kern_dequant_bf16_avx2(const void *row, float *out, int64_t k);
 /* x86/kvattn_avx2.c: head_dim % 8 == 0 */
 void kv_attn_avx2(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                  int h1, float scale, float *out, float *scratch);
-void kv_attn_part_avx2(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+                  int h1, float scale, const float *own, float *out, float *scratch);
+void kv_attn_part_avx2(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch);
+void kv_attn_own_avx2(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
+                      int h1, float scale, float *rec, float *scratch);
 void kv_to_f16_avx2(const float *x, tk_f16 *y, int n);
 float kv_quant_token_avx2(const float *x, int8_t *y, int n);
 bool kv_quant_chan_avx2(const float *x, const float *s, int8_t *y, int n);
@@ -270,9 +274,11 @@ void kern_dequant_f16_avx512(const void *row, float *out, int64_t k);
 void kern_dequant_bf16_avx512(const void *row, float *out, int64_t k);
 /* x86/kvattn_avx512.c: head_dim % 16 == 0 */
 void kv_attn_avx512(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                    int h0, int h1, float scale, float *out, float *scratch);
-void kv_attn_part_avx512(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
+                    int h0, int h1, float scale, const float *own, float *out, float *scratch);
+void kv_attn_part_avx512(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                          int h0, int h1, float scale, float *part_out, float *scratch);
+void kv_attn_own_avx512(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
+                        int h1, float scale, float *rec, float *scratch);
 void kv_to_f16_avx512(const float *x, tk_f16 *y, int n);
 float kv_quant_token_avx512(const float *x, int8_t *y, int n);
 bool kv_quant_chan_avx512(const float *x, const float *s, int8_t *y, int n);

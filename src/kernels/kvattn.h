@@ -83,19 +83,34 @@ static inline const float *kv_geom_vs(const kv_geom *g, int32_t b, int kvh) {
 }
 
 /* One attention kernel: the contract of kv_attention (src/kv/kv.h) with the
- * layer resolved. scratch holds kv_attn_scratch_need floats. */
+ * layer resolved. scratch holds kv_attn_scratch_need floats. own: NULL, or
+ * own-block records ([n_q][n_head] of KV_PART_REC(hd) floats, kv_attn_own_fn):
+ * query i then reads its context up to the start of its own block from the
+ * pool and folds its record last. */
 typedef void (*kv_attn_fn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                           int h0, int h1, float scale, float *out, float *scratch);
-/* Part `part` of the context of one query token at position pos (positions
- * [part*KV_ATTN_PART, min((part+1)*KV_ATTN_PART, pos+1))), heads [h0, h1) of
- * q ([n_head][head_dim]): one record (KV_PART_REC) per head at part_out +
+                           int h0, int h1, float scale, const float *own, float *out, float *scratch);
+/* Part `part` of a context that ends at `end` (positions [part*KV_ATTN_PART,
+ * min((part+1)*KV_ATTN_PART, end))) for heads [h0, h1) of one token's q
+ * ([n_head][head_dim]): one record (KV_PART_REC) per head at part_out +
  * (h - h0) * KV_PART_REC(head_dim). */
-typedef void (*kv_attn_part_fn)(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q,
+typedef void (*kv_attn_part_fn)(const kv_geom *g, const int32_t *bt, int end, int part, const float *q,
                                 int n_head, int h0, int h1, float scale, float *part_out, float *scratch);
+/* The own-block record of one query at position pos: its attention over the
+ * slots [pos - pos % block_size, pos] of its own block as the pool holds them
+ * now, for heads [h0, h1) of q ([n_head][head_dim]), one record per head at
+ * rec + (h - h0) * KV_PART_REC(head_dim). INT8 per-head KV takes it right
+ * after writing pos (kv_attention_own), so a query sees its block at the
+ * scales its own prefix gave it, whatever was written after it in the same
+ * step: how tokens are split into steps then changes no output. */
+typedef void (*kv_attn_own_fn)(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head,
+                               int h0, int h1, float scale, float *rec, float *scratch);
 /* Folds n_parts records per head (part k of head h at parts + k*part_stride +
- * h*KV_PART_REC(hd)) in part order into the normalized output of n_heads heads
- * ([n_heads][hd] at out): the same bits as the whole attention in one call. */
-void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, float *out);
+ * h*KV_PART_REC(hd)) in part order, then (own not NULL) head h's own-block
+ * record at own + h*KV_PART_REC(hd), into the normalized output of n_heads
+ * heads ([n_heads][hd] at out): the same bits as the whole attention in one
+ * call. n_parts may be 0 when own is given. */
+void kv_attn_merge(const float *parts, int n_parts, size_t part_stride, int n_heads, int hd, const float *own,
+                   float *out);
 /* n floats to half, round-to-nearest-even (same bits as tk_f32_to_f16); any n. */
 typedef void (*kv_to_f16_fn)(const float *x, tk_f16 *y, int n);
 /* The int8 stores (definitions: kv_quant_token_ref, kv_quant_chan_ref); any n.

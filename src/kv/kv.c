@@ -25,6 +25,7 @@ struct tk_kv {
     bool q8;       /* int8 K against int8-quantised queries (kv_geom.q8) */
     kv_attn_fn attn;
     kv_attn_part_fn attn_part;
+    kv_attn_own_fn attn_own;
     kv_to_f16_fn to_f16;
     kv_quant_token_fn quant_token;
     kv_quant_chan_fn quant_chan;
@@ -165,6 +166,7 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     /* The dispatcher picks the kernels (and the level below isa that takes an odd head_dim). */
     kv->attn = kern_attn_for(isa, o->head_dim, &kv->isa);
     kv->attn_part = kernels_get(kv->isa)->attn_part;
+    kv->attn_own = kernels_get(kv->isa)->attn_own;
     kv->q8 = o->type == TK_KV_INT8 && kernels_get(kv->isa)->attn_q8;
     kv->to_f16 = kernels_get(isa)->kv_to_f16;
     kv->quant_token = kernels_get(isa)->kv_quant_token;
@@ -189,9 +191,10 @@ void kv_free(tk_kv *kv) {
 
 const tk_kv_opts *kv_opts(const tk_kv *kv) { return &kv->o; }
 tk_isa kv_isa(const tk_kv *kv) { return kv->isa; }
-void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn) {
+void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn, kv_attn_own_fn own_fn) {
     kv->attn = fn;
     kv->attn_part = part_fn;
+    kv->attn_own = own_fn;
 }
 bool kv_query_int8(const tk_kv *kv) { return kv->q8; }
 void kv_set_query_int8(tk_kv *kv, bool on) { kv->q8 = on && kv->o.type == TK_KV_INT8; }
@@ -393,32 +396,51 @@ float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head
     return kv->o.scale == TK_KV_SCALE_TOKEN ? s[pos % kv->o.block_size] : s[chan];
 }
 
+bool kv_attn_own_block(const tk_kv *kv) {
+    return kv->o.type == TK_KV_INT8 && kv->o.scale == TK_KV_SCALE_HEAD;
+}
+
+int kv_attn_end(const tk_kv *kv, int pos) {
+    return kv_attn_own_block(kv) ? pos - pos % kv->o.block_size : pos + 1;
+}
+
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                  int h0, int h1, float scale, float *out, float *scratch) {
+                  int h0, int h1, float scale, const float *own, float *out, float *scratch) {
     TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos0 >= 0 && n_q >= 0);
     TK_ASSERT(n_head > 0 && n_head % kv->o.n_head_kv == 0 && 0 <= h0 && h0 <= h1 && h1 <= n_head);
+    TK_ASSERT((own != NULL) == kv_attn_own_block(kv));
     if (n_q == 0 || h0 == h1) return;
     /* One compare per block read: cheap next to the block itself. */
-    for (int p = 0; p < pos0 + n_q; p += kv->o.block_size) (void)block_at(kv, bt, p);
+    for (int p = 0; p < kv_attn_end(kv, pos0 + n_q - 1); p += kv->o.block_size) (void)block_at(kv, bt, p);
     kv_geom g = geom_of(kv, l);
-    kv->attn(&g, bt, pos0, n_q, q, n_head, h0, h1, scale, out, scratch);
+    kv->attn(&g, bt, pos0, n_q, q, n_head, h0, h1, scale, own, out, scratch);
+}
+
+void kv_attention_own(const tk_kv *kv, int l, const int32_t *bt, int pos, const float *q, int n_head, int h0,
+                      int h1, float scale, float *rec, float *scratch) {
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0);
+    TK_ASSERT(n_head > 0 && n_head % kv->o.n_head_kv == 0 && 0 <= h0 && h0 <= h1 && h1 <= n_head);
+    if (h0 == h1) return;
+    (void)block_at(kv, bt, pos);
+    kv_geom g = geom_of(kv, l);
+    kv->attn_own(&g, bt, pos, q, n_head, h0, h1, scale, rec, scratch);
 }
 
 int kv_attn_parts(int len) { return len <= 0 ? 0 : (len - 1) / KV_ATTN_PART + 1; }
 
-void kv_attention_part(const tk_kv *kv, int l, const int32_t *bt, int pos, int part, const float *q,
+void kv_attention_part(const tk_kv *kv, int l, const int32_t *bt, int end, int part, const float *q,
                        int n_head, int h0, int h1, float scale, float *part_out, float *scratch) {
-    TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0 && part >= 0 && part < kv_attn_parts(pos + 1));
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer && end > 0 && part >= 0 && part < kv_attn_parts(end));
     TK_ASSERT(n_head > 0 && n_head % kv->o.n_head_kv == 0 && 0 <= h0 && h0 <= h1 && h1 <= n_head);
     if (h0 == h1) return;
-    const int p1 = (part + 1) * KV_ATTN_PART < pos + 1 ? (part + 1) * KV_ATTN_PART : pos + 1;
+    const int p1 = (part + 1) * KV_ATTN_PART < end ? (part + 1) * KV_ATTN_PART : end;
     for (int p = part * KV_ATTN_PART; p < p1; p += kv->o.block_size) (void)block_at(kv, bt, p);
     kv_geom g = geom_of(kv, l);
-    kv->attn_part(&g, bt, pos, part, q, n_head, h0, h1, scale, part_out, scratch);
+    kv->attn_part(&g, bt, end, part, q, n_head, h0, h1, scale, part_out, scratch);
 }
 
 void kv_attention_merge(const tk_kv *kv, const float *parts, int n_parts, size_t part_stride, int n_heads,
-                        float *out) {
-    TK_ASSERT(n_parts > 0 && n_heads >= 0);
-    kv_attn_merge(parts, n_parts, part_stride, n_heads, kv->o.head_dim, out);
+                        const float *own, float *out) {
+    TK_ASSERT(n_parts >= 0 && n_heads >= 0 && (n_parts > 0 || own));
+    kv_attn_merge(parts, n_parts, part_stride, n_heads, kv->o.head_dim, own, out);
 }

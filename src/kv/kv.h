@@ -83,26 +83,50 @@ float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head
  *   out: [n_q][n_head][head_dim]
  * query i sits at position pos0 + i and attends causally to positions [0, pos0+i].
  * GQA: head h reads kv head h / (n_head / n_head_kv). scratch: kv_attn_scratch_floats floats.
+ * own: NULL, except where kv_attn_own_block says a query reads its own block
+ * through a record: then [n_q][n_head] records of KV_PART_REC(head_dim)
+ * floats, query i's taken by kv_attention_own right after position pos0 + i
+ * was written (heads [h0, h1) are read).
  * Threads: read-only on the pool; many may run at once (own scratch each).
  * The kernel (reference, AVX2, AVX-512; see kv_simd.h) is picked at kv_init
  * from cpu_isa_from_env (TOKAMAK_ISA caps it). */
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                  int h0, int h1, float scale, float *out, float *scratch);
-/* Flash-decoding: the context of a token at position pos is attended in
- * kv_attn_parts(pos + 1) parts of a fixed number of positions (the split
- * depends on the length only), which threads may compute separately.
- * kv_attention does the same parts in one call and folds them, so it gives
- * the same bits as kv_attention_part over every part then kv_attention_merge.
+                  int h0, int h1, float scale, const float *own, float *out, float *scratch);
+/* Whether queries read their own block through own-block records: INT8 with
+ * per-head scales, where writing a token may rescale its block's earlier
+ * values. A query's record is its attention over its own block as the block
+ * stood right after the query's position was written, so a query sees the
+ * block at the scales its own prefix gave it, not those of tokens written
+ * after it in the same step: outputs do not depend on how tokens are split
+ * into steps (prefill chunks, speculative verification, rewrites). */
+bool kv_attn_own_block(const tk_kv *kv);
+/* The end (exclusive) of what a query at position pos reads from the pool
+ * before its record: pos + 1, or its own block's start with own-block records. */
+int kv_attn_end(const tk_kv *kv, int pos);
+/* The own-block record of the query at position pos (q: [n_head][head_dim]),
+ * heads [h0, h1), to rec + (h - h0) * KV_PART_REC(head_dim); call it after
+ * writing pos and before writing pos + 1 in that block for those heads' kv
+ * heads. Threads: like kv_attention. */
+void kv_attention_own(const tk_kv *kv, int l, const int32_t *bt, int pos, const float *q, int n_head, int h0,
+                      int h1, float scale, float *rec, float *scratch);
+/* Flash-decoding: the context a token at position pos reads from the pool,
+ * [0, end) with end = kv_attn_end(kv, pos), is attended in kv_attn_parts(end)
+ * parts of a fixed number of positions (the split depends on the length
+ * only), which threads may compute separately. kv_attention does the same
+ * parts in one call and folds them, so it gives the same bits as
+ * kv_attention_part over every part then kv_attention_merge.
  * kv_attention_part writes, for heads [h0, h1) of one token's q
  * ([n_head][head_dim]), one record of head_dim + 2 floats per head at part_out
  * + (h - h0) * (head_dim + 2). kv_attention_merge folds n_parts such record
- * sets (set k at parts + k * part_stride) in order into out ([n_heads][head_dim]).
+ * sets (set k at parts + k * part_stride) in order, then the own-block
+ * records of those heads (own: NULL, or one per head, head_dim + 2 floats
+ * apart), into out ([n_heads][head_dim]).
  * Threads: like kv_attention. */
 int kv_attn_parts(int len);
-void kv_attention_part(const tk_kv *kv, int l, const int32_t *bt, int pos, int part, const float *q,
+void kv_attention_part(const tk_kv *kv, int l, const int32_t *bt, int end, int part, const float *q,
                        int n_head, int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_attention_merge(const tk_kv *kv, const float *parts, int n_parts, size_t part_stride, int n_heads,
-                        float *out);
+                        const float *own, float *out);
 /* Softmax is computed online a block at a time, so the scratch size depends on
  * head_dim and block_size only; max_ctx is accepted for callers' sake. */
 size_t kv_attn_scratch_floats(const tk_kv *kv, int max_ctx);

@@ -35,10 +35,10 @@ size_t kv_attn_scratch_need(int head_dim, int block_size);
 tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out);
 /* The level whose attention kernel the pool actually uses (after fallbacks). */
 tk_isa kv_isa(const tk_kv *kv);
-/* Tests only: run the pool's attention through fn and part_fn from now on
+/* Tests only: run the pool's attention through fn, part_fn and own_fn from now on
  * (kernels built outside the library, e.g. the shared x86 body at another
  * vector width); they must handle the pool's head_dim. kv_isa is not changed. */
-void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn);
+void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn, kv_attn_own_fn own_fn);
 /* Whether the pool's attention dots int8 K against int8-quantised queries
  * (kv_geom.q8: int8 KV at a level whose table says attn_q8). */
 bool kv_query_int8(const tk_kv *kv);

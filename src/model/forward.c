@@ -89,6 +89,7 @@ struct fwd_ctx {
     float *q;          /* (max_tokens, n_head*head_dim) queries, RoPE applied */
     float *k, *v;      /* (max_tokens, n_head_kv*head_dim) new keys and values */
     float *att;        /* (max_tokens, n_head*head_dim) attention output */
+    float *own;        /* (max_tokens, n_head, KV_PART_REC) own-block records (kv_attn_own_block), or NULL */
     float *y;          /* (max_tokens, n_embd) projection output before the residual add */
     float *gate;       /* (max_tokens, n_ff) gate projection, then silu(gate)*up in place */
     float *up;         /* (max_tokens, n_ff) */
@@ -220,14 +221,26 @@ static void heads_bias_norm_rope(fwd_ctx *f, float *base, int64_t width, const f
 
 /* Split by KV head, each thread writing every token in position order: int8
  * KV with per-head scales may rescale a block's earlier values for a head, so
- * one thread must own a (block, head) and see its tokens in order. */
+ * one thread must own a (block, head) and see its tokens in order. There each
+ * token's own-block record (kv_attention_own) is taken right after its write,
+ * for the query heads of the thread's kv heads, so the token sees its block
+ * as its own prefix left it. */
 static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
     long g0, g1;
     pool_split(f->hp->n_head_kv, ith, nth, 1, &g0, &g1);
     if (g0 >= g1) return;
-    for (int t = 0; t < f->b->n_tok; t++)
-        kv_write_heads(f->kv, l, f->b->bt[f->tok_seq[t]], f->tok_pos[t], f->k + (size_t)t * f->kv_dim,
+    const int nh = f->hp->n_head, ratio = nh / f->hp->n_head_kv, hd = f->hp->head_dim;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
+    for (int t = 0; t < f->b->n_tok; t++) {
+        const int32_t *bt = f->b->bt[f->tok_seq[t]];
+        kv_write_heads(f->kv, l, bt, f->tok_pos[t], f->k + (size_t)t * f->kv_dim,
                        f->v + (size_t)t * f->kv_dim, (int)g0, (int)g1);
+        if (f->own)
+            kv_attention_own(f->kv, l, bt, f->tok_pos[t], f->q + (size_t)t * f->q_dim, nh, (int)g0 * ratio,
+                             (int)g1 * ratio, scale,
+                             f->own + ((size_t)t * nh + (size_t)g0 * ratio) * KV_PART_REC(hd), scratch);
+    }
 }
 
 /* Splits the step's attention into units (see attn_unit) and the units over
@@ -249,7 +262,7 @@ static void attn_plan(fwd_ctx *f) {
     int n = 0, recs = 0;
     f->n_merges = 0;
     for (int s = 0; s < b->n_seq; s++) {
-        const int len = b->pos0[s] + b->n[s], parts = kv_attn_parts(len);
+        const int len = kv_attn_end(f->kv, b->pos0[s] + b->n[s] - 1), parts = kv_attn_parts(len);
         const bool sp = split && b->n[s] == 1 && parts > 1 && recs + parts <= ATTN_SPLIT_PARTS;
         float *base = sp ? f->part_recs + (size_t)recs * part_stride : NULL;
         for (int h = 0; h < nh; h += U) {
@@ -305,11 +318,12 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
         const attn_unit *w = &f->units[u];
         const int s = w->seq, t0 = f->seq_tok0[s], n = b->n[s];
         if (w->part >= 0) {
-            kv_attention_part(f->kv, l, b->bt[s], b->pos0[s], w->part, f->q + (size_t)t0 * f->q_dim, nh,
-                              w->h0, w->h1, scale, w->rec, scratch);
+            kv_attention_part(f->kv, l, b->bt[s], kv_attn_end(f->kv, b->pos0[s]), w->part,
+                              f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale, w->rec, scratch);
             continue;
         }
         kv_attention(f->kv, l, b->bt[s], b->pos0[s], n, f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale,
+                     f->own ? f->own + (size_t)t0 * nh * KV_PART_REC(hd) : NULL,
                      f->att + (size_t)t0 * f->q_dim, scratch);
         if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
     }
@@ -321,6 +335,7 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
         const attn_merge *m = &f->merges[i];
         const int t0 = f->seq_tok0[m->seq];
         kv_attention_merge(f->kv, m->recs, m->n_parts, (size_t)nh * KV_PART_REC(hd), m->h1 - m->h0,
+                           f->own ? f->own + ((size_t)t0 * nh + (size_t)m->h0) * KV_PART_REC(hd) : NULL,
                            f->att + (size_t)t0 * f->q_dim + (size_t)m->h0 * hd);
         if (quant) quant_cols(f, SLOT_ATT, t0, t0 + 1, (int64_t)m->h0 * hd, (int64_t)m->h1 * hd);
     }
@@ -555,7 +570,8 @@ static void fwd_worker(void *ctx, int ith, int nth) {
 
 void fwd_free(fwd_ctx *f) {
     if (!f) return;
-    float *bufs[] = {f->x, f->xn, f->q, f->k, f->v, f->att, f->y, f->gate, f->up, f->scratch, f->logits_pad};
+    float *bufs[] = {f->x,   f->xn, f->q,    f->k,  f->v,       f->att,
+                     f->own, f->y,  f->gate, f->up, f->scratch, f->logits_pad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tk_free_aligned(bufs[i]);
     for (int s = 0; s < SLOT_COUNT; s++)
         for (int a = 0; a < ACT_COUNT; a++) tk_free_aligned(f->slot[s].q[a]);
@@ -677,6 +693,8 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     f->k = alloc_f32(T, f->kv_dim);
     f->v = alloc_f32(T, f->kv_dim);
     f->att = alloc_f32(T, f->q_dim);
+    if (kv_attn_own_block(kv))
+        f->own = alloc_f32(T, (int64_t)hp->n_head * (int64_t)KV_PART_REC(hp->head_dim));
     f->y = alloc_f32(T, hp->n_embd);
     f->gate = alloc_f32(T, hp->n_ff);
     f->up = alloc_f32(T, hp->n_ff);
@@ -686,7 +704,8 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     f->tok_seq = tk_calloc((size_t)T, sizeof(int32_t));
     f->seq_tok0 = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
     f->out_tok = tk_calloc((size_t)T, sizeof(int32_t));
-    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->y || !f->gate || !f->up || !f->scratch ||
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || (kv_attn_own_block(kv) && !f->own) ||
+        !f->y || !f->gate || !f->up || !f->scratch ||
         (gemv_tokens(m->output.type, 1) != 1 && !f->logits_pad) || !f->tok_pos || !f->tok_seq ||
         !f->seq_tok0 || !f->out_tok) {
         fwd_free(f);

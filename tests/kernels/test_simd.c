@@ -575,25 +575,50 @@ static void test_simd_attention(void **state) {
             float *kx = malloc(row * 4), *vx = malloc(row * 4), *q = malloc(n_q * qrow * 4);
             float *out = malloc(n_q * qrow * 4), *want = malloc(n_q * qrow * 4);
             float *scratch = tk_malloc(kv_attn_scratch_floats(kv, len) * 4);
+            /* own-block records (INT8 per head): the query at p takes its
+             * own right after p is written, by the kernel and the reference */
+            const bool own = kv_attn_own_block(kv);
+            const size_t rec = (size_t)n_head * KV_PART_REC(hd);
+            float *own_k = own ? malloc(n_q * rec * 4) : NULL, *own_r = own ? malloc(n_q * rec * 4) : NULL;
+            const kv_attn_own_fn own_fn = kernels_get(want_level)->attn_own;
+            kt_fill(&r, q, (int64_t)(n_q * qrow), 1.0f);
+            const float scale = 1.0f / sqrtf((float)hd);
             double vmax = 0;
             for (int p = 0; p < len; p++) {
                 kt_fill(&r, kx, (int64_t)row, p % 9 ? 1.0f : 4.0f);
                 kt_fill(&r, vx, (int64_t)row, 1.0f);
                 for (size_t i = 0; i < row; i++) vmax = fmax(vmax, fabs(vx[i]));
                 kv_write(kv, 0, bt, p, kx, vx);
+                const int i = p - (len - n_q);
+                if (!own || i < 0) continue;
+                kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
+                kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_k + i * rec,
+                                 scratch);
+                kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
+                kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_r + i * rec,
+                                 scratch);
+                double e = 0;
+                for (size_t j = 0; j < rec; j++) {
+                    const size_t c = j % KV_PART_REC(hd);
+                    /* acc and l relative to the record's l (acc ~ l * V), m as is */
+                    const double d = fabs((double)own_k[i * rec + j] - own_r[i * rec + j]);
+                    const double l = own_r[i * rec + j - c + hd + 1];
+                    e = fmax(e, c == (size_t)hd ? d : c == (size_t)hd + 1 ? d / l : d / (l * vmax));
+                }
+                if (!(e <= 1e-5))
+                    fail_msg("own-block record %s at %d: error %.3g", cpu_isa_name(K->isa), p, e);
             }
-            kt_fill(&r, q, (int64_t)(n_q * qrow), 1.0f);
-            const float scale = 1.0f / sqrtf((float)hd);
-            kv_set_attn(kv, fn, kernels_get(want_level)->attn_part);
-            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, out, scratch);
-            kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref);
-            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, want, scratch);
+            kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
+            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_k, out, scratch);
+            kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
+            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_r, want, scratch);
             double err = 0;
             for (size_t i = 0; i < n_q * qrow; i++) err = fmax(err, fabs((double)out[i] - want[i]) / vmax);
             if (!(err <= 1e-5))
                 fail_msg("attention %s (kernel of %s) kv type %d heads %d/%d hd %d: max error %.3g of max|V|",
                          cpu_isa_name(K->isa), cpu_isa_name(want_level), (int)kinds[ki].t, n_head, nkv, hd,
                          err);
+            free(own_k), free(own_r);
             free(kx), free(vx), free(q), free(out), free(want);
             tk_free(scratch);
             kv_free(kv);

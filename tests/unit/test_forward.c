@@ -325,6 +325,54 @@ static void test_forward_chunked_prefill(void **state) {
     free(got);
 }
 
+/* Splitting a prompt into chunks changes no bit of the logits, for every
+ * KV type: INT8 per-head scales included, whose blocks a chunk's later
+ * tokens rescale (the own-block records, kv.h). */
+static void check_chunked_prefill_bits(tk_dtype wt) {
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN3, wt, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    const int V = m->hp.n_vocab, n = 40;
+    int32_t toks[40];
+    for (int i = 0; i < n; i++) toks[i] = PROMPT[i % 14] * 7 % V;
+    float *whole = malloc(2 * (size_t)V * sizeof(float)), *got = malloc(2 * (size_t)V * sizeof(float));
+    const tk_kv_type types[] = {TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8};
+    for (int ti = 0; ti < 4; ti++) {
+        harness h;
+        int s = 0;
+        int32_t one = 1, next = 123;
+        h_init(&h, m, 2, false, types[ti]);
+        for (int p = 0; p < n; p++) h_step(&h, 1, &s, &one, toks + p, whole); /* token by token */
+        h_step(&h, 1, &s, &one, &next, whole + V);
+        h_free(&h);
+        const int chunks[3] = {5, 17, 40};
+        for (int c = 0; c < 3; c++) {
+            h_init(&h, m, 2, false, types[ti]);
+            for (int p = 0; p < n; p += chunks[c]) {
+                int32_t k = n - p < chunks[c] ? n - p : chunks[c];
+                h_step(&h, 1, &s, &k, toks + p, got);
+            }
+            h_step(&h, 1, &s, &one, &next, got + V);
+            if (memcmp(got, whole, 2 * (size_t)V * sizeof(float)))
+                fail_msg("weights %d kv type %d, chunks of %d: logits differ from token by token (relative "
+                         "error %g)",
+                         (int)wt, (int)types[ti], chunks[c], fx_rel_err(got, whole, 2 * (size_t)V));
+            h_free(&h);
+        }
+    }
+    tk_model_free(m);
+    fx_free(&fx);
+    free(whole);
+    free(got);
+}
+
+static void test_forward_chunked_prefill_bits(void **state) {
+    (void)state;
+    check_chunked_prefill_bits(TK_DTYPE_F32);
+    check_chunked_prefill_bits(TK_DTYPE_Q8_0);
+}
+
 /* GGUF llama (Q/K rows permuted by the converter, llama3 factors as a tensor)
  * and the HF layout (factors from config) give bit-identical logits. */
 static void test_forward_llama_unpermute(void **state) {
@@ -469,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_forward_split_decode_threads),
         cmocka_unit_test(test_forward_fused_matches_unfused),
         cmocka_unit_test(test_forward_chunked_prefill),
+        cmocka_unit_test(test_forward_chunked_prefill_bits),
         cmocka_unit_test(test_forward_llama_unpermute),
         cmocka_unit_test(test_forward_repack),
         cmocka_unit_test(test_forward_batch_checks),

@@ -161,7 +161,7 @@ static bool level_open(const tk_kv_opts *o, int lv, tk_kv **kv) {
 #ifdef HAVE_VL16
     if (o->head_dim % 16) return false;
     assert_int_equal(kv_init_isa(o, TK_ISA_SCALAR, kv), TK_OK);
-    kv_set_attn(*kv, kv_attn_vl16, kv_attn_part_vl16);
+    kv_set_attn(*kv, kv_attn_vl16, kv_attn_part_vl16, kv_attn_own_vl16);
     return true;
 #else
     return false;
@@ -177,6 +177,25 @@ static tk_kv_opts opts_make(int n_layer, int n_head_kv, int head_dim, int bs, in
                         .n_blocks = n_blocks,
                         .type = t,
                         .scale = sc};
+}
+
+/* kv_attention over what the pool holds now: with own-block records (INT8
+ * per head) each query's record is taken first from the block as it stands,
+ * which is what a query written last in its block sees. */
+static void attend(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                   int h0, int h1, float scale, float *out, float *scratch) {
+    float *own = NULL;
+    if (kv_attn_own_block(kv)) {
+        const int hd = kv_opts(kv)->head_dim;
+        const size_t rec = (size_t)n_head * KV_PART_REC(hd);
+        own = tk_malloc((size_t)(n_q > 0 ? n_q : 1) * rec * sizeof(float));
+        assert_non_null(own);
+        for (int i = 0; i < n_q; i++)
+            kv_attention_own(kv, l, bt, pos0 + i, q + (size_t)i * n_head * hd, n_head, h0, h1, scale,
+                             own + i * rec + (size_t)h0 * KV_PART_REC(hd), scratch);
+    }
+    kv_attention(kv, l, bt, pos0, n_q, q, n_head, h0, h1, scale, own, out, scratch);
+    tk_free(own);
 }
 
 /* The KV configurations every per-type test walks. */
@@ -683,7 +702,7 @@ static double attn_check(const attn_case *c, uint64_t *rng) {
     for (size_t i = 0; i < (size_t)c->n_q * qrow; i++) q[i] = rng_unit(rng) * 2.0f;
     const int pos0 = c->len - c->n_q;
     const float scale = 1.0f / sqrtf((float)c->hd);
-    kv_attention(kv, 1, bt, pos0, c->n_q, q, c->n_head, 0, c->n_head, scale, out, scratch);
+    attend(kv, 1, bt, pos0, c->n_q, q, c->n_head, 0, c->n_head, scale, out, scratch);
     double err = 0;
     const int ratio = c->n_head / c->nkv;
     if (kv_query_int8(kv)) {
@@ -691,8 +710,8 @@ static double attn_check(const attn_case *c, uint64_t *rng) {
          * so against it the bound is float rounding; against float64 it is
          * Q8_BOUND (the caller's). */
         float *want = tk_malloc((size_t)c->n_q * qrow * 4);
-        kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref);
-        kv_attention(kv, 1, bt, pos0, c->n_q, q, c->n_head, 0, c->n_head, scale, want, scratch);
+        kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
+        attend(kv, 1, bt, pos0, c->n_q, q, c->n_head, 0, c->n_head, scale, want, scratch);
         double e = 0;
         for (size_t i = 0; i < (size_t)c->n_q * qrow; i++) e = fmax(e, fabs(out[i] - want[i]) / vmax);
         tk_free(want);
@@ -823,25 +842,91 @@ static void test_kv_attention_invariance(void **state) {
                   *part = tk_malloc(NQ * qrow * 4);
             float *scratch = tk_malloc(kv_attn_scratch_floats(kv, LEN) * 4);
             for (size_t i = 0; i < NQ * qrow; i++) q[i] = rng_unit(&rng);
-            kv_attention(kv, 0, bt, LEN - NQ, NQ, q, NH, 0, NH, 0.125f, full, scratch);
+            attend(kv, 0, bt, LEN - NQ, NQ, q, NH, 0, NH, 0.125f, full, scratch);
             const int splits[][4] = {{0, 1, 2, 12}, {0, 3, 7, 12}, {0, 5, 6, 12}, {0, 11, 12, 12}};
             for (int s = 0; s < 4; s++) {
                 memset(part, 0xff, NQ * qrow * 4);
                 for (int r = 0; r < 3; r++)
-                    kv_attention(kv, 0, bt, LEN - NQ, NQ, q, NH, splits[s][r], splits[s][r + 1], 0.125f, part,
-                                 scratch);
+                    attend(kv, 0, bt, LEN - NQ, NQ, q, NH, splits[s][r], splits[s][r + 1], 0.125f, part,
+                           scratch);
                 assert_memory_equal(full, part, NQ * qrow * 4);
             }
             for (int h = 0; h < NH; h++) /* one head at a time */
-                kv_attention(kv, 0, bt, LEN - NQ, NQ, q, NH, h, h + 1, 0.125f, part, scratch);
+                attend(kv, 0, bt, LEN - NQ, NQ, q, NH, h, h + 1, 0.125f, part, scratch);
             assert_memory_equal(full, part, NQ * qrow * 4);
             for (int i = 0; i < NQ; i++) /* token by token, as decode would */
-                kv_attention(kv, 0, bt, LEN - NQ + i, 1, q + i * qrow, NH, 0, NH, 0.125f, part + i * qrow,
-                             scratch);
+                attend(kv, 0, bt, LEN - NQ + i, 1, q + i * qrow, NH, 0, NH, 0.125f, part + i * qrow, scratch);
             assert_memory_equal(full, part, NQ * qrow * 4);
             tk_free(q), tk_free(full), tk_free(part), tk_free(scratch);
             kv_free(kv);
         }
+}
+
+/* Splitting tokens into steps changes no output: a sequence fed one token
+ * per step (write, then attend) equals the same tokens fed in random chunks
+ * (all of a chunk written, then its queries attended together), bit for bit,
+ * for every KV type and level. With INT8 per-head scales a chunk's later
+ * tokens rescale its block, so this holds through the own-block records
+ * taken after each write; records taken from the block as the chunk left it
+ * (the final view) differ, which shows the test can fail. */
+static void test_kv_attention_steps(void **state) {
+    (void)state;
+    enum { NH = 4, NKV = 2, HD = 32, BS = 16, LEN = 75 };
+    const size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD, rec = (size_t)NH * KV_PART_REC(HD);
+    float *kx = tk_malloc(LEN * row * 4), *vx = tk_malloc(LEN * row * 4), *q = tk_malloc(LEN * qrow * 4);
+    float *one = tk_malloc(LEN * qrow * 4), *chunk = tk_malloc(LEN * qrow * 4),
+          *fin = tk_malloc(LEN * qrow * 4);
+    float *own = tk_malloc(LEN * rec * 4);
+    uint64_t rng = 21;
+    /* magnitudes that grow now and then, so per-head scales rescale */
+    for (int p = 0; p < LEN; p++)
+        for (size_t i = 0; i < row; i++) {
+            const float g = 1.0f + (float)(p % BS) * (rng_next(&rng) % 5 == 0 ? 0.3f : 0.02f);
+            kx[p * row + i] = rng_unit(&rng) * g;
+            vx[p * row + i] = rng_unit(&rng) * g;
+        }
+    for (size_t i = 0; i < LEN * qrow; i++) q[i] = rng_unit(&rng) * 2.0f;
+    for (int isa = 0; isa < n_levels(); isa++)
+        for (int kind = 0; kind < N_KINDS; kind++) {
+            tk_kv *a, *b;
+            tk_kv_opts o = opts_make(1, NKV, HD, BS, LEN / BS + 1, KINDS[kind].t, KINDS[kind].sc);
+            assert_true(level_open(&o, isa, &a));
+            assert_true(level_open(&o, isa, &b));
+            const bool ob = kv_attn_own_block(a);
+            int32_t bt[LEN / BS + 1];
+            for (int i = 0; i <= LEN / BS; i++) assert_int_equal(kv_block_alloc(a), i);
+            for (int i = 0; i <= LEN / BS; i++) assert_int_equal(kv_block_alloc(b), i), bt[i] = i;
+            float *scratch = tk_malloc(kv_attn_scratch_floats(a, LEN) * 4);
+            for (int p = 0; p < LEN; p++) { /* one token per step */
+                kv_write(a, 0, bt, p, kx + p * row, vx + p * row);
+                if (ob) kv_attention_own(a, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own, scratch);
+                kv_attention(a, 0, bt, p, 1, q + p * qrow, NH, 0, NH, 0.2f, ob ? own : NULL, one + p * qrow,
+                             scratch);
+            }
+            bool final_differs = false;
+            for (int p0 = 0; p0 < LEN;) { /* random chunks */
+                int n = 1 + (int)(rng_next(&rng) % 23);
+                if (n > LEN - p0) n = LEN - p0;
+                for (int i = 0; i < n; i++) {
+                    const int p = p0 + i;
+                    kv_write(b, 0, bt, p, kx + p * row, vx + p * row);
+                    if (ob)
+                        kv_attention_own(b, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own + i * rec, scratch);
+                }
+                kv_attention(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, ob ? own : NULL,
+                             chunk + p0 * qrow, scratch);
+                attend(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, fin + p0 * qrow, scratch);
+                final_differs |= memcmp(fin + p0 * qrow, chunk + p0 * qrow, (size_t)n * qrow * 4) != 0;
+                p0 += n;
+            }
+            if (memcmp(one, chunk, LEN * qrow * 4))
+                fail_msg("steps %s level %d: chunked attention differs from token by token", KINDS[kind].name,
+                         isa);
+            if (ob) assert_true(final_differs);
+            tk_free(scratch);
+            kv_free(a), kv_free(b);
+        }
+    tk_free(kx), tk_free(vx), tk_free(q), tk_free(one), tk_free(chunk), tk_free(fin), tk_free(own);
 }
 
 /* Flash-decoding: a long context attended part by part (each part's records
@@ -870,16 +955,19 @@ static void test_kv_attention_parts(void **state) {
             float *scratch = tk_malloc(kv_attn_scratch_floats(kv, MAXLEN) * 4);
             float *recs = tk_malloc(3 * stride * 4);
             for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
-                const int pos = lens[li] - 1, parts = kv_attn_parts(pos + 1);
-                assert_int_equal(parts, (pos + KV_ATTN_PART) / KV_ATTN_PART);
+                const int pos = lens[li] - 1, end = kv_attn_end(kv, pos), parts = kv_attn_parts(end);
+                if (!kv_attn_own_block(kv)) assert_int_equal(parts, (pos + KV_ATTN_PART) / KV_ATTN_PART);
                 for (int i = 0; i < NH * HD; i++) q[i] = rng_unit(&rng);
-                kv_attention(kv, 0, bt, pos, 1, q, NH, 0, NH, 0.17f, whole, scratch);
+                attend(kv, 0, bt, pos, 1, q, NH, 0, NH, 0.17f, whole, scratch);
                 for (int k = parts - 1; k >= 0; k--) { /* last part first, heads in two calls */
-                    kv_attention_part(kv, 0, bt, pos, k, q, NH, 0, 3, 0.17f, recs + k * stride, scratch);
-                    kv_attention_part(kv, 0, bt, pos, k, q, NH, 3, NH, 0.17f, recs + k * stride + 3 * rec,
+                    kv_attention_part(kv, 0, bt, end, k, q, NH, 0, 3, 0.17f, recs + k * stride, scratch);
+                    kv_attention_part(kv, 0, bt, end, k, q, NH, 3, NH, 0.17f, recs + k * stride + 3 * rec,
                                       scratch);
                 }
-                kv_attention_merge(kv, recs, parts, stride, NH, merged);
+                float own[NH * KV_PART_REC(HD)];
+                if (kv_attn_own_block(kv))
+                    kv_attention_own(kv, 0, bt, pos, q, NH, 0, NH, 0.17f, own, scratch);
+                kv_attention_merge(kv, recs, parts, stride, NH, kv_attn_own_block(kv) ? own : NULL, merged);
                 if (memcmp(whole, merged, sizeof whole))
                     fail_msg("parts %s level %d len %d: merged parts differ from the whole", KINDS[kind].name,
                              isa, pos + 1);
@@ -998,7 +1086,7 @@ static void test_kv_attention_isa_agree(void **state) {
             }
             for (int i = 0; i < NH * HD; i++) q[i] = rng_unit(&rng);
             float *scratch = tk_malloc(kv_attn_scratch_floats(kv, LEN) * 4);
-            kv_attention(kv, 0, bt, LEN - 1, 1, q, NH, 0, NH, 0.0884f, outs[isa], scratch);
+            attend(kv, 0, bt, LEN - 1, 1, q, NH, 0, NH, 0.0884f, outs[isa], scratch);
             tk_free(scratch);
             /* int8 queries: within their bound of the float ones */
             const double tol = kv_query_int8(kv) ? Q8_BOUND : 2e-5;
@@ -1017,7 +1105,7 @@ int main(void) {
         cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
         cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_write_heads),
         cmocka_unit_test(test_kv_attention_isa_agree),  cmocka_unit_test(test_kv_attention_parts),
-        cmocka_unit_test(test_kv_quant_kernels),
+        cmocka_unit_test(test_kv_quant_kernels),        cmocka_unit_test(test_kv_attention_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

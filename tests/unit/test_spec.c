@@ -498,11 +498,10 @@ static void test_spec_engine_options(void **state) {
  * per-head scales the block of n_keep - 1 fed again from its first slot); C
  * feeds B's steps without the wrong drafts (the kept tokens as one step) and
  * never saw them. B's KV equals C's bit for bit at every position and layer:
- * a rejected draft leaves no mark, the INT8 per-head scales included. For
- * every KV type but INT8 per-head, a position's KV does not depend on how
- * the tokens were split into steps, so B also equals A. (With per-head
- * scales a step's queries read its block at the scales its later tokens
- * grew, so a chunk and single tokens differ: docs/engine.md.) */
+ * a rejected draft leaves no mark, the INT8 per-head scales included. A
+ * position's KV does not depend on how the tokens were split into steps
+ * (with INT8 per-head scales, through the own-block records: kv.h), so B
+ * also equals A. */
 static void test_spec_kv_after_rejection(void **state) {
     (void)state;
     tk_model *m = open_tiny();
@@ -523,7 +522,6 @@ static void test_spec_kv_after_rejection(void **state) {
     float *kv[6];
     for (int i = 0; i < 6; i++) kv[i] = tk_calloc((size_t)kvd, sizeof(float));
     for (size_t c = 0; c < sizeof kinds / sizeof kinds[0]; c++) {
-        const bool per_head = kinds[c].t == TK_KV_INT8 && kinds[c].s == TK_KV_SCALE_HEAD;
         backend be[3];
         runner *r[3];
         for (int i = 0; i < 3; i++) {
@@ -575,7 +573,7 @@ static void test_spec_kv_after_rejection(void **state) {
                       "%d from token-by-token decoding\n",
                       (int)kinds[c].t, (int)kinds[c].s, diff_c, L * NTOK, diff_a);
         assert_int_equal(diff_c, 0);
-        if (!per_head) assert_int_equal(diff_a, 0);
+        assert_int_equal(diff_a, 0);
         for (int i = 2; i >= 0; i--) {
             runner_free(r[i]);
             backend_free(&be[i]);

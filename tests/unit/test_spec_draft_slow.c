@@ -39,18 +39,19 @@ static void test_spec_draft_same_tokens_batches(void **state) {
                                       ? (int32_t)(sampler_uniform(43 + (uint64_t)i, (uint64_t)j) * V)
                                       : prompts[i * NP + j - NP / 2];
     static td_rec ref[NR], got[NR], again[NR];
-    tk_kv_type kvs[] = {TK_KV_F16, TK_KV_INT8};
+    tk_kv_type kvs[] = {TK_KV_F16, TK_KV_INT8, TK_KV_INT8};
+    tk_kv_scale scales[] = {TK_KV_SCALE_HEAD, TK_KV_SCALE_HEAD, TK_KV_SCALE_TOKEN};
     const char *drafts[2] = {same, other};
     int batches[] = {1, 4, 16};
     uint64_t drafted = 0, accepted = 0;
-    for (int kv = 0; kv < 2; kv++) {
+    for (int kv = 0; kv < 3; kv++) {
         tk_engine_opts o;
         tk_engine_opts_default(&o);
         o.ctx = 64;
         o.block_size = 16;
         o.n_threads = 2;
         o.kv_type = kvs[kv];
-        o.kv_scale = TK_KV_SCALE_TOKEN; /* per-head scales make a position's KV depend on the step split */
+        o.kv_scale = scales[kv];
         o.spec_k = 4;
         o.max_batch = NR;
         td_run(m, &o, false, prompts, NP, NR, NOUT, 0, ref);

@@ -40,10 +40,10 @@ static void test_spec_model_same_tokens(void **state) {
         for (int j = 0; j < 64; j++)
             prompts[i][j] = j < 32 || i % 2 ? (int32_t)(sampler_uniform(40 + (uint64_t)i, (uint64_t)j) * V)
                                             : prompts[i][j - 32]; /* a repeat: drafts from the prompt */
-    tk_kv_type kvs[] = {TK_KV_F16, TK_KV_INT8};
-    tk_kv_scale scales[] = {TK_KV_SCALE_HEAD, TK_KV_SCALE_TOKEN};
+    tk_kv_type kvs[] = {TK_KV_F16, TK_KV_INT8, TK_KV_INT8};
+    tk_kv_scale scales[] = {TK_KV_SCALE_HEAD, TK_KV_SCALE_HEAD, TK_KV_SCALE_TOKEN};
     uint64_t drafted = 0;
-    for (int kv = 0; kv < 2; kv++)
+    for (int kv = 0; kv < 3; kv++)
         for (int smp = 0; smp < 2; smp++)
             for (int bi = 0; bi < 2; bi++) {
                 int batch = bi == 0 ? NR : 1;

@@ -69,7 +69,11 @@ typedef struct tile_pairs {
     const float *q[KV_ATTN_TILE];
     float *out[KV_ATTN_TILE];
     int len[KV_ATTN_TILE];
+    const float *own[KV_ATTN_TILE]; /* the pair's own-block record, folded last (NULL: none) */
 } tile_pairs;
+
+/* tile_run's part for own-block records (kv_attn_own_fn). */
+#define KV_PART_OWN (-2)
 
 /* s[p*bs + j0 + r] from the dot products x[r*P + p]: (x - off[p]) * mul[p]
  * (off, mul NULL: x itself), times the row's per-token scale ks[j0 + r] (ks
@@ -269,19 +273,25 @@ AI void tile_block(const kv_geom *g, int32_t blk, int kvh, int b, int n, const t
     for (; c < hd; c += VL) acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, 1, P, type);
 }
 
+/* st's m, l and acc start afresh for P pairs. */
+AI void tile_reset(const tile_state *st, int hd, const int P) {
+    for (int p = 0; p < P; p++) {
+        st->m[p] = -INFINITY;
+        st->l[p] = 0.0f;
+        for (int c = 0; c < hd; c++) st->acc[p * hd + c] = 0.0f;
+    }
+}
+
 /* Part k of the context for P pairs that read kv head kvh: st's m, l and acc
  * start afresh and take the part's blocks. A pair whose context ends before
  * the part gets nothing meaningful (callers skip it). */
 AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int k, float scale,
                   const tile_state *st, const int P, const tk_kv_type type) {
-    const int bs = g->block_size, hd = g->head_dim;
+    const int bs = g->block_size;
     int len = 0;
-    for (int p = 0; p < P; p++) {
-        st->m[p] = -INFINITY;
-        st->l[p] = 0.0f;
-        for (int c = 0; c < hd; c++) st->acc[p * hd + c] = 0.0f;
+    tile_reset(st, g->head_dim, P);
+    for (int p = 0; p < P; p++)
         if (tp->len[p] > len) len = tp->len[p];
-    }
     const int end = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
     for (int b = k * KV_ATTN_PART / bs; b * bs < end; b++) {
         const int n = end - b * bs < bs ? end - b * bs : bs;
@@ -289,11 +299,14 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
     }
 }
 
-/* P pairs that read kv head kvh. part < 0: the whole context of each pair,
- * part by part, folded (kv_attn_fold) and normalized into out[p]; part >= 0:
- * only that part, its record (KV_PART_REC: acc, m, l) into out[p]. scratch:
- * kv_attn_scratch_need floats, laid out as tile_state (s, acc, m, l, qs)
- * then the folded M, L and A, then qmul, qoff and q8. */
+/* P pairs that read kv head kvh. part < 0: the context of each pair up to
+ * len[p], part by part, folded (kv_attn_fold) with its own-block record
+ * last when it has one, and normalized into out[p]; part >= 0: only that
+ * part, its record (KV_PART_REC: acc, m, l) into out[p]; KV_PART_OWN: the
+ * record of the block holding position len[p] - 1 (the same for every pair),
+ * its rows up to that position. scratch: kv_attn_scratch_need floats, laid
+ * out as tile_state (s, acc, m, l, qs) then the folded M, L and A, then
+ * qmul, qoff and q8. */
 AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int part, float scale,
                  float *scratch, const int P, const tk_kv_type type) {
     const int bs = g->block_size, hd = g->head_dim;
@@ -305,8 +318,14 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
     st.qmul = A + (size_t)KV_ATTN_TILE * hd;
     st.qoff = st.qmul + KV_ATTN_TILE;
     st.q8 = (int8_t *)(st.qoff + KV_ATTN_TILE);
-    if (part >= 0) {
-        tile_part(g, bt, kvh, tp, part, scale, &st, P, type);
+    if (part >= 0 || part == KV_PART_OWN) {
+        if (part >= 0) {
+            tile_part(g, bt, kvh, tp, part, scale, &st, P, type);
+        } else {
+            const int b = (tp->len[0] - 1) / bs;
+            tile_reset(&st, hd, P);
+            tile_block(g, bt[b], kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
+        }
         for (int p = 0; p < P; p++) {
             for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
             tp->out[p][hd] = st.m[p];
@@ -324,7 +343,11 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
                 kv_attn_fold(&M[p], &L[p], A + (size_t)p * hd, st.m[p], st.l[p], st.acc + (size_t)p * hd, hd,
                              k == 0);
     }
-    for (int p = 0; p < P; p++) kv_attn_finish(A + (size_t)p * hd, L[p], hd, tp->out[p]);
+    for (int p = 0; p < P; p++) {
+        const float *r = tp->own[p];
+        if (r) kv_attn_fold(&M[p], &L[p], A + (size_t)p * hd, r[hd], r[hd + 1], r, hd, tp->len[p] == 0);
+        kv_attn_finish(A + (size_t)p * hd, L[p], hd, tp->out[p]);
+    }
 }
 
 /* One instance per KV type (a compile-time constant in each), each with the
@@ -367,15 +390,17 @@ TILE_TYPE(tile_int8, TK_KV_INT8)
 
 /* Heads [h0, h1) of n_q query tokens at positions pos0.. in tiles: the heads
  * of a group (up to a tile), then as many query tokens as fill the tile.
- * Pair (i, h) writes to out + i * tok_stride + (h - h0) * head_stride. */
+ * Pair (i, h) writes to out + i * tok_stride + (h - h0) * head_stride. own
+ * (part -1 only): NULL, or the own-block records [n_q][n_head], and then a
+ * pair's context from the pool ends where its own block starts. */
 static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                      int h0, int h1, int part, float scale, float *out, size_t tok_stride,
+                      int h0, int h1, int part, float scale, const float *own, float *out, size_t tok_stride,
                       size_t head_stride, float *scratch) {
     const tile_fn fn = g->type == TK_KV_F32    ? tile_f32
                        : g->type == TK_KV_F16  ? tile_f16
                        : g->type == TK_KV_BF16 ? tile_bf16
                                                : tile_int8;
-    const int ratio = n_head / g->n_head_kv, hd = g->head_dim;
+    const int ratio = n_head / g->n_head_kv, hd = g->head_dim, bs = g->block_size;
     for (int h = h0; h < h1;) {
         const int kvh = h / ratio;
         const int group_end = (kvh + 1) * ratio < h1 ? (kvh + 1) * ratio : h1;
@@ -387,9 +412,11 @@ static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, co
             for (int i = 0; i < nq; i++)
                 for (int t = 0; t < T; t++) {
                     const size_t qi = (size_t)(i0 + i), hi = (size_t)(h + t);
+                    const int pos = pos0 + i0 + i;
                     tp.q[i * T + t] = q + (qi * (size_t)n_head + hi) * (size_t)hd;
                     tp.out[i * T + t] = out + qi * tok_stride + (hi - (size_t)h0) * head_stride;
-                    tp.len[i * T + t] = pos0 + i0 + i + 1;
+                    tp.len[i * T + t] = own ? pos - pos % bs : pos + 1;
+                    tp.own[i * T + t] = own ? own + (qi * (size_t)n_head + hi) * KV_PART_REC(hd) : NULL;
                 }
             fn(g, bt, kvh, &tp, part, scale, scratch, nq * T);
         }
@@ -398,15 +425,22 @@ static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, co
 }
 
 void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                  int h1, float scale, float *out, float *scratch) {
+                  int h1, float scale, const float *own, float *out, float *scratch) {
     const size_t hd = (size_t)g->head_dim;
-    run_heads(g, bt, pos0, n_q, q, n_head, h0, h1, -1, scale, out + (size_t)h0 * hd, (size_t)n_head * hd, hd,
+    run_heads(g, bt, pos0, n_q, q, n_head, h0, h1, -1, scale, own, out + (size_t)h0 * hd, (size_t)n_head * hd,
+              hd, scratch);
+}
+
+void KFN(kv_attn_part)(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
+                       int h0, int h1, float scale, float *part_out, float *scratch) {
+    run_heads(g, bt, end - 1, 1, q, n_head, h0, h1, part, scale, NULL, part_out, 0, KV_PART_REC(g->head_dim),
               scratch);
 }
 
-void KFN(kv_attn_part)(const kv_geom *g, const int32_t *bt, int pos, int part, const float *q, int n_head,
-                       int h0, int h1, float scale, float *part_out, float *scratch) {
-    run_heads(g, bt, pos, 1, q, n_head, h0, h1, part, scale, part_out, 0, KV_PART_REC(g->head_dim), scratch);
+void KFN(kv_attn_own)(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
+                      int h1, float scale, float *rec, float *scratch) {
+    run_heads(g, bt, pos, 1, q, n_head, h0, h1, KV_PART_OWN, scale, NULL, rec, 0, KV_PART_REC(g->head_dim),
+              scratch);
 }
 
 float KFN(kv_quant_token)(const float *x, int8_t *y, int n) {
