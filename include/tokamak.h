@@ -202,6 +202,10 @@ typedef struct tk_engine_opts {
     tk_spec_mode spec;       /* drafter: off (default), n-gram prompt lookup, or the draft model */
     int spec_k;              /* most draft tokens a sequence verifies in a step (0: default 8); the
                               * engine chooses 0..spec_k per sequence and step */
+    bool spec_fixed;         /* no controller: every decoding sequence verifies every draft on offer
+                              * (spec_k, less where its room ends), each step; a seeded run with a
+                              * draft model is then reproducible (the controller's choices follow
+                              * measured time) */
     int spec_ngram;          /* n-gram length the drafter matches (0: default 3; shorter down to 2 when
                               * the longest has no match) */
     const char *draft_model; /* a GGUF file or Hugging Face directory of a model with the same
@@ -347,6 +351,7 @@ typedef struct tk_engine_stats {
      * (ms = base + per_token x tokens; 0 until fitted). */
     tk_spec_mode spec;
     int spec_k;
+    bool spec_fixed; /* k is spec_k every step (no controller) */
     uint64_t spec_decodes, spec_verifies, spec_drafted, spec_accepted;
     int spec_k_last;
     double spec_step_ms_base, spec_step_ms_per_token;

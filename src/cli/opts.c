@@ -203,6 +203,13 @@ static const cli_opt SCHED_ROWS[] = {
      .off = offsetof(tk_engine_opts, spec_k),
      .lo = 1,
      .hi = 32},
+    {.name = "--spec-fixed",
+     .help = "no controller: every decoding sequence verifies --spec-k drafts (all on offer) each\n"
+             "step, so a seeded run with a draft model is reproducible (the controller's choices\n"
+             "follow measured time); for measuring speculation at a fixed k",
+     .kind = CLI_FLAG,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, spec_fixed)},
     {.name = "--spec-ngram",
      .arg = "N",
      .help = "n-gram the drafter matches, then shorter ones down to 2 (default 3)",

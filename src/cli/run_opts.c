@@ -112,7 +112,7 @@ static const cli_cmd RUN_CMD = {
 static const char *const MANY_ONLY[] = {
     "--kv-mem",      "--max-batch", "--max-seqs",   "--step-tokens",     "--step-ms",
     "--no-chunking", "--stop",      "--quiet",      "--no-prefix-cache", "--static-batching",
-    "--spec",        "--spec-k",    "--spec-ngram", "--draft-model"};
+    "--spec",        "--spec-k",    "--spec-ngram", "--draft-model",     "--spec-fixed"};
 
 int run_parse(int argc, char **argv, cli_opts *o, run_args *a) {
     memset(a, 0, sizeof *a);

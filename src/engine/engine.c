@@ -90,7 +90,7 @@ struct tk_engine {
     int *sp_avail, *sp_k;
     uint64_t sp_decodes, sp_verifies, sp_drafted, sp_accepted;
     int sp_k_last;
-    bool sp_force;                /* tests: verify every draft on offer (engine_set_spec_force) */
+    bool sp_force;                /* opts.spec_fixed: verify every draft on offer */
     drafter *dr;                  /* the draft model (spec draft), else NULL */
     draft_job *sp_jobs;           /* (max_batch) */
     float *dq;                    /* (max_draft, n_vocab) the draft's distributions of this step's drafts */
@@ -842,6 +842,7 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     }
     e->be = *be;
     e->o = o;
+    e->sp_force = o.spec_fixed;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
@@ -946,6 +947,7 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     s->prefix_cache = e->so.prefix_cache;
     s->spec = o.spec;
     s->spec_k = o.spec != TK_SPEC_OFF ? o.spec_k : 0;
+    s->spec_fixed = o.spec != TK_SPEC_OFF && o.spec_fixed;
     if (pthread_create(&e->thread, NULL, engine_loop, e) != 0) {
         st = tk_fail(TK_ERR_NOMEM, "engine: cannot start the loop thread");
         goto fail;
@@ -992,8 +994,6 @@ void tk_engine_free(tk_engine *e) {
 }
 
 void engine_set_prefix_hash(tk_engine *e, prefix_hash_fn fn) { sched_set_prefix_hash(e->sc, fn); }
-
-void engine_set_spec_force(tk_engine *e, bool on) { e->sp_force = on; }
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
     if (!e || !out) return tk_fail(TK_ERR_INVALID, "stats: NULL argument");

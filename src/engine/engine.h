@@ -50,9 +50,4 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
  * first tk_engine_submit; no-op when the engine runs without the cache. */
 void engine_set_prefix_hash(tk_engine *e, prefix_hash_fn fn);
 
-/* Tests: with speculation on, verify every draft on offer instead of what the
- * controller chooses (the cap and the step's room still apply), so outputs
- * are checked with many rejected drafts. Call it before the first submit. */
-void engine_set_spec_force(tk_engine *e, bool on);
-
 #endif

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Speculative decoding on the trained reference model (docs/reference-model.md):
 # `tokamak run` with --spec ngram prints the same tokens as --spec off, greedy
-# and seeded, at batch 1 and 8, with F16 and per-token INT8 KV, on a held-out
+# and seeded, at batch 1 and 8, with F16 and INT8 KV (per-head and per-token
+# scales), on a held-out
 # prompt and on that prompt twice over (so drafts are accepted), and
 # drafts were verified. With --draft-model (the BF16 file of the same model,
-# which shares the tokenizer) the greedy tokens are the same as --spec off too.
+# which shares the tokenizer) the greedy tokens are the same as --spec off too,
+# and seeded tokens with --spec-fixed (INT8 per-head KV) are the same at batch
+# 1 and 8.
 set -euo pipefail
 : "${TK_CLI:?}" "${TK_SRC:?}"
 source "$TK_SRC/tests/e2e/refmodel.sh"
@@ -21,13 +24,14 @@ while IFS=$'\t' read -r title ids; do
     p=${ids//,/ }
     for prompt in "$p" "$p $p"; do
         for par in 1 8; do
-            for kv in "--kv-type f16" "--kv-type int8 --kv-scale token"; do
+            for kv in "--kv-type f16" "--kv-type int8" "--kv-scale token --kv-type int8"; do
                 for smp in "" "--temp 0.8 --seed 3"; do
                     n=$((n + 1))
                     # shellcheck disable=SC2086
                     args=(-m "$M" --tokens "$prompt" --parallel $par -n 48 --ignore-eos --threads 2 --block-size 16 $kv $smp)
-                    "$TK_CLI" run "${args[@]}" --spec off >"$D/off" 2>"$D/off.err"
-                    "$TK_CLI" run "${args[@]}" --spec ngram >"$D/on" 2>"$D/on.err"
+                    # Lines come out as requests produce them; a request's own lines keep their order.
+                    "$TK_CLI" run "${args[@]}" --spec off 2>"$D/off.err" | sort -s -t']' -k1,1 >"$D/off"
+                    "$TK_CLI" run "${args[@]}" --spec ngram 2>"$D/on.err" | sort -s -t']' -k1,1 >"$D/on"
                     d=$(awk '/^speculation ngram:/{print $3}' "$D/on.err")
                     drafted=$((drafted + ${d:-0}))
                     if ! cmp -s "$D/off" "$D/on"; then
@@ -35,12 +39,27 @@ while IFS=$'\t' read -r title ids; do
                         diff "$D/off" "$D/on" | head -5
                         fails=$((fails + 1))
                     fi
-                    # Speculative sampling keeps the distribution, not the tokens: greedy only.
+                    # Speculative sampling keeps the distribution, not the tokens of a run without
+                    # drafts; with every draft verified (--spec-fixed) a seeded run's tokens do not
+                    # depend on the batch.
+                    if [ -n "$smp" ] && [ "$kv" = "--kv-type int8" ]; then
+                        key=${#prompt}
+                        # request 0 alone, and among 8 (the copies run beside it)
+                        "$TK_CLI" run "${args[@]}" --draft-model "$DM" --spec-fixed 2>"$D/fx.err" |
+                            grep '^\[0\]' >"$D/fixed.$par.$key" || true
+                        [ -s "$D/fixed.$par.$key" ] || { cat "$D/fx.err"; exit 1; }
+                        if [ "$par" = 8 ] && ! cmp -s "$D/fixed.1.$key" "$D/fixed.8.$key"; then
+                            echo "FAIL: $title (${#prompt} chars) $kv $smp --spec-fixed: batch 1 and 8 differ"
+                            diff "$D/fixed.1.$key" "$D/fixed.8.$key" | head -5
+                            fails=$((fails + 1))
+                        fi
+                    fi
                     [ -z "$smp" ] || continue
-                    "$TK_CLI" run "${args[@]}" --draft-model "$DM" >"$D/dm" 2>"$D/dm.err" || {
+                    "$TK_CLI" run "${args[@]}" --draft-model "$DM" >"$D/dm.raw" 2>"$D/dm.err" || {
                         cat "$D/dm.err"
                         exit 1
                     }
+                    sort -s -t']' -k1,1 "$D/dm.raw" >"$D/dm"
                     d=$(awk '/^speculation draft:/{print $3}' "$D/dm.err")
                     drafted_dm=$((drafted_dm + ${d:-0}))
                     if ! cmp -s "$D/off" "$D/dm"; then

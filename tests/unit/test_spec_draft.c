@@ -381,7 +381,8 @@ static void test_spec_draft_options(void **state) {
 
 /* Greedy tokens with the draft model (the same model, and one with other
  * weights) equal those without, at batch 4; seeded sampling with drafts
- * gives the same tokens twice. Every draft on offer is verified. */
+ * gives the same tokens twice and at batch 1 on one thread. Every draft on
+ * offer is verified (spec_fixed). */
 static void test_spec_draft_engine_same_tokens(void **state) {
     (void)state;
     char same[512], other[512];
@@ -411,12 +412,23 @@ static void test_spec_draft_engine_same_tokens(void **state) {
         if (dm == 0) assert_int_equal(st.spec_accepted, st.spec_drafted);
         if (dm == 1) assert_true(st.spec_accepted < st.spec_drafted);
     }
-    /* Seeded sampling: the same tokens twice. */
-    o.draft_model = same;
-    tk_engine_stats s1 = td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, got);
-    td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, again);
-    for (int i = 0; i < NR; i++) assert_memory_equal(got[i].out, again[i].out, NOUT * sizeof(int32_t));
-    assert_true(s1.spec_accepted > 0);
+    /* Seeded sampling with every draft verified (spec_fixed): the same tokens
+     * twice, and at batch 1 on one thread, with a draft that is mostly
+     * rejected (the residual draws) and one always accepted. */
+    for (int dm = 0; dm < 2; dm++) {
+        o.draft_model = drafts[dm];
+        o.max_batch = NR;
+        o.n_threads = 2;
+        tk_engine_stats s1 = td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, got);
+        td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, again);
+        for (int i = 0; i < NR; i++) assert_memory_equal(got[i].out, again[i].out, NOUT * sizeof(int32_t));
+        assert_true(s1.spec_accepted > 0);
+        assert_true(s1.spec_fixed);
+        o.max_batch = 1;
+        o.n_threads = 1;
+        td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, again);
+        for (int i = 0; i < NR; i++) assert_memory_equal(got[i].out, again[i].out, NOUT * sizeof(int32_t));
+    }
     tk_model_free(m);
 }
 

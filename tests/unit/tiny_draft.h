@@ -64,8 +64,9 @@ static inline void td_on_fin(void *u, const tk_finish_event *ev) {
 static inline tk_engine_stats td_run(tk_model *m, const tk_engine_opts *o, bool force, const int32_t *prompts,
                                      int n_prompt, int nr, int n_out, float temp, td_rec *rec) {
     tk_engine *e = NULL;
-    if (tk_engine_create(m, o, &e) != TK_OK) fail_msg("%s", tk_last_error());
-    engine_set_spec_force(e, force);
+    tk_engine_opts oo = *o;
+    oo.spec_fixed = force;
+    if (tk_engine_create(m, &oo, &e) != TK_OK) fail_msg("%s", tk_last_error());
     for (int i = 0; i < nr; i++) {
         memset(&rec[i], 0, sizeof rec[i]);
         pthread_mutex_init(&rec[i].mu, NULL);
