@@ -198,10 +198,15 @@ typedef struct tile_state {
     float *qmul, *qoff; /* [P] their scales and 128 * their sums */
 } tile_state;
 
+/* Asks for bytes [0, n) from p into the cache, a line at a time. */
+AI void prefetch_span(const uint8_t *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 /* Block b of the context (block id blk) for P pairs; n: the rows any pair
  * reads, n[p] = len[p] - b*bs clamped to [0, bs] each pair's own. */
-AI void tile_block(const kv_geom *g, int32_t blk, int kvh, int b, int n, const tile_pairs *tp, float scale,
-                   const tile_state *st, const int P, const tk_kv_type type) {
+AI void tile_block(const kv_geom *g, int32_t blk, int32_t nxt, int kvh, int b, int n, const tile_pairs *tp,
+                   float scale, const tile_state *st, const int P, const tk_kv_type type) {
     const int hd = g->head_dim, bs = g->block_size;
     const size_t row_bytes = (size_t)hd * kv_type_size(type);
     const bool per_tok = type == TK_KV_INT8 && g->scale == TK_KV_SCALE_TOKEN;
@@ -220,21 +225,37 @@ AI void tile_block(const kv_geom *g, int32_t blk, int kvh, int b, int n, const t
         }
     }
 
-    /* Rows in groups of R, so R*P dot products run as independent chains. */
+    /* Rows in groups of R, so R*P dot products run as independent chains.
+     * While a group's K rows are dotted, the same rows of this block's V
+     * (read next) and of the next block's K are asked for: blocks are
+     * scattered and a block's rows of one head span several pages, which the
+     * hardware prefetcher does not cross. */
     const float *ks_tok = per_tok ? ks : NULL;
+    const uint8_t *Kn = nxt >= 0 ? kv_geom_k(g, nxt, kvh) : NULL;
     const int R = KV_ROWS(P);
     int j0 = 0;
+#define KV_PREFETCH(j, rows)                                                                                 \
+    do {                                                                                                     \
+        prefetch_span(V + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                                  \
+        if (Kn) prefetch_span(Kn + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                         \
+    } while (0)
 #ifdef KV_Q8
     if (type == TK_KV_INT8 && g->q8) {
         for (int p = 0; p < P; p++)
             query_q8(qk[p], hd, st->q8 + (size_t)p * KV_Q8_BYTES(hd), &st->qmul[p], &st->qoff[p]);
-        for (; j0 + R <= n; j0 += R)
+        for (; j0 + R <= n; j0 += R) {
+            KV_PREFETCH(j0, R);
             dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, R, P);
+        }
         for (; j0 < n; j0++)
             dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, 1, P);
     }
 #endif
-    for (; j0 + R <= n; j0 += R) dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, R, P, type);
+    for (; j0 + R <= n; j0 += R) {
+        KV_PREFETCH(j0, R);
+        dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, R, P, type);
+    }
+#undef KV_PREFETCH
     for (; j0 < n; j0++) dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, 1, P, type);
     /* Mask each pair's rows past its context and pad to whole vectors with
      * -inf: exp gives 0 and max ignores them. */
@@ -295,7 +316,7 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
     const int end = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
     for (int b = k * KV_ATTN_PART / bs; b * bs < end; b++) {
         const int n = end - b * bs < bs ? end - b * bs : bs;
-        tile_block(g, bt[b], kvh, b, n, tp, scale, st, P, type);
+        tile_block(g, bt[b], (b + 1) * bs < end ? bt[b + 1] : -1, kvh, b, n, tp, scale, st, P, type);
     }
 }
 
@@ -324,7 +345,7 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
         } else {
             const int b = (tp->len[0] - 1) / bs;
             tile_reset(&st, hd, P);
-            tile_block(g, bt[b], kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
+            tile_block(g, bt[b], -1, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
         }
         for (int p = 0; p < P; p++) {
             for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
