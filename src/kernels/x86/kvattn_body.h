@@ -205,8 +205,9 @@ AI void prefetch_span(const uint8_t *p, size_t n) {
 
 /* Block b of the context (block id blk) for P pairs; n: the rows any pair
  * reads, n[p] = len[p] - b*bs clamped to [0, bs] each pair's own. */
-AI void tile_block(const kv_geom *g, int32_t blk, int32_t nxt, int kvh, int b, int n, const tile_pairs *tp,
-                   float scale, const tile_state *st, const int P, const tk_kv_type type) {
+AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, int kvh, int b, int n,
+                   const tile_pairs *tp, float scale, const tile_state *st, const int P,
+                   const tk_kv_type type) {
     const int hd = g->head_dim, bs = g->block_size;
     const size_t row_bytes = (size_t)hd * kv_type_size(type);
     const bool per_tok = type == TK_KV_INT8 && g->scale == TK_KV_SCALE_TOKEN;
@@ -231,7 +232,6 @@ AI void tile_block(const kv_geom *g, int32_t blk, int32_t nxt, int kvh, int b, i
      * scattered and a block's rows of one head span several pages, which the
      * hardware prefetcher does not cross. */
     const float *ks_tok = per_tok ? ks : NULL;
-    const uint8_t *Kn = nxt >= 0 ? kv_geom_k(g, nxt, kvh) : NULL;
     const int R = KV_ROWS(P);
     int j0 = 0;
 #define KV_PREFETCH(j, rows)                                                                                 \
@@ -316,7 +316,12 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
     const int end = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
     for (int b = k * KV_ATTN_PART / bs; b * bs < end; b++) {
         const int n = end - b * bs < bs ? end - b * bs : bs;
-        tile_block(g, bt[b], (b + 1) * bs < end ? bt[b + 1] : -1, kvh, b, n, tp, scale, st, P, type);
+        /* the K read next: the next block's, or after the part's last block
+         * the next kv head's first block of the part (the caller's next tile) */
+        const uint8_t *Kn = (b + 1) * bs < end       ? kv_geom_k(g, bt[b + 1], kvh)
+                            : kvh + 1 < g->n_head_kv ? kv_geom_k(g, bt[k * KV_ATTN_PART / bs], kvh + 1)
+                                                     : NULL;
+        tile_block(g, bt[b], Kn, kvh, b, n, tp, scale, st, P, type);
     }
 }
 
@@ -345,7 +350,7 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
         } else {
             const int b = (tp->len[0] - 1) / bs;
             tile_reset(&st, hd, P);
-            tile_block(g, bt[b], -1, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
+            tile_block(g, bt[b], NULL, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
         }
         for (int p = 0; p < P; p++) {
             for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
