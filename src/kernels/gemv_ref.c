@@ -246,20 +246,58 @@ void kern_silu_mul_ref(float *out, const float *gate, const float *up, int64_t n
 
 /* ---- RoPE ---------------------------------------------------------------------------- */
 
-void kern_rope(float *x, int n_head, int head_dim, int pos, const float *freqs, int neox) {
+void kern_rope_angles(float *cs, int head_dim, int pos, const float *freqs) {
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
         /* The angle in double: pos * freq reaches 1e5 at long contexts, where a
          * float angle has lost the digits sin/cos need. */
         double theta = (double)pos * (double)freqs[i];
-        float c = (float)cos(theta), s = (float)sin(theta);
-        for (int h = 0; h < n_head; h++) {
-            float *v = x + (size_t)h * (size_t)head_dim;
-            int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
+        cs[i] = (float)cos(theta);
+        cs[half + i] = (float)sin(theta);
+    }
+}
+
+/* Pairs [i0, i0 + n) of every head: pair i0 + j rotates by c[j], s[j]. Head by
+ * head, so the neox pairs are two contiguous runs, a loop GCC vectorises when
+ * its cost model may add a scalar tail (-O2's does not). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ROPE_VEC __attribute__((optimize("vect-cost-model=dynamic")))
+#else
+#define ROPE_VEC
+#endif
+ROPE_VEC static void rope_pairs(float *x, int n_head, int head_dim, int i0, int n, const float *restrict c,
+                                const float *restrict s, int neox) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * (size_t)head_dim;
+        if (neox) {
+            float *restrict lo = v + i0, *restrict hi = v + half + i0;
+            for (int j = 0; j < n; j++) {
+                float x0 = lo[j], x1 = hi[j];
+                lo[j] = x0 * c[j] - x1 * s[j];
+                hi[j] = x0 * s[j] + x1 * c[j];
+            }
+        } else {
+            for (int j = 0; j < n; j++) {
+                float x0 = v[2 * (i0 + j)], x1 = v[2 * (i0 + j) + 1];
+                v[2 * (i0 + j)] = x0 * c[j] - x1 * s[j];
+                v[2 * (i0 + j) + 1] = x0 * s[j] + x1 * c[j];
+            }
         }
+    }
+}
+
+void kern_rope_cs(float *x, int n_head, int head_dim, const float *cs, int neox) {
+    rope_pairs(x, n_head, head_dim, 0, head_dim / 2, cs, cs + head_dim / 2, neox);
+}
+
+void kern_rope(float *x, int n_head, int head_dim, int pos, const float *freqs, int neox) {
+    enum { CHUNK = 32 };
+    float cs[2 * CHUNK];
+    for (int i0 = 0; i0 < head_dim / 2; i0 += CHUNK) {
+        int n = head_dim / 2 - i0 < CHUNK ? head_dim / 2 - i0 : CHUNK;
+        kern_rope_angles(cs, 2 * n, pos, freqs + i0);
+        rope_pairs(x, n_head, head_dim, i0, n, cs, cs + n, neox);
     }
 }
 

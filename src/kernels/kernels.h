@@ -146,5 +146,10 @@ double kern_weighted_error(const float *x, const float *q, const float *imp, int
  * neox: rotate pairs (i, i + head_dim/2) (HF layout, Qwen); otherwise pairs (2i, 2i+1)
  * (GGUF llama after the converter's permutation). freqs: head_dim/2 inverse frequencies. */
 void kern_rope(float *x, int n_head, int head_dim, int pos, const float *freqs, int neox);
+/* The cos and sin of the head_dim/2 angles pos * freqs[i], in cs[i] and cs[head_dim/2 + i]:
+ * what kern_rope computes, so a step can compute them once per token for all
+ * its layers; kern_rope_cs then gives kern_rope's bits from them. */
+void kern_rope_angles(float *cs, int head_dim, int pos, const float *freqs);
+void kern_rope_cs(float *x, int n_head, int head_dim, const float *cs, int neox);
 
 #endif

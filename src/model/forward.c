@@ -102,6 +102,7 @@ struct fwd_ctx {
     const tk_batch *b;
     float *logits;
     int32_t *tok_pos;  /* (max_tokens) position of each token */
+    float *rope_cs;    /* (max_tokens, head_dim) each token's RoPE (cos, sin) pairs, shared by the layers */
     int32_t *tok_seq;  /* (max_tokens) sequence of each token */
     int32_t *seq_tok0; /* (max_seqs) first token of each sequence */
     int32_t *out_tok;  /* (max_tokens) tokens whose logits are wanted, in order */
@@ -192,9 +193,12 @@ static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
 /* ---- stages shared by both plans ------------------------------------------------------ */
 
 static void embed_tokens(fwd_ctx *f, int t0, int t1) {
+    int hd = f->hp->head_dim;
     /* any layout: a tied output matrix may have been interleaved at load */
-    for (int t = t0; t < t1; t++)
+    for (int t = t0; t < t1; t++) {
         kern_dequant_tensor_row(f->K, &f->m->tok_embd, f->b->tokens[t], f->x + (size_t)t * f->hp->n_embd);
+        kern_rope_angles(f->rope_cs + (size_t)t * (size_t)hd, hd, f->tok_pos[t], f->m->rope_freqs);
+    }
 }
 
 static void rmsnorm_tokens(fwd_ctx *f, const float *w, int t0, int t1) {
@@ -215,7 +219,7 @@ static void heads_bias_norm_rope(fwd_ctx *f, float *base, int64_t width, const f
             if (bias) f->K->add(x, bias + (size_t)h * hd, hd);
             if (norm) f->K->rmsnorm(x, x, norm, hd, f->hp->rms_eps);
         }
-        if (rope) kern_rope(row + (size_t)h0 * hd, h1 - h0, hd, f->tok_pos[t], f->m->rope_freqs, 1);
+        if (rope) kern_rope_cs(row + (size_t)h0 * hd, h1 - h0, hd, f->rope_cs + (size_t)t * (size_t)hd, 1);
     }
 }
 
@@ -576,6 +580,7 @@ void fwd_free(fwd_ctx *f) {
     for (int s = 0; s < SLOT_COUNT; s++)
         for (int a = 0; a < ACT_COUNT; a++) tk_free_aligned(f->slot[s].q[a]);
     tk_free(f->tok_pos);
+    tk_free_aligned(f->rope_cs);
     tk_free(f->tok_seq);
     tk_free(f->seq_tok0);
     tk_free(f->out_tok);
@@ -701,13 +706,14 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     f->scratch = alloc_f32(f->nth, f->attn_scratch > 0 ? (int64_t)f->attn_scratch : 1);
     if (gemv_tokens(m->output.type, 1) != 1) f->logits_pad = alloc_f32(T, hp->n_vocab);
     f->tok_pos = tk_calloc((size_t)T, sizeof(int32_t));
+    f->rope_cs = alloc_f32(T, hp->head_dim);
     f->tok_seq = tk_calloc((size_t)T, sizeof(int32_t));
     f->seq_tok0 = tk_calloc((size_t)o->max_seqs, sizeof(int32_t));
     f->out_tok = tk_calloc((size_t)T, sizeof(int32_t));
     if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || (kv_attn_own_block(kv) && !f->own) ||
         !f->y || !f->gate || !f->up || !f->scratch ||
-        (gemv_tokens(m->output.type, 1) != 1 && !f->logits_pad) || !f->tok_pos || !f->tok_seq ||
-        !f->seq_tok0 || !f->out_tok) {
+        (gemv_tokens(m->output.type, 1) != 1 && !f->logits_pad) || !f->tok_pos || !f->rope_cs ||
+        !f->tok_seq || !f->seq_tok0 || !f->out_tok) {
         fwd_free(f);
         return tk_fail(TK_ERR_NOMEM, "forward: out of memory for %d-token buffers", o->max_tokens);
     }

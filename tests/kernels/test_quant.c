@@ -307,7 +307,13 @@ static void test_quant_rope_direct(void **state) {
             float x[3 * 64], orig[3 * 64];
             kt_fill(&r, x, n_head * hd, 1.0f);
             memcpy(orig, x, sizeof x);
+            float y[3 * 64], cs[64];
+            memcpy(y, x, sizeof x);
             kern_rope(x, n_head, hd, pos, freqs, neox);
+            /* from the angles computed once: the same bits */
+            kern_rope_angles(cs, hd, pos, freqs);
+            kern_rope_cs(y, n_head, hd, cs, neox);
+            assert_memory_equal(x, y, sizeof x);
             for (int h = 0; h < n_head; h++)
                 for (int i = 0; i < hd / 2; i++) {
                     int a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
@@ -317,6 +323,26 @@ static void test_quant_rope_direct(void **state) {
                     assert_true(fabs(x[h * hd + a] - w0) < 1e-5 && fabs(x[h * hd + b] - w1) < 1e-5);
                 }
         }
+    }
+}
+
+/* kern_rope_cs from kern_rope_angles gives kern_rope's bits, for head sizes
+ * over several of kern_rope's 32-pair chunks and a ragged last one. */
+static void test_quant_rope_cs(void **state) {
+    (void)state;
+    kt_rng r = {5};
+    for (int hd = 2; hd <= 160; hd += 30) {
+        float freqs[80], x[2 * 160], y[2 * 160], cs[160];
+        for (int i = 0; i < hd / 2; i++) freqs[i] = (float)pow(10000.0, -2.0 * i / hd);
+        for (int neox = 0; neox < 2; neox++)
+            for (int pos = 0; pos < 70000; pos += 9973) {
+                kt_fill(&r, x, 2 * hd, 1.0f);
+                memcpy(y, x, sizeof(float) * 2 * (size_t)hd);
+                kern_rope(x, 2, hd, pos, freqs, neox);
+                kern_rope_angles(cs, hd, pos, freqs);
+                kern_rope_cs(y, 2, hd, cs, neox);
+                assert_memory_equal(x, y, sizeof(float) * 2 * (size_t)hd);
+            }
     }
 }
 
@@ -352,7 +378,7 @@ int main(void) {
         cmocka_unit_test(test_quant_q6_k_known),      cmocka_unit_test(test_quant_act_known),
         cmocka_unit_test(test_quant_roundtrip_error), cmocka_unit_test(test_quant_gemv_ref_vs_dequant),
         cmocka_unit_test(test_quant_norm_act_known),  cmocka_unit_test(test_quant_rope_direct),
-        cmocka_unit_test(test_quant_dispatch),
+        cmocka_unit_test(test_quant_rope_cs),         cmocka_unit_test(test_quant_dispatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
