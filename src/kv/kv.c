@@ -426,6 +426,25 @@ void kv_attention_own(const tk_kv *kv, int l, const int32_t *bt, int pos, const 
     kv->attn_own(&g, bt, pos, q, n_head, h0, h1, scale, rec, scratch);
 }
 
+void kv_prefetch_write(const tk_kv *kv, int l, const int32_t *bt, int pos, int kvh0, int kvh1) {
+    const kv_geom g = geom_of(kv, l);
+    const int32_t b = block_at(kv, bt, pos);
+    const size_t row = (size_t)kv->o.head_dim * kv_type_size(kv->o.type);
+    const int slot = pos % kv->o.block_size, from = kv_attn_own_block(kv) ? 0 : slot;
+    const size_t sc = (size_t)kv_scales_per_head(&g) * sizeof(float);
+    for (int h = kvh0; h < kvh1; h++) {
+        const uint8_t *k = kv_geom_k(&g, b, h), *v = kv_geom_v(&g, b, h);
+        for (size_t o = (size_t)from * row; o < (size_t)(slot + 1) * row; o += 64) {
+            __builtin_prefetch(k + o, 1, 3);
+            __builtin_prefetch(v + o, 1, 3);
+        }
+        for (size_t o = 0; o < sc; o += 64) {
+            __builtin_prefetch((const uint8_t *)kv_geom_ks(&g, b, h) + o, 1, 3);
+            __builtin_prefetch((const uint8_t *)kv_geom_vs(&g, b, h) + o, 1, 3);
+        }
+    }
+}
+
 int kv_attn_parts(int len) { return len <= 0 ? 0 : (len - 1) / KV_ATTN_PART + 1; }
 
 void kv_attention_part(const tk_kv *kv, int l, const int32_t *bt, int end, int part, const float *q,

@@ -109,6 +109,12 @@ int kv_attn_end(const tk_kv *kv, int pos);
  * heads. Threads: like kv_attention. */
 void kv_attention_own(const tk_kv *kv, int l, const int32_t *bt, int pos, const float *q, int n_head, int h0,
                       int h1, float scale, float *rec, float *scratch);
+/* Asks the cache for what writing position pos (kv_write_heads) and, with
+ * own-block records, its record (kv_attention_own) touch for kv heads [kvh0,
+ * kvh1): the slot's K and V rows and the block's scales, or the block's rows
+ * up to pos. A hint: callers issue it for the next token while they work on
+ * this one (its block is another sequence's, and cold). */
+void kv_prefetch_write(const tk_kv *kv, int l, const int32_t *bt, int pos, int kvh0, int kvh1);
 /* Flash-decoding: the context a token at position pos reads from the pool,
  * [0, end) with end = kv_attn_end(kv, pos), is attended in kv_attn_parts(end)
  * parts of a fixed number of positions (the split depends on the length

@@ -238,6 +238,8 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
     float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
     for (int t = 0; t < f->b->n_tok; t++) {
         const int32_t *bt = f->b->bt[f->tok_seq[t]];
+        if (t + 1 < f->b->n_tok && f->tok_seq[t + 1] != f->tok_seq[t])
+            kv_prefetch_write(f->kv, l, f->b->bt[f->tok_seq[t + 1]], f->tok_pos[t + 1], (int)g0, (int)g1);
         kv_write_heads(f->kv, l, bt, f->tok_pos[t], f->k + (size_t)t * f->kv_dim,
                        f->v + (size_t)t * f->kv_dim, (int)g0, (int)g1);
         if (f->own)
