@@ -440,6 +440,24 @@ static void test_simd_gemv_x16(void **state) {
     }
 }
 
+/* The 16-row interleaved Q4_K layout gives the row-order reference's bits at
+ * every level (its integer sums are exact and its float steps the
+ * reference's), for 1..32 tokens (past the AVX-512 tile of 8), rows cut
+ * inside groups, several passes of the activation table (k = 24576: 96
+ * super-blocks, 10 tokens a pass) and a k beyond the table (the definition). */
+static void test_simd_gemv_q4_k_x16(void **state) {
+    const tk_kernels *K = level_of(state);
+    const char *what = cpu_isa_name(K->isa);
+    const tk_gemv_fn fn = kern_gemv(K, TK_DTYPE_Q4_K, TK_LAYOUT_X16);
+    kt_rng r = {4416};
+    for (int n_tok = 1; n_tok <= 32; n_tok++)
+        for (int rep = 0; rep < 2; rep++) kt_xr_case(TK_DTYPE_Q4_K, fn, 16, &r, n_tok, true, what);
+    kt_check_invariance_xr(TK_DTYPE_Q4_K, fn, 16, &r, 512, 29, what);
+    kt_check_invariance_xr(TK_DTYPE_Q4_K, fn, 16, &r, 24576, 29, what);
+    kt_xr_shape(TK_DTYPE_Q4_K, fn, 16, &r, 48, 24576, 29, true, what);
+    kt_xr_shape(TK_DTYPE_Q4_K, fn, 16, &r, 16, 256 * 961, 2, true, what);
+}
+
 /* The 4-row interleaved BF16 layout gives the row layout's bits at every
  * level (scalar included). */
 static void test_simd_gemv_bf16_x4(void **state) {
@@ -615,6 +633,7 @@ static void test_simd_tables_complete(void **state) {
         assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X8));
         assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X16));
         assert_non_null(kern_gemv(K, TK_DTYPE_Q4_0, TK_LAYOUT_X16));
+        assert_non_null(kern_gemv(K, TK_DTYPE_Q4_K, TK_LAYOUT_X16));
         assert_non_null(kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_X4));
         assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
         assert_true(K->attn && K->kv_to_f16 && K->attn_lanes >= 1);
@@ -717,6 +736,36 @@ static void test_simd_pack(void **state) {
     }
     assert_false(kern_pack_bf16_p16(wb16, wp, 8, 32));  /* rows not a multiple of 16 */
     assert_false(kern_pack_bf16_p16(wb16, wp, 16, 16)); /* k not a multiple of 32 */
+
+    /* Q4_K by 16 rows: every row (scales, mins and nibbles) reads back; the
+     * scales and mins cover all 6-bit values */
+    const int64_t kk = 512, rk = 32, nbk = kk / 256;
+    char *qk, *qk16;
+    kt_xr_matrix(TK_DTYPE_Q4_K, &r, 16, rk, kk, &qk, &qk16);
+    for (int64_t i = 0; i < rk; i++) {
+        tk_block_q4_k *blk = (tk_block_q4_k *)(qk + i * nbk * (int64_t)sizeof(tk_block_q4_k));
+        for (int64_t bk = 0; bk < nbk; bk++)
+            for (int j = 0; j < 12; j++) blk[bk].scales[j] = (uint8_t)(i * 37 + bk * 11 + j * 23);
+    }
+    assert_true(kern_pack_q4_k_x16(qk, qk16, rk, kk));
+    float ak[512], bk2[512];
+    for (int64_t i = 0; i < rk; i++) {
+        kern_dequant_q4_k_ref(qk + i * nbk * (int64_t)sizeof(tk_block_q4_k), ak, kk);
+        kern_dequant_q4_k_x16_row(qk16, kk, i, bk2);
+        assert_memory_equal(ak, bk2, sizeof ak);
+    }
+    assert_false(kern_pack_q4_k_x16(qk, qk16, 24, kk)); /* rows not a multiple of 16 */
+    assert_false(kern_pack_q4_k_x16(qk, qk16, 16, 96)); /* k not a multiple of 256 */
+    const size_t kbytes = (size_t)rk * (size_t)nbk * sizeof(tk_block_q4_k);
+    char *ko = malloc(kbytes);
+    assert_int_equal(kern_pack(TK_DTYPE_Q4_K, qk, ko, rk, kk), TK_LAYOUT_X16);
+    assert_memory_equal(ko, qk16, kbytes);
+    memset(ko, 0x5a, kbytes);
+    assert_int_equal(kern_pack(TK_DTYPE_Q4_K, qk, ko, 24, kk), TK_LAYOUT_ROWS);
+    for (size_t i = 0; i < kbytes; i++) assert_int_equal((unsigned char)ko[i], 0x5a);
+    free(ko);
+    free(qk);
+    free(qk16);
 }
 
 /* The head_dim fallback: a level's kernel takes head_dim % attn_lanes == 0,
@@ -783,6 +832,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_prestate(test_simd_weight_rows, &level),
         cmocka_unit_test_prestate(test_simd_gemv_q8_0_x8, &level),
         cmocka_unit_test_prestate(test_simd_gemv_x16, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_q4_k_x16, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_x4, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_p16, &level),
         cmocka_unit_test_prestate(test_simd_attention, &level),
