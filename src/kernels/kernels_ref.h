@@ -139,6 +139,30 @@ void kern_q4_k_x16_scale_min(const uint8_t *blk, int i, int j, uint8_t *sc, uint
 void kern_gemv_q4_k_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 
+/* Q6_K interleaved by 16 rows (TK_LAYOUT_X16), for rows % 16 == 0 and
+ * k % 256 == 0: group g takes nb * 3360 bytes (its sixteen rows' bytes), one
+ * 3360-byte super-block after another:
+ *   32 bytes: row i's f16 d, i = 0..15
+ *   256 bytes at 32: the int8 scale of 16-element sub-block s (0..15) of row i
+ *                    at 32 + 16s + i
+ *   2048 bytes at 288: the low four bits of the 6-bit values q (w = d sc (q - 32))
+ *                    as Q4_K X16's nibbles: 32-element sub-block j at
+ *                    288 + 256j, chunk c (0..3), row i at + 64c + 4i, byte e
+ *                    (0..3) holding q[32j + 8c + e] low, q[32j + 8c + 4 + e] high
+ *   1024 bytes at 2336: their top two bits: sub-block j at 2336 + 128j, chunk
+ *                    pair p (0..1) at + 64p, row i at + 4i, byte e: bits
+ *                    4 (c % 2) + 2h of chunk c = 2p + c % 2, h = 0 for the
+ *                    element in the low nibble, 1 for the high one
+ * One 64-byte load of nibbles and one of top bits (for two chunks) give, by
+ * byte-wide masks and shifts, four unsigned 6-bit elements of sixteen rows:
+ * the vpdpbusd operand; -32 sum(x) per sub-block comes from the Q8_K bsums. */
+bool kern_pack_q6_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_q6_k_x16_row(const void *w, int64_t k, int64_t row, float *out);
+/* q[e] (0..255, unsigned 0..63) of row i in a 3360-byte super-block. */
+int kern_q6_k_x16_q(const uint8_t *blk, int i, int e);
+void kern_gemv_q6_k_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+
 /* BF16 interleaved by 4 rows (TK_LAYOUT_X4), for rows % 4 == 0 and
  * k % 16 == 0: group g (rows 4g..4g+3) is k / 16 chunks of 128 bytes, chunk j
  * holding w[4g + i][16j .. 16j + 15] for i = 0..3 in turn. The kernel's
@@ -207,6 +231,8 @@ void kern_gemv_q4_k_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, c
                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_p16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
@@ -253,6 +279,8 @@ void kern_gemv_q4_k_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1
                                 size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 
@@ -284,6 +312,8 @@ void kern_gemv_q4_k_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1,
                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_p16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,

@@ -505,3 +505,66 @@ void kern_dequant_q4_k_x16_row(const void *w, int64_t k, int64_t row, float *out
         }
     }
 }
+
+/* ---- Q6_K interleaved by 16 rows (kernels_ref.h) ---------------------------------- */
+
+/* Element e (0..255) of a Q6_K block as its unsigned 6-bit value (w = d sc (q - 32)). */
+static int q6_k_q(const tk_block_q6_k *b, int e) {
+    const int n = e / 128, c = e % 128 / 32, l = e % 32;
+    const int lo = (b->ql[64 * n + l + 32 * (c & 1)] >> (4 * (c >> 1))) & 0x0f;
+    return lo | ((b->qh[32 * n + l] >> (2 * c)) & 3) << 4;
+}
+
+/* Within a 3360-byte X16 super-block: the byte of row i's element e low four
+ * bits (the high nibble when (e / 4) is odd), and the byte and bit of its top two. */
+static size_t q6_k_x16_lo(int i, int e) {
+    return 288 + 256 * (size_t)(e / 32) + 64 * (size_t)(e % 32 / 8) + 4 * (size_t)i + (size_t)(e % 4);
+}
+static size_t q6_k_x16_hi(int i, int e, int *bit) {
+    *bit = 4 * (e % 32 / 8 % 2) + 2 * (e % 8 / 4);
+    return 2336 + 128 * (size_t)(e / 32) + 64 * (size_t)(e % 32 / 16) + 4 * (size_t)i + (size_t)(e % 4);
+}
+
+bool kern_pack_q6_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % 16 || k <= 0 || k % TK_QK_K) return false;
+    const int64_t nb = k / TK_QK_K;
+    const size_t rb = (size_t)nb * sizeof(tk_block_q6_k);
+    memset(out, 0, (size_t)rows * rb);
+    for (int64_t g = 0; g < rows / 16; g++)
+        for (int i = 0; i < 16; i++) {
+            const tk_block_q6_k *src =
+                (const tk_block_q6_k *)((const char *)rows_in + (size_t)(16 * g + i) * rb);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *blk = (uint8_t *)out + (size_t)g * 16 * rb + (size_t)b * 3360;
+                memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
+                for (int s = 0; s < 16; s++) blk[32 + 16 * s + i] = (uint8_t)src[b].scales[s];
+                for (int e = 0; e < TK_QK_K; e++) {
+                    int q = q6_k_q(&src[b], e), bit;
+                    blk[q6_k_x16_lo(i, e)] |= (uint8_t)((q & 15) << ((e / 4) % 2 * 4));
+                    blk[q6_k_x16_hi(i, e, &bit)] |= (uint8_t)((q >> 4) << bit);
+                }
+            }
+        }
+    return true;
+}
+
+int kern_q6_k_x16_q(const uint8_t *blk, int i, int e) {
+    int bit;
+    const int lo = (blk[q6_k_x16_lo(i, e)] >> ((e / 4) % 2 * 4)) & 0x0f;
+    return lo | ((blk[q6_k_x16_hi(i, e, &bit)] >> bit) & 3) << 4;
+}
+
+void kern_dequant_q6_k_x16_row(const void *w, int64_t k, int64_t row, float *out) {
+    const int64_t nb = k / TK_QK_K;
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 16) * (size_t)nb * 3360;
+    const int i = (int)(row % 16);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 3360;
+        tk_f16 hd;
+        memcpy(&hd, blk + 2 * i, sizeof hd);
+        const float d = tk_f16_to_f32(hd);
+        for (int e = 0; e < TK_QK_K; e++)
+            out[b * TK_QK_K + e] =
+                d * (float)(int8_t)blk[32 + 16 * (e / 16) + i] * (float)(kern_q6_k_x16_q(blk, i, e) - 32);
+    }
+}

@@ -86,8 +86,8 @@ static inline void kt_check_invariance(tk_gemv_fn fn, tk_dtype t, kt_rng *r, con
     free(xq);
 }
 
-/* Random rows of type t (Q8_0, Q4_0 or Q4_K; rows a multiple of R) and their
- * R-row interleaved copy (Q8_0 R = 8: X8, 16: X16; Q4_0, Q4_K R = 16: X16). */
+/* Random rows of type t (Q8_0, Q4_0, Q4_K or Q6_K; rows a multiple of R) and
+ * their R-row interleaved copy (Q8_0 R = 8: X8, 16: X16; the others R = 16: X16). */
 static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int64_t k, char **wq, char **w8) {
     uint64_t rb;
     assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
@@ -102,6 +102,8 @@ static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int6
         assert_true(R == 16 && kern_pack_q4_0_x16(*wq, *w8, rows, k));
     else if (t == TK_DTYPE_Q4_K)
         assert_true(R == 16 && kern_pack_q4_k_x16(*wq, *w8, rows, k));
+    else if (t == TK_DTYPE_Q6_K)
+        assert_true(R == 16 && kern_pack_q6_k_x16(*wq, *w8, rows, k));
     else
         assert_true(R == 16 ? kern_pack_q8_0_x16(*wq, *w8, rows, k) : kern_pack_q8_0_x8(*wq, *w8, rows, k));
     free(f);
@@ -157,7 +159,7 @@ static inline void kt_xr_shape(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int
 /* kt_xr_shape at a random shape: k with odd and even block counts, 1..4 groups. */
 static inline void kt_xr_case(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int n_tok, bool exact,
                               const char *what) {
-    int64_t k = (tw == TK_DTYPE_Q4_K ? 256 : 32) * kt_int(r, 1, 12), rows = R * kt_int(r, 1, 4);
+    int64_t k = dtype_block_elems(tw) * kt_int(r, 1, 12), rows = R * kt_int(r, 1, 4);
     kt_xr_shape(tw, fn, R, r, rows, k, n_tok, exact, what);
 }
 
