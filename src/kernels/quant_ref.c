@@ -467,9 +467,15 @@ bool kern_pack_q4_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k)
                     blk[192 + 16 * (j % 4) + i] |= (uint8_t)((sc >> 4) << (2 * (j / 4)));
                     blk[192 + 16 * (j % 4) + i] |= (uint8_t)((m >> 4) << (4 + 2 * (j / 4)));
                 }
-                for (int e = 0; e < TK_QK_K; e++) {
-                    int q = (src[b].qs[32 * (e / 64) + e % 32] >> (4 * (e / 32 % 2))) & 0x0f;
-                    blk[q4_k_x16_at(i, e)] |= (uint8_t)(q << ((e / 4) % 2 * 4));
+                /* byte (j, c, e) of the row: q[32j + 8c + e] low, q[32j + 8c + 4 + e] high */
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t *qs = src[b].qs + 32 * (j / 2);
+                    const int sh = 4 * (j % 2);
+                    uint8_t *d = blk + q4_k_x16_at(i, 32 * j);
+                    for (int c = 0; c < 4; c++)
+                        for (int e = 0; e < 4; e++)
+                            d[64 * c + e] = (uint8_t)(((qs[8 * c + e] >> sh) & 0x0f) |
+                                                      ((qs[8 * c + 4 + e] >> sh) & 0x0f) << 4);
                 }
             }
         }
@@ -509,7 +515,7 @@ void kern_dequant_q4_k_x16_row(const void *w, int64_t k, int64_t row, float *out
 /* ---- Q6_K interleaved by 16 rows (kernels_ref.h) ---------------------------------- */
 
 /* Element e (0..255) of a Q6_K block as its unsigned 6-bit value (w = d sc (q - 32)). */
-static int q6_k_q(const tk_block_q6_k *b, int e) {
+static inline int q6_k_q(const tk_block_q6_k *b, int e) {
     const int n = e / 128, c = e % 128 / 32, l = e % 32;
     const int lo = (b->ql[64 * n + l + 32 * (c & 1)] >> (4 * (c >> 1))) & 0x0f;
     return lo | ((b->qh[32 * n + l] >> (2 * c)) & 3) << 4;
@@ -538,10 +544,20 @@ bool kern_pack_q6_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k)
                 uint8_t *blk = (uint8_t *)out + (size_t)g * 16 * rb + (size_t)b * 3360;
                 memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
                 for (int s = 0; s < 16; s++) blk[32 + 16 * s + i] = (uint8_t)src[b].scales[s];
-                for (int e = 0; e < TK_QK_K; e++) {
-                    int q = q6_k_q(&src[b], e), bit;
-                    blk[q6_k_x16_lo(i, e)] |= (uint8_t)((q & 15) << ((e / 4) % 2 * 4));
-                    blk[q6_k_x16_hi(i, e, &bit)] |= (uint8_t)((q >> 4) << bit);
+                uint8_t q[TK_QK_K];
+                for (int e = 0; e < TK_QK_K; e++) q[e] = (uint8_t)q6_k_q(&src[b], e);
+                /* per 4-element pair of a chunk one nibble byte; per two chunks one byte of top bits */
+                for (int j = 0; j < 8; j++) {
+                    uint8_t *dl = blk + q6_k_x16_lo(i, 32 * j);
+                    int hb;
+                    uint8_t *dh = blk + q6_k_x16_hi(i, 32 * j, &hb);
+                    for (int c = 0; c < 4; c++)
+                        for (int e = 0; e < 4; e++) {
+                            const uint8_t *qa = q + 32 * j + 8 * c + e;
+                            dl[64 * c + e] = (uint8_t)((qa[0] & 15) | (qa[4] & 15) << 4);
+                            dh[64 * (c / 2) + e] |=
+                                (uint8_t)((qa[0] >> 4) << (4 * (c % 2)) | (qa[4] >> 4) << (4 * (c % 2) + 2));
+                        }
                 }
             }
         }
