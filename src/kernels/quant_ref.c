@@ -567,7 +567,8 @@ bool kern_pack_q6_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k)
 int kern_q6_k_x16_q(const uint8_t *blk, int i, int e) {
     int bit;
     const int lo = (blk[q6_k_x16_lo(i, e)] >> ((e / 4) % 2 * 4)) & 0x0f;
-    return lo | ((blk[q6_k_x16_hi(i, e, &bit)] >> bit) & 3) << 4;
+    const int hi = blk[q6_k_x16_hi(i, e, &bit)]; /* sets bit */
+    return lo | ((hi >> bit) & 3) << 4;
 }
 
 void kern_dequant_q6_k_x16_row(const void *w, int64_t k, int64_t row, float *out) {
