@@ -1,4 +1,4 @@
-/* The 16-row interleaved Q4_K gemv (TK_LAYOUT_X16, kernels_ref.h), included
+/* The 16-row interleaved Q4_K and Q6_K gemvs (TK_LAYOUT_X16, kernels_ref.h), included
  * by simd_body.h (its AI, KFN, X16_ZMM, KNT_X8, dot_u8s8_acc, prefetch_ahead
  * and f16_to_f32). The nibbles are Q4_0 X16's byte columns, so one 64-byte
  * load masked (or shifted) is four elements of sixteen rows and one
@@ -7,7 +7,9 @@
  * sub-block dots times the 6-bit scales (integer multiply), the mins term
  * sum_j m_j (bsum_2j + bsum_2j+1) by int16 pair dots, then
  * s += dx (d dots - dmin mins) as separate float steps, so every level gives
- * kern_gemv_q4_k_ref's bits. */
+ * kern_gemv_q4_k_ref's bits. Q6_K (qk6_tile) is the same scheme with the
+ * top two bits of its 6-bit values or-ed into the nibbles and the -32 offset
+ * folded into the integer sum: kern_gemv_q6_k_ref's bits. */
 
 /* The activations of a call are rewritten once into a table, as X16's:
  * per token tile of nt tokens and per super-block, the 64 four-byte chunks of
