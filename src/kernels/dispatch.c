@@ -72,9 +72,19 @@ static const tk_weight_kernels WEIGHTS[TK_DTYPE_COUNT][TK_LAYOUT_COUNT] = {
     [TK_DTYPE_Q4_K][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_K,
                                        .gemv = BY_ISA(kern_gemv_q4_k_ref, kern_gemv_q4_k_avx2,
                                                       kern_gemv_q4_k_avxvnni, kern_gemv_q4_k_avx512)},
+    [TK_DTYPE_Q4_K][TK_LAYOUT_X16] = {.act = TK_DTYPE_Q8_K,
+                                      .pack = kern_pack_q4_k_x16,
+                                      .dequant_row = kern_dequant_q4_k_x16_row,
+                                      .gemv = BY_ISA(kern_gemv_q4_k_x16_ref, kern_gemv_q4_k_x16_avx2,
+                                                     kern_gemv_q4_k_x16_avxvnni, kern_gemv_q4_k_x16_avx512)},
     [TK_DTYPE_Q6_K][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_K,
                                        .gemv = BY_ISA(kern_gemv_q6_k_ref, kern_gemv_q6_k_avx2,
                                                       kern_gemv_q6_k_avxvnni, kern_gemv_q6_k_avx512)},
+    [TK_DTYPE_Q6_K][TK_LAYOUT_X16] = {.act = TK_DTYPE_Q8_K,
+                                      .pack = kern_pack_q6_k_x16,
+                                      .dequant_row = kern_dequant_q6_k_x16_row,
+                                      .gemv = BY_ISA(kern_gemv_q6_k_x16_ref, kern_gemv_q6_k_x16_avx2,
+                                                     kern_gemv_q6_k_x16_avxvnni, kern_gemv_q6_k_x16_avx512)},
 };
 
 const tk_weight_kernels *kern_weight(tk_dtype t, tk_layout layout) {

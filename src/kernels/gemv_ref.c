@@ -341,3 +341,67 @@ void kern_gemv_bf16_p16r_ref(int64_t k, const void *w, int64_t r0, int64_t r1, c
                              size_t xq_stride, int n_tok, float *y, int64_t ldy) {
     gemv_bf16_pairs(true, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
+
+/* Reads the 16-row interleaved Q4_K layout directly: the integer sums and
+ * float steps of kern_dot_q4_k_ref, so equal to the row-order reference bit
+ * for bit. */
+void kern_gemv_q4_k_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = k / TK_QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * 2304;
+        const int i = (int)(r % 16);
+        for (int t = 0; t < n_tok; t++) {
+            const tk_block_q8_k *x = (const tk_block_q8_k *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = g + (size_t)b * 2304;
+                int32_t dots = 0, mins = 0;
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    kern_q4_k_x16_scale_min(blk, i, j, &sc, &m);
+                    int32_t dot = 0;
+                    for (int l = 0; l < 32; l++)
+                        dot += kern_q4_k_x16_q(blk, i, 32 * j + l) * x[b].qs[32 * j + l];
+                    dots += sc * dot;
+                    mins += m * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+                }
+                tk_f16 hd, hm;
+                memcpy(&hd, blk + 2 * i, sizeof hd);
+                memcpy(&hm, blk + 32 + 2 * i, sizeof hm);
+                s += x[b].d * (tk_f16_to_f32(hd) * (float)dots - tk_f16_to_f32(hm) * (float)mins);
+            }
+            y[t * ldy + r] = s;
+        }
+    }
+}
+
+/* Reads the 16-row interleaved Q6_K layout directly: the integer sums and
+ * float steps of kern_dot_q6_k_ref, so equal to the row-order reference bit
+ * for bit. */
+void kern_gemv_q6_k_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = k / TK_QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * 3360;
+        const int i = (int)(r % 16);
+        for (int t = 0; t < n_tok; t++) {
+            const tk_block_q8_k *x = (const tk_block_q8_k *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = g + (size_t)b * 3360;
+                int32_t acc = 0;
+                for (int sb = 0; sb < 16; sb++) {
+                    int32_t dot = 0;
+                    for (int l = 16 * sb; l < 16 * sb + 16; l++)
+                        dot += (kern_q6_k_x16_q(blk, i, l) - 32) * x[b].qs[l];
+                    acc += (int8_t)blk[32 + 16 * sb + i] * dot;
+                }
+                tk_f16 hd;
+                memcpy(&hd, blk + 2 * i, sizeof hd);
+                s += x[b].d * tk_f16_to_f32(hd) * (float)acc;
+            }
+            y[t * ldy + r] = s;
+        }
+    }
+}

@@ -111,6 +111,58 @@ void kern_dequant_q4_0_x16_row(const void *w, int64_t k, int64_t row, float *out
 /* q[e] of row i (0..15) in a 288-byte block. */
 int kern_q4_0_x16_q(const uint8_t *blk, int i, int e);
 
+/* Q4_K interleaved by 16 rows (TK_LAYOUT_X16), for rows % 16 == 0 and
+ * k % 256 == 0: group g takes nb * 2304 bytes (its sixteen rows' bytes), one
+ * 2304-byte super-block after another:
+ *   32 bytes: row i's f16 d, i = 0..15
+ *   32 bytes: row i's f16 dmin
+ *   128 bytes at 64: sub-block j (0..7), row i at 64 + 16j + i: the low four
+ *                    bits of its 6-bit scale (low nibble) and min (high one)
+ *   64 bytes at 192: row i at 192 + 16 (j % 4) + i: the top two bits of
+ *                    sub-block j's scale at bit 2 (j / 4), of its min at
+ *                    bit 4 + 2 (j / 4)
+ *   2048 bytes at 256: sub-block j's 32 elements at 256 + 256j as a Q4_0 X16
+ *                    block's nibbles: chunk c (0..3), row i at + 64c + 4i,
+ *                    byte e (0..3) holding q[32j + 8c + e] in its low nibble
+ *                    and q[32j + 8c + 4 + e] in its high one
+ * (w = d sc_j q - dmin m_j, q 0..15). A 64-byte load masked or shifted is
+ * four elements of sixteen rows, the operand of one 512-bit vpdpbusd per
+ * token; each sub-block's int32 dots are scaled by its scales (integer
+ * multiply), and the mins term sum_j m_j sum(x_j) comes from the Q8_K
+ * bsums. The scale bytes unpack with byte-wide shifts and masks for all
+ * sixteen rows at once. */
+bool kern_pack_q4_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_q4_k_x16_row(const void *w, int64_t k, int64_t row, float *out);
+/* q[e] (0..255) of row i in a 2304-byte super-block, and sub-block j's scale and min. */
+int kern_q4_k_x16_q(const uint8_t *blk, int i, int e);
+void kern_q4_k_x16_scale_min(const uint8_t *blk, int i, int j, uint8_t *sc, uint8_t *m);
+void kern_gemv_q4_k_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+
+/* Q6_K interleaved by 16 rows (TK_LAYOUT_X16), for rows % 16 == 0 and
+ * k % 256 == 0: group g takes nb * 3360 bytes (its sixteen rows' bytes), one
+ * 3360-byte super-block after another:
+ *   32 bytes: row i's f16 d, i = 0..15
+ *   256 bytes at 32: the int8 scale of 16-element sub-block s (0..15) of row i
+ *                    at 32 + 16s + i
+ *   2048 bytes at 288: the low four bits of the 6-bit values q (w = d sc (q - 32))
+ *                    as Q4_K X16's nibbles: 32-element sub-block j at
+ *                    288 + 256j, chunk c (0..3), row i at + 64c + 4i, byte e
+ *                    (0..3) holding q[32j + 8c + e] low, q[32j + 8c + 4 + e] high
+ *   1024 bytes at 2336: their top two bits: sub-block j at 2336 + 128j, chunk
+ *                    pair p (0..1) at + 64p, row i at + 4i, byte e: bits
+ *                    4 (c % 2) + 2h of chunk c = 2p + c % 2, h = 0 for the
+ *                    element in the low nibble, 1 for the high one
+ * One 64-byte load of nibbles and one of top bits (for two chunks) give, by
+ * byte-wide masks and shifts, four unsigned 6-bit elements of sixteen rows:
+ * the vpdpbusd operand; -32 sum(x) per sub-block comes from the Q8_K bsums. */
+bool kern_pack_q6_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_q6_k_x16_row(const void *w, int64_t k, int64_t row, float *out);
+/* q[e] (0..255, unsigned 0..63) of row i in a 3360-byte super-block. */
+int kern_q6_k_x16_q(const uint8_t *blk, int i, int e);
+void kern_gemv_q6_k_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                            size_t xq_stride, int n_tok, float *y, int64_t ldy);
+
 /* BF16 interleaved by 4 rows (TK_LAYOUT_X4), for rows % 4 == 0 and
  * k % 16 == 0: group g (rows 4g..4g+3) is k / 16 chunks of 128 bytes, chunk j
  * holding w[4g + i][16j .. 16j + 15] for i = 0..3 in turn. The kernel's
@@ -177,8 +229,12 @@ void kern_gemv_bf16_x4_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, co
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_k_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                          int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_p16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
@@ -223,8 +279,12 @@ void kern_gemv_bf16_x4_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1,
                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_k_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 
@@ -252,8 +312,12 @@ void kern_gemv_bf16_x4_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, 
                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
+void kern_gemv_q4_k_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
+void kern_gemv_q6_k_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_p16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,

@@ -438,3 +438,150 @@ tk_bf16 kern_act_bf16_ref(float x) {
     if ((u & 0x7f800000u) == 0) return (tk_bf16)((u >> 16) & 0x8000u);
     return tk_f32_to_bf16(x);
 }
+
+/* ---- Q4_K interleaved by 16 rows (kernels_ref.h) ---------------------------------- */
+
+/* Byte offset, within a 2304-byte X16 super-block, of row i's element e
+ * (0..255); the element is that byte's high nibble when (e / 4) is odd. */
+static size_t q4_k_x16_at(int i, int e) {
+    return 256 + 256 * (size_t)(e / 32) + 64 * (size_t)(e % 32 / 8) + 4 * (size_t)i + (size_t)(e % 4);
+}
+
+bool kern_pack_q4_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % 16 || k <= 0 || k % TK_QK_K) return false;
+    const int64_t nb = k / TK_QK_K;
+    const size_t rb = (size_t)nb * sizeof(tk_block_q4_k);
+    memset(out, 0, (size_t)rows * rb);
+    for (int64_t g = 0; g < rows / 16; g++)
+        for (int i = 0; i < 16; i++) {
+            const tk_block_q4_k *src =
+                (const tk_block_q4_k *)((const char *)rows_in + (size_t)(16 * g + i) * rb);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *blk = (uint8_t *)out + (size_t)g * 16 * rb + (size_t)b * 2304;
+                memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
+                memcpy(blk + 32 + 2 * i, &src[b].dmin, sizeof(tk_f16));
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    kern_q4_k_scale_min(j, src[b].scales, &sc, &m);
+                    blk[64 + 16 * j + i] = (uint8_t)((sc & 15) | (m & 15) << 4);
+                    blk[192 + 16 * (j % 4) + i] |= (uint8_t)((sc >> 4) << (2 * (j / 4)));
+                    blk[192 + 16 * (j % 4) + i] |= (uint8_t)((m >> 4) << (4 + 2 * (j / 4)));
+                }
+                /* byte (j, c, e) of the row: q[32j + 8c + e] low, q[32j + 8c + 4 + e] high */
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t *qs = src[b].qs + 32 * (j / 2);
+                    const int sh = 4 * (j % 2);
+                    uint8_t *d = blk + q4_k_x16_at(i, 32 * j);
+                    for (int c = 0; c < 4; c++)
+                        for (int e = 0; e < 4; e++)
+                            d[64 * c + e] = (uint8_t)(((qs[8 * c + e] >> sh) & 0x0f) |
+                                                      ((qs[8 * c + 4 + e] >> sh) & 0x0f) << 4);
+                }
+            }
+        }
+    return true;
+}
+
+int kern_q4_k_x16_q(const uint8_t *blk, int i, int e) {
+    return (blk[q4_k_x16_at(i, e)] >> ((e / 4) % 2 * 4)) & 0x0f;
+}
+
+void kern_q4_k_x16_scale_min(const uint8_t *blk, int i, int j, uint8_t *sc, uint8_t *m) {
+    const uint8_t s = blk[64 + 16 * j + i], h = blk[192 + 16 * (j % 4) + i];
+    *sc = (uint8_t)((s & 15) | ((h >> (2 * (j / 4))) & 3) << 4);
+    *m = (uint8_t)((s >> 4) | ((h >> (4 + 2 * (j / 4))) & 3) << 4);
+}
+
+void kern_dequant_q4_k_x16_row(const void *w, int64_t k, int64_t row, float *out) {
+    const int64_t nb = k / TK_QK_K;
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 16) * (size_t)nb * 2304;
+    const int i = (int)(row % 16);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 2304;
+        tk_f16 hd, hm;
+        memcpy(&hd, blk + 2 * i, sizeof hd);
+        memcpy(&hm, blk + 32 + 2 * i, sizeof hm);
+        float d = tk_f16_to_f32(hd), dmin = tk_f16_to_f32(hm);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            kern_q4_k_x16_scale_min(blk, i, j, &sc, &m);
+            float dj = d * sc, mj = dmin * m;
+            for (int l = 0; l < 32; l++)
+                out[b * TK_QK_K + 32 * j + l] = dj * (float)kern_q4_k_x16_q(blk, i, 32 * j + l) - mj;
+        }
+    }
+}
+
+/* ---- Q6_K interleaved by 16 rows (kernels_ref.h) ---------------------------------- */
+
+/* Element e (0..255) of a Q6_K block as its unsigned 6-bit value (w = d sc (q - 32)). */
+static inline int q6_k_q(const tk_block_q6_k *b, int e) {
+    const int n = e / 128, c = e % 128 / 32, l = e % 32;
+    const int lo = (b->ql[64 * n + l + 32 * (c & 1)] >> (4 * (c >> 1))) & 0x0f;
+    return lo | ((b->qh[32 * n + l] >> (2 * c)) & 3) << 4;
+}
+
+/* Within a 3360-byte X16 super-block: the byte of row i's element e low four
+ * bits (the high nibble when (e / 4) is odd), and the byte and bit of its top two. */
+static size_t q6_k_x16_lo(int i, int e) {
+    return 288 + 256 * (size_t)(e / 32) + 64 * (size_t)(e % 32 / 8) + 4 * (size_t)i + (size_t)(e % 4);
+}
+static size_t q6_k_x16_hi(int i, int e, int *bit) {
+    *bit = 4 * (e % 32 / 8 % 2) + 2 * (e % 8 / 4);
+    return 2336 + 128 * (size_t)(e / 32) + 64 * (size_t)(e % 32 / 16) + 4 * (size_t)i + (size_t)(e % 4);
+}
+
+bool kern_pack_q6_k_x16(const void *rows_in, void *out, int64_t rows, int64_t k) {
+    if (rows <= 0 || rows % 16 || k <= 0 || k % TK_QK_K) return false;
+    const int64_t nb = k / TK_QK_K;
+    const size_t rb = (size_t)nb * sizeof(tk_block_q6_k);
+    memset(out, 0, (size_t)rows * rb);
+    for (int64_t g = 0; g < rows / 16; g++)
+        for (int i = 0; i < 16; i++) {
+            const tk_block_q6_k *src =
+                (const tk_block_q6_k *)((const char *)rows_in + (size_t)(16 * g + i) * rb);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *blk = (uint8_t *)out + (size_t)g * 16 * rb + (size_t)b * 3360;
+                memcpy(blk + 2 * i, &src[b].d, sizeof(tk_f16));
+                for (int s = 0; s < 16; s++) blk[32 + 16 * s + i] = (uint8_t)src[b].scales[s];
+                uint8_t q[TK_QK_K];
+                for (int e = 0; e < TK_QK_K; e++) q[e] = (uint8_t)q6_k_q(&src[b], e);
+                /* per 4-element pair of a chunk one nibble byte; per two chunks one byte of top bits */
+                for (int j = 0; j < 8; j++) {
+                    uint8_t *dl = blk + q6_k_x16_lo(i, 32 * j);
+                    int hb;
+                    uint8_t *dh = blk + q6_k_x16_hi(i, 32 * j, &hb);
+                    for (int c = 0; c < 4; c++)
+                        for (int e = 0; e < 4; e++) {
+                            const uint8_t *qa = q + 32 * j + 8 * c + e;
+                            dl[64 * c + e] = (uint8_t)((qa[0] & 15) | (qa[4] & 15) << 4);
+                            dh[64 * (c / 2) + e] |=
+                                (uint8_t)((qa[0] >> 4) << (4 * (c % 2)) | (qa[4] >> 4) << (4 * (c % 2) + 2));
+                        }
+                }
+            }
+        }
+    return true;
+}
+
+int kern_q6_k_x16_q(const uint8_t *blk, int i, int e) {
+    int bit;
+    const int lo = (blk[q6_k_x16_lo(i, e)] >> ((e / 4) % 2 * 4)) & 0x0f;
+    const int hi = blk[q6_k_x16_hi(i, e, &bit)]; /* sets bit */
+    return lo | ((hi >> bit) & 3) << 4;
+}
+
+void kern_dequant_q6_k_x16_row(const void *w, int64_t k, int64_t row, float *out) {
+    const int64_t nb = k / TK_QK_K;
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 16) * (size_t)nb * 3360;
+    const int i = (int)(row % 16);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * 3360;
+        tk_f16 hd;
+        memcpy(&hd, blk + 2 * i, sizeof hd);
+        const float d = tk_f16_to_f32(hd);
+        for (int e = 0; e < TK_QK_K; e++)
+            out[b * TK_QK_K + e] =
+                d * (float)(int8_t)blk[32 + 16 * (e / 16) + i] * (float)(kern_q6_k_x16_q(blk, i, e) - 32);
+    }
+}

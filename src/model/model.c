@@ -418,7 +418,7 @@ static bool is_matmul_weight(const tk_model *m, const tk_tensor *t) {
 /* Copy every matmul weight (file views and owned repacks alike) to one
  * anonymous region advised for transparent huge pages, packing each matrix
  * into its type's interleaved layout on the way where the kernels have one
- * (kern_pack: Q8_0 by 16 or 8 rows, BF16 by pairs of 16 rows or by 4; with
+ * (kern_pack: Q8_0 by 16 or 8 rows, Q4_0 and Q4_K by 16, BF16 by pairs of 16 rows or by 4; with
  * o->bf16_dot, BF16 pairs whose gemv rounds activations to BF16), unless
  * o->row_layout. Decode
  * streams all weights every token; with 4 KiB file pages each page costs a

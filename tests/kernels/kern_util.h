@@ -86,8 +86,8 @@ static inline void kt_check_invariance(tk_gemv_fn fn, tk_dtype t, kt_rng *r, con
     free(xq);
 }
 
-/* Random rows of type t (Q8_0 or Q4_0; rows a multiple of R) and their
- * R-row interleaved copy (Q8_0 R = 8: X8, 16: X16; Q4_0 R = 16: X16). */
+/* Random rows of type t (Q8_0, Q4_0, Q4_K or Q6_K; rows a multiple of R) and
+ * their R-row interleaved copy (Q8_0 R = 8: X8, 16: X16; the others R = 16: X16). */
 static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int64_t k, char **wq, char **w8) {
     uint64_t rb;
     assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
@@ -100,6 +100,10 @@ static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int6
     }
     if (t == TK_DTYPE_Q4_0)
         assert_true(R == 16 && kern_pack_q4_0_x16(*wq, *w8, rows, k));
+    else if (t == TK_DTYPE_Q4_K)
+        assert_true(R == 16 && kern_pack_q4_k_x16(*wq, *w8, rows, k));
+    else if (t == TK_DTYPE_Q6_K)
+        assert_true(R == 16 && kern_pack_q6_k_x16(*wq, *w8, rows, k));
     else
         assert_true(R == 16 ? kern_pack_q8_0_x16(*wq, *w8, rows, k) : kern_pack_q8_0_x8(*wq, *w8, rows, k));
     free(f);
@@ -114,14 +118,16 @@ static inline void kt_xr_shape(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int
     const tk_kernels *R0 = kernels_get(TK_ISA_SCALAR);
     int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
             ldy = rows + kt_int(r, 0, 3);
-    size_t xb = kern_act_row_bytes(TK_DTYPE_Q8_0, k) + (size_t)kt_int(r, 0, 3) * 2;
+    /* padding keeps the activation block's alignment (2 bytes Q8_0, 4 Q8_K) */
+    const size_t pad = kern_act_type(tw) == TK_DTYPE_Q8_K ? 4 : 2;
+    size_t xb = kern_act_row_bytes(tw, k) + (size_t)kt_int(r, 0, 3) * pad;
     char *wq, *w8, *xq = malloc(xb * (size_t)n_tok);
     kt_xr_matrix(tw, r, R, rows, k, &wq, &w8);
     float *xf = malloc((size_t)k * sizeof *xf), *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
           *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, xf, k, 2.0f);
-        R0->quant_q8_0(xf, xq + (size_t)i * xb, k);
+        kern_quant_act(R0, tw, xf, xq + (size_t)i * xb, k);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
     kern_gemv(R0, tw, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
@@ -153,7 +159,7 @@ static inline void kt_xr_shape(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int
 /* kt_xr_shape at a random shape: k with odd and even block counts, 1..4 groups. */
 static inline void kt_xr_case(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int n_tok, bool exact,
                               const char *what) {
-    int64_t k = 32 * kt_int(r, 1, 12), rows = R * kt_int(r, 1, 4);
+    int64_t k = dtype_block_elems(tw) * kt_int(r, 1, 12), rows = R * kt_int(r, 1, 4);
     kt_xr_shape(tw, fn, R, r, rows, k, n_tok, exact, what);
 }
 
@@ -163,7 +169,7 @@ static inline void kt_check_invariance_xr(tk_dtype tw, tk_gemv_fn fn, int R, kt_
                                           const char *what) {
     const tk_kernels *R0 = kernels_get(TK_ISA_SCALAR);
     const int64_t rows = 3 * R;
-    size_t xb = kern_act_row_bytes(TK_DTYPE_Q8_0, k);
+    size_t xb = kern_act_row_bytes(tw, k);
     char *wq, *w8, *xq = malloc(xb * (size_t)n_tok);
     kt_xr_matrix(tw, r, R, rows, k, &wq, &w8);
     float *f = malloc((size_t)k * sizeof *f), all[32 * 48], part[32 * 48];
@@ -171,7 +177,7 @@ static inline void kt_check_invariance_xr(tk_dtype tw, tk_gemv_fn fn, int R, kt_
     assert_true(n_tok <= 32 && rows <= 48);
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, f, k, 1.0f);
-        R0->quant_q8_0(f, xq + (size_t)i * xb, k);
+        kern_quant_act(R0, tw, f, xq + (size_t)i * xb, k);
     }
     fn(k, w8, 0, rows, xq, xb, n_tok, all, rows);
     for (int i = 0; i < n_tok; i++) fn(k, w8, 0, rows, xq + (size_t)i * xb, xb, 1, part + i * rows, rows);

@@ -440,6 +440,29 @@ static void test_simd_gemv_x16(void **state) {
     }
 }
 
+/* The 16-row interleaved Q4_K and Q6_K layouts give the row-order
+ * reference's bits at every level (their integer sums are exact and their
+ * float steps the reference's), for 1..32 tokens (past the AVX-512 tile of
+ * 8), rows cut inside groups, several passes of the activation table
+ * (k = 24576: 96 super-blocks, 10 tokens a pass) and a k beyond the table
+ * (the definition). */
+static void test_simd_gemv_qk_x16(void **state) {
+    const tk_kernels *K = level_of(state);
+    const char *what = cpu_isa_name(K->isa);
+    static const tk_dtype types[] = {TK_DTYPE_Q4_K, TK_DTYPE_Q6_K};
+    kt_rng r = {4416};
+    for (int c = 0; c < 2; c++) {
+        const tk_dtype t = types[c];
+        const tk_gemv_fn fn = kern_gemv(K, t, TK_LAYOUT_X16);
+        for (int n_tok = 1; n_tok <= 32; n_tok++)
+            for (int rep = 0; rep < 2; rep++) kt_xr_case(t, fn, 16, &r, n_tok, true, what);
+        kt_check_invariance_xr(t, fn, 16, &r, 512, 29, what);
+        kt_check_invariance_xr(t, fn, 16, &r, 24576, 29, what);
+        kt_xr_shape(t, fn, 16, &r, 48, 24576, 29, true, what);
+        kt_xr_shape(t, fn, 16, &r, 16, 256 * 961, 2, true, what);
+    }
+}
+
 /* The 4-row interleaved BF16 layout gives the row layout's bits at every
  * level (scalar included). */
 static void test_simd_gemv_bf16_x4(void **state) {
@@ -640,6 +663,8 @@ static void test_simd_tables_complete(void **state) {
         assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X8));
         assert_non_null(kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X16));
         assert_non_null(kern_gemv(K, TK_DTYPE_Q4_0, TK_LAYOUT_X16));
+        assert_non_null(kern_gemv(K, TK_DTYPE_Q4_K, TK_LAYOUT_X16));
+        assert_non_null(kern_gemv(K, TK_DTYPE_Q6_K, TK_LAYOUT_X16));
         assert_non_null(kern_gemv(K, TK_DTYPE_BF16, TK_LAYOUT_X4));
         assert_true(K->quant_q8_0 && K->quant_q8_k && K->rmsnorm && K->add && K->silu_mul);
         assert_true(K->attn && K->kv_to_f16 && K->attn_lanes >= 1);
@@ -742,6 +767,60 @@ static void test_simd_pack(void **state) {
     }
     assert_false(kern_pack_bf16_p16(wb16, wp, 8, 32));  /* rows not a multiple of 16 */
     assert_false(kern_pack_bf16_p16(wb16, wp, 16, 16)); /* k not a multiple of 32 */
+
+    /* Q4_K by 16 rows: every row (scales, mins and nibbles) reads back; the
+     * scales and mins cover all 6-bit values */
+    const int64_t kk = 512, rk = 32, nbk = kk / 256;
+    char *qk, *qk16;
+    kt_xr_matrix(TK_DTYPE_Q4_K, &r, 16, rk, kk, &qk, &qk16);
+    for (int64_t i = 0; i < rk; i++) {
+        tk_block_q4_k *blk = (tk_block_q4_k *)(qk + i * nbk * (int64_t)sizeof(tk_block_q4_k));
+        for (int64_t bk = 0; bk < nbk; bk++)
+            for (int j = 0; j < 12; j++) blk[bk].scales[j] = (uint8_t)(i * 37 + bk * 11 + j * 23);
+    }
+    assert_true(kern_pack_q4_k_x16(qk, qk16, rk, kk));
+    float ak[512], bk2[512];
+    for (int64_t i = 0; i < rk; i++) {
+        kern_dequant_q4_k_ref(qk + i * nbk * (int64_t)sizeof(tk_block_q4_k), ak, kk);
+        kern_dequant_q4_k_x16_row(qk16, kk, i, bk2);
+        assert_memory_equal(ak, bk2, sizeof ak);
+    }
+    assert_false(kern_pack_q4_k_x16(qk, qk16, 24, kk)); /* rows not a multiple of 16 */
+    assert_false(kern_pack_q4_k_x16(qk, qk16, 16, 96)); /* k not a multiple of 256 */
+    const size_t kbytes = (size_t)rk * (size_t)nbk * sizeof(tk_block_q4_k);
+    char *ko = malloc(kbytes);
+    assert_int_equal(kern_pack(TK_DTYPE_Q4_K, qk, ko, rk, kk), TK_LAYOUT_X16);
+    assert_memory_equal(ko, qk16, kbytes);
+    memset(ko, 0x5a, kbytes);
+    assert_int_equal(kern_pack(TK_DTYPE_Q4_K, qk, ko, 24, kk), TK_LAYOUT_ROWS);
+    for (size_t i = 0; i < kbytes; i++) assert_int_equal((unsigned char)ko[i], 0x5a);
+    free(ko);
+    free(qk);
+    free(qk16);
+
+    /* Q6_K by 16 rows: every row reads back, scales of every sign included */
+    char *q6, *q616;
+    kt_xr_matrix(TK_DTYPE_Q6_K, &r, 16, rk, kk, &q6, &q616);
+    for (int64_t i = 0; i < rk; i++) {
+        tk_block_q6_k *blk = (tk_block_q6_k *)(q6 + i * nbk * (int64_t)sizeof(tk_block_q6_k));
+        for (int64_t bk = 0; bk < nbk; bk++) blk[bk].scales[(i + bk) % 16] = (int8_t)-128;
+    }
+    assert_true(kern_pack_q6_k_x16(q6, q616, rk, kk));
+    for (int64_t i = 0; i < rk; i++) {
+        kern_dequant_q6_k_ref(q6 + i * nbk * (int64_t)sizeof(tk_block_q6_k), ak, kk);
+        kern_dequant_q6_k_x16_row(q616, kk, i, bk2);
+        assert_memory_equal(ak, bk2, sizeof ak);
+    }
+    assert_false(kern_pack_q6_k_x16(q6, q616, 24, kk)); /* rows not a multiple of 16 */
+    assert_false(kern_pack_q6_k_x16(q6, q616, 16, 96)); /* k not a multiple of 256 */
+    const size_t k6 = (size_t)rk * (size_t)nbk * sizeof(tk_block_q6_k);
+    char *o6 = malloc(k6);
+    assert_int_equal(kern_pack(TK_DTYPE_Q6_K, q6, o6, rk, kk), TK_LAYOUT_X16);
+    assert_memory_equal(o6, q616, k6);
+    assert_int_equal(kern_pack(TK_DTYPE_Q6_K, q6, o6, 24, kk), TK_LAYOUT_ROWS);
+    free(o6);
+    free(q6);
+    free(q616);
 }
 
 /* The head_dim fallback: a level's kernel takes head_dim % attn_lanes == 0,
@@ -808,6 +887,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_prestate(test_simd_weight_rows, &level),
         cmocka_unit_test_prestate(test_simd_gemv_q8_0_x8, &level),
         cmocka_unit_test_prestate(test_simd_gemv_x16, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_qk_x16, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_x4, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_p16, &level),
         cmocka_unit_test_prestate(test_simd_attention, &level),

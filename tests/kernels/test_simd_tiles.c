@@ -110,6 +110,12 @@ static void test_simd_tiles_four_tokens(void **state) {
     for (int n_tok = 1; n_tok <= 17; n_tok++)
         kt_xr_case(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, 16, &r, n_tok, false, "avx2 8-token x16 tiles");
     kt_check_invariance_xr(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, 16, &r, 96, 11, "avx2 8-token x16 tiles");
+    for (int n_tok = 1; n_tok <= 17; n_tok++)
+        kt_xr_case(TK_DTYPE_Q4_K, t4_gemv_q4_k_x16, 16, &r, n_tok, true, "avx2 8-token q4_k x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q4_K, t4_gemv_q4_k_x16, 16, &r, 768, 17, "avx2 8-token q4_k x16 tiles");
+    for (int n_tok = 1; n_tok <= 17; n_tok++)
+        kt_xr_case(TK_DTYPE_Q6_K, t4_gemv_q6_k_x16, 16, &r, n_tok, true, "avx2 8-token q6_k x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q6_K, t4_gemv_q6_k_x16, 16, &r, 768, 17, "avx2 8-token q6_k x16 tiles");
     for (int n_tok = 1; n_tok <= 9; n_tok++)
         kt_bf16_x4_case(t4_gemv_bf16_x4, t4_gemv_bf16, &r, n_tok, "avx2 4-token tiles");
 #endif

@@ -1032,4 +1032,6 @@ void KFN(dequant_bf16)(const void *row, float *out, int64_t k) {
     if (i < k) kern_dequant_bf16_ref(h + i, out + i, k - i);
 }
 
+#include "kernels/x86/qk_x16_body.h"
+
 #undef AI
