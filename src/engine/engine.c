@@ -90,7 +90,6 @@ struct tk_engine {
     int *sp_avail, *sp_k;
     uint64_t sp_decodes, sp_verifies, sp_drafted, sp_accepted;
     int sp_k_last;
-    bool sp_force;                /* opts.spec_fixed: verify every draft on offer */
     drafter *dr;                  /* the draft model (spec draft), else NULL */
     draft_job *sp_jobs;           /* (max_batch) */
     float *dq;                    /* (max_draft, n_vocab) the draft's distributions of this step's drafts */
@@ -473,7 +472,7 @@ static double spec_prepare(tk_engine *e) {
         n++;
     }
     int total = spec_choose(&e->spec, n, e->sp_alpha, e->sp_avail, e->sp_k);
-    if (e->sp_force) {
+    if (e->o.spec_fixed) { /* no controller: every draft on offer */
         total = 0;
         for (int i = 0; i < n; i++) total += e->sp_k[i] = e->sp_avail[i];
     }
@@ -842,7 +841,6 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     }
     e->be = *be;
     e->o = o;
-    e->sp_force = o.spec_fixed;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
