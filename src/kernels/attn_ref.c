@@ -46,6 +46,12 @@ bool kv_quant_chan_ref(const float *x, const float *s, int8_t *y, int n) {
     return fit;
 }
 
+void kv_requant_chan_ref(int8_t *y, int n_rows, int n, const float *r) {
+    for (int j = 0; j < n_rows; j++)
+        for (int c = 0; c < n; c++)
+            y[(size_t)j * (size_t)n + c] = round_i8((float)y[(size_t)j * (size_t)n + c] * r[c]);
+}
+
 /* Row j of a block of the KV type as floats; int8 times its scales (one per
  * row with per-token scales, one per channel with per-head scales). */
 static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scales, int j, float *out) {
@@ -230,7 +236,8 @@ void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int end, int part, co
 }
 
 void kv_attn_own_ref(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0, int h1,
-                     float scale, float *rec, float *scratch) {
+                     float scale, float *rec, float *scratch, int32_t next, int next_kvh) {
+    (void)next, (void)next_kvh;
     const int ratio = n_head / g->n_head_kv, hd = g->head_dim;
     for (int h = h0; h < h1; h++) {
         float *r = rec + (size_t)(h - h0) * KV_PART_REC(hd);

@@ -61,6 +61,7 @@ typedef struct tk_kernels {
     kv_to_f16_fn kv_to_f16;
     kv_quant_token_fn kv_quant_token; /* the int8 KV stores; any n */
     kv_quant_chan_fn kv_quant_chan;
+    kv_requant_chan_fn kv_requant_chan;
 } tk_kernels;
 
 /* The table for an ISA level; levels above what the CPU has must not be asked

@@ -201,10 +201,11 @@ void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const f
 void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                       int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_attn_own_ref(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0, int h1,
-                     float scale, float *rec, float *scratch);
+                     float scale, float *rec, float *scratch, int32_t next, int next_kvh);
 void kv_to_f16_ref(const float *x, tk_f16 *y, int n);
 float kv_quant_token_ref(const float *x, int8_t *y, int n);
 bool kv_quant_chan_ref(const float *x, const float *s, int8_t *y, int n);
+void kv_requant_chan_ref(int8_t *y, int n_rows, int n, const float *r);
 /* Folds one part's (m, l, acc) into the running (M, L, A) (first: starts
  * them), and writes A / L; shared by every level (see kvattn.h). */
 void kv_attn_fold(float *M, float *L, float *A, float m, float l, const float *acc, int hd, bool first);
@@ -254,10 +255,11 @@ void kv_attn_avx2(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const 
 void kv_attn_part_avx2(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_attn_own_avx2(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
-                      int h1, float scale, float *rec, float *scratch);
+                      int h1, float scale, float *rec, float *scratch, int32_t next, int next_kvh);
 void kv_to_f16_avx2(const float *x, tk_f16 *y, int n);
 float kv_quant_token_avx2(const float *x, int8_t *y, int n);
 bool kv_quant_chan_avx2(const float *x, const float *s, int8_t *y, int n);
+void kv_requant_chan_avx2(int8_t *y, int n_rows, int n, const float *r);
 
 /* ---- AVX2 + AVX-VNNI (x86/<name>_avxvnni.c): the AVX2 bodies with VEX vpdpbusd;
  * the level's other kernels are the AVX2 ones ------------------------------------ */
@@ -342,9 +344,10 @@ void kv_attn_avx512(const kv_geom *g, const int32_t *bt, int pos0, int n_q, cons
 void kv_attn_part_avx512(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                          int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_attn_own_avx512(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
-                        int h1, float scale, float *rec, float *scratch);
+                        int h1, float scale, float *rec, float *scratch, int32_t next, int next_kvh);
 void kv_to_f16_avx512(const float *x, tk_f16 *y, int n);
 float kv_quant_token_avx512(const float *x, int8_t *y, int n);
 bool kv_quant_chan_avx512(const float *x, const float *s, int8_t *y, int n);
+void kv_requant_chan_avx512(int8_t *y, int n_rows, int n, const float *r);
 
 #endif

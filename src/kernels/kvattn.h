@@ -101,9 +101,13 @@ typedef void (*kv_attn_part_fn)(const kv_geom *g, const int32_t *bt, int end, in
  * rec + (h - h0) * KV_PART_REC(head_dim). INT8 per-head KV takes it right
  * after writing pos (kv_attention_own), so a query sees its block at the
  * scales its own prefix gave it, whatever was written after it in the same
- * step: how tokens are split into steps then changes no output. */
+ * step: how tokens are split into steps then changes no output. next,
+ * next_kvh: the pool block and kv head of the caller's next record (next -1:
+ * none), whose K and V rows the last kv head's record asks the cache for as
+ * it goes (a hint: no effect on the result). */
 typedef void (*kv_attn_own_fn)(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head,
-                               int h0, int h1, float scale, float *rec, float *scratch);
+                               int h0, int h1, float scale, float *rec, float *scratch, int32_t next,
+                               int next_kvh);
 /* Folds n_parts records per head (part k of head h at parts + k*part_stride +
  * h*KV_PART_REC(hd)) in part order, then (own not NULL) head h's own-block
  * record at own + h*KV_PART_REC(hd), into the normalized output of n_heads
@@ -122,5 +126,10 @@ typedef void (*kv_to_f16_fn)(const float *x, tk_f16 *y, int n);
  *   caller grows the scales of those that do not fit and calls again). */
 typedef float (*kv_quant_token_fn)(const float *x, int8_t *y, int n);
 typedef bool (*kv_quant_chan_fn)(const float *x, const float *s, int8_t *y, int n);
+/* A per-channel rescale of n_rows int8 rows of n channels (definition:
+ * kv_requant_chan_ref): y[j][c] = y[j][c] * r[c] rounded as above; a channel
+ * whose r[c] is 1 keeps its values (the product is exact), so callers pass 1
+ * for the channels they do not rescale. r: finite. */
+typedef void (*kv_requant_chan_fn)(int8_t *y, int n_rows, int n, const float *r);
 
 #endif

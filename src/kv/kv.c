@@ -29,6 +29,7 @@ struct tk_kv {
     kv_to_f16_fn to_f16;
     kv_quant_token_fn quant_token;
     kv_quant_chan_fn quant_chan;
+    kv_requant_chan_fn requant_chan;
 };
 
 /* Sizes of one (layer, block) region; false on overflow. */
@@ -60,7 +61,9 @@ static bool block_size_ok(int bs) { return bs == 16 || bs == 32 || bs == 64 || b
 static tk_status opts_check(const tk_kv_opts *o) {
     if (o->n_layer <= 0) return tk_fail(TK_ERR_INVALID, "kv: n_layer must be > 0, got %d", o->n_layer);
     if (o->n_head_kv <= 0) return tk_fail(TK_ERR_INVALID, "kv: n_head_kv must be > 0, got %d", o->n_head_kv);
-    if (o->head_dim <= 0) return tk_fail(TK_ERR_INVALID, "kv: head_dim must be > 0, got %d", o->head_dim);
+    if (o->head_dim <= 0 || o->head_dim > KV_MAX_HEAD_DIM)
+        return tk_fail(TK_ERR_INVALID, "kv: head_dim must be in [1, %d], got %d", KV_MAX_HEAD_DIM,
+                       o->head_dim);
     if (o->n_blocks <= 0) return tk_fail(TK_ERR_INVALID, "kv: n_blocks must be > 0, got %d", o->n_blocks);
     if (!block_size_ok(o->block_size))
         return tk_fail(TK_ERR_INVALID, "kv: block_size must be 16, 32, 64, 128 or 256, got %d",
@@ -79,8 +82,9 @@ static tk_status opts_check(const tk_kv_opts *o) {
 /* The shape of a block: what the per-block and per-token sizes depend on
  * (n_blocks is not needed; kv_init checks it). */
 static bool opts_valid(const tk_kv_opts *o) {
-    return o && o->n_layer > 0 && o->n_head_kv > 0 && o->head_dim > 0 && block_size_ok(o->block_size) &&
-           (unsigned)o->type <= TK_KV_INT8 && (unsigned)o->scale <= TK_KV_SCALE_TOKEN;
+    return o && o->n_layer > 0 && o->n_head_kv > 0 && o->head_dim > 0 && o->head_dim <= KV_MAX_HEAD_DIM &&
+           block_size_ok(o->block_size) && (unsigned)o->type <= TK_KV_INT8 &&
+           (unsigned)o->scale <= TK_KV_SCALE_TOKEN;
 }
 
 size_t kv_block_bytes(const tk_kv_opts *o) {
@@ -171,6 +175,7 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     kv->to_f16 = kernels_get(isa)->kv_to_f16;
     kv->quant_token = kernels_get(isa)->kv_quant_token;
     kv->quant_chan = kernels_get(isa)->kv_quant_chan;
+    kv->requant_chan = kernels_get(isa)->kv_requant_chan;
     *out = kv;
     return TK_OK;
 }
@@ -295,19 +300,16 @@ static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int sl
     /* Rescales are rare (a channel's new maximum): quantize first, and only
      * when some channel does not fit, grow those scales and quantize again. */
     if (kv->quant_chan(x, scales, y, hd)) return;
+    float r[KV_MAX_HEAD_DIM]; /* kv_init checked hd */
     for (int c = 0; c < hd; c++) {
         const float a = fabsf(x[c]), s = scales[c];
+        r[c] = 1.0f;
         if (!(a > s * 127.0f)) continue;
         const float s_new = fmaxf(a / 127.0f, s * KV_INT8_MIN_GROWTH);
-        if (s > 0.0f) {
-            const float r = s / s_new;
-            for (size_t i = (size_t)c; i < (size_t)slot * (size_t)hd; i += (size_t)hd) {
-                float v = nearbyintf((float)rows[i] * r);
-                rows[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
-            }
-        }
+        if (s > 0.0f) r[c] = s / s_new; /* scale 0: the channel's values are 0 */
         scales[c] = s_new;
     }
+    kv->requant_chan(rows, slot, hd, r);
     /* scale 0: the channel is 0 so far (or x[c] is NaN, which stores 0) */
     (void)kv->quant_chan(x, scales, y, hd);
 }
@@ -417,24 +419,27 @@ void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, 
 }
 
 void kv_attention_own(const tk_kv *kv, int l, const int32_t *bt, int pos, const float *q, int n_head, int h0,
-                      int h1, float scale, float *rec, float *scratch) {
+                      int h1, float scale, float *rec, float *scratch, const int32_t *next_bt, int next_pos,
+                      int next_kvh) {
     TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos >= 0);
     TK_ASSERT(n_head > 0 && n_head % kv->o.n_head_kv == 0 && 0 <= h0 && h0 <= h1 && h1 <= n_head);
     if (h0 == h1) return;
     (void)block_at(kv, bt, pos);
     kv_geom g = geom_of(kv, l);
-    kv->attn_own(&g, bt, pos, q, n_head, h0, h1, scale, rec, scratch);
+    TK_ASSERT(!next_bt || (next_kvh >= 0 && next_kvh < kv->o.n_head_kv));
+    kv->attn_own(&g, bt, pos, q, n_head, h0, h1, scale, rec, scratch,
+                 next_bt ? block_at(kv, next_bt, next_pos) : -1, next_kvh);
 }
 
 void kv_prefetch_write(const tk_kv *kv, int l, const int32_t *bt, int pos, int kvh0, int kvh1) {
     const kv_geom g = geom_of(kv, l);
     const int32_t b = block_at(kv, bt, pos);
     const size_t row = (size_t)kv->o.head_dim * kv_type_size(kv->o.type);
-    const int slot = pos % kv->o.block_size, from = kv_attn_own_block(kv) ? 0 : slot;
+    const int slot = pos % kv->o.block_size;
     const size_t sc = (size_t)kv_scales_per_head(&g) * sizeof(float);
     for (int h = kvh0; h < kvh1; h++) {
         const uint8_t *k = kv_geom_k(&g, b, h), *v = kv_geom_v(&g, b, h);
-        for (size_t o = (size_t)from * row; o < (size_t)(slot + 1) * row; o += 64) {
+        for (size_t o = (size_t)slot * row; o < (size_t)(slot + 1) * row; o += 64) {
             __builtin_prefetch(k + o, 1, 3);
             __builtin_prefetch(v + o, 1, 3);
         }

@@ -21,10 +21,13 @@
 
 #include "tokamak.h"
 
+/* The largest head_dim a pool takes (the models' own limit). */
+#define KV_MAX_HEAD_DIM 1024
+
 typedef struct tk_kv_opts {
-    int n_layer, n_head_kv, head_dim;
-    int block_size; /* 16/32/64/128/256 */
-    int n_blocks;   /* per layer */
+    int n_layer, n_head_kv, head_dim; /* head_dim <= KV_MAX_HEAD_DIM */
+    int block_size;                   /* 16/32/64/128/256 */
+    int n_blocks;                     /* per layer */
     tk_kv_type type;
     tk_kv_scale scale;
 } tk_kv_opts;
@@ -106,14 +109,17 @@ int kv_attn_end(const tk_kv *kv, int pos);
 /* The own-block record of the query at position pos (q: [n_head][head_dim]),
  * heads [h0, h1), to rec + (h - h0) * KV_PART_REC(head_dim); call it after
  * writing pos and before writing pos + 1 in that block for those heads' kv
- * heads. Threads: like kv_attention. */
+ * heads. Threads: like kv_attention. next_bt, next_pos, next_kvh: what the
+ * caller reads next (next_bt NULL: nothing), the block of that position and
+ * kv head, which this record asks the cache for as it goes, so a run of
+ * writes and records streams its scattered blocks (a hint only). */
 void kv_attention_own(const tk_kv *kv, int l, const int32_t *bt, int pos, const float *q, int n_head, int h0,
-                      int h1, float scale, float *rec, float *scratch);
-/* Asks the cache for what writing position pos (kv_write_heads) and, with
- * own-block records, its record (kv_attention_own) touch for kv heads [kvh0,
- * kvh1): the slot's K and V rows and the block's scales, or the block's rows
- * up to pos. A hint: callers issue it for the next token while they work on
- * this one (its block is another sequence's, and cold). */
+                      int h1, float scale, float *rec, float *scratch, const int32_t *next_bt, int next_pos,
+                      int next_kvh);
+/* Asks the cache for what writing position pos (kv_write_heads) touches for
+ * kv heads [kvh0, kvh1): the slot's K and V rows and the block's scales. A
+ * hint: callers issue it for the next token while they work on this one (its
+ * block is another sequence's, and cold). */
 void kv_prefetch_write(const tk_kv *kv, int l, const int32_t *bt, int pos, int kvh0, int kvh1);
 /* Flash-decoding: the context a token at position pos reads from the pool,
  * [0, end) with end = kv_attn_end(kv, pos), is attended in kv_attn_parts(end)

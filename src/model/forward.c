@@ -240,12 +240,28 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
         const int32_t *bt = f->b->bt[f->tok_seq[t]];
         if (t + 1 < f->b->n_tok && f->tok_seq[t + 1] != f->tok_seq[t])
             kv_prefetch_write(f->kv, l, f->b->bt[f->tok_seq[t + 1]], f->tok_pos[t + 1], (int)g0, (int)g1);
-        kv_write_heads(f->kv, l, bt, f->tok_pos[t], f->k + (size_t)t * f->kv_dim,
-                       f->v + (size_t)t * f->kv_dim, (int)g0, (int)g1);
-        if (f->own)
-            kv_attention_own(f->kv, l, bt, f->tok_pos[t], f->q + (size_t)t * f->q_dim, nh, (int)g0 * ratio,
-                             (int)g1 * ratio, scale,
-                             f->own + ((size_t)t * nh + (size_t)g0 * ratio) * KV_PART_REC(hd), scratch);
+        const float *k = f->k + (size_t)t * f->kv_dim, *v = f->v + (size_t)t * f->kv_dim;
+        if (!f->own) {
+            kv_write_heads(f->kv, l, bt, f->tok_pos[t], k, v, (int)g0, (int)g1);
+            continue;
+        }
+        for (int g = (int)g0; g < (int)g1; g++) {
+            kv_write_heads(f->kv, l, bt, f->tok_pos[t], k, v, g, g + 1);
+            /* what is written and read next, this token's next kv head or the
+             * next token's first: its block is cold */
+            const int32_t *nbt = bt;
+            int npos = f->tok_pos[t], nkvh = g + 1;
+            if (nkvh == (int)g1) {
+                const bool more = t + 1 < f->b->n_tok;
+                nbt = more ? f->b->bt[f->tok_seq[t + 1]] : NULL;
+                npos = more ? f->tok_pos[t + 1] : 0;
+                nkvh = (int)g0;
+            }
+            kv_attention_own(f->kv, l, bt, f->tok_pos[t], f->q + (size_t)t * f->q_dim, nh, g * ratio,
+                             (g + 1) * ratio, scale,
+                             f->own + ((size_t)t * nh + (size_t)g * ratio) * KV_PART_REC(hd), scratch, nbt,
+                             npos, nkvh);
+        }
     }
 }
 

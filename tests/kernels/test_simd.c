@@ -616,10 +616,10 @@ static void test_simd_attention(void **state) {
                 if (!own || i < 0) continue;
                 kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
                 kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_k + i * rec,
-                                 scratch);
+                                 scratch, bt, p, 0);
                 kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
                 kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_r + i * rec,
-                                 scratch);
+                                 scratch, NULL, 0, 0);
                 double e = 0;
                 for (size_t j = 0; j < rec; j++) {
                     const size_t c = j % KV_PART_REC(hd);

@@ -192,7 +192,7 @@ static void attend(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q,
         assert_non_null(own);
         for (int i = 0; i < n_q; i++)
             kv_attention_own(kv, l, bt, pos0 + i, q + (size_t)i * n_head * hd, n_head, h0, h1, scale,
-                             own + i * rec + (size_t)h0 * KV_PART_REC(hd), scratch);
+                             own + i * rec + (size_t)h0 * KV_PART_REC(hd), scratch, NULL, 0, 0);
     }
     kv_attention(kv, l, bt, pos0, n_q, q, n_head, h0, h1, scale, own, out, scratch);
     tk_free(own);
@@ -342,6 +342,8 @@ static void test_kv_opts_validation(void **state) {
     expect_fail(&o, TK_ERR_INVALID, "n_head_kv");
     o = good, o.head_dim = 0;
     expect_fail(&o, TK_ERR_INVALID, "head_dim");
+    o = good, o.head_dim = KV_MAX_HEAD_DIM + 1;
+    expect_fail(&o, TK_ERR_INVALID, "head_dim");
     o = good, o.n_blocks = 0;
     expect_fail(&o, TK_ERR_INVALID, "n_blocks");
     int bad_bs[] = {0, 8, 48, 100, 512, -16};
@@ -357,7 +359,7 @@ static void test_kv_opts_validation(void **state) {
     o = opts_make(64, 64, 256, 256, 1 << 20, TK_KV_F32, TK_KV_SCALE_HEAD);
     expect_fail(&o, TK_ERR_NOMEM, "bytes");
     /* Products that overflow size_t. */
-    o = opts_make(1 << 30, 1 << 30, 1 << 30, 256, 1 << 30, TK_KV_F32, TK_KV_SCALE_HEAD);
+    o = opts_make(1 << 30, 1 << 30, KV_MAX_HEAD_DIM, 256, 1 << 30, TK_KV_F32, TK_KV_SCALE_HEAD);
     expect_fail(&o, TK_ERR_NOMEM, "overflows");
     assert_int_equal(kv_block_bytes(&o), 0);
     assert_int_equal(kv_bytes_per_token(&o), 0);
@@ -899,7 +901,8 @@ static void test_kv_attention_steps(void **state) {
             float *scratch = tk_malloc(kv_attn_scratch_floats(a, LEN) * 4);
             for (int p = 0; p < LEN; p++) { /* one token per step */
                 kv_write(a, 0, bt, p, kx + p * row, vx + p * row);
-                if (ob) kv_attention_own(a, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own, scratch);
+                if (ob)
+                    kv_attention_own(a, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own, scratch, NULL, 0, 0);
                 kv_attention(a, 0, bt, p, 1, q + p * qrow, NH, 0, NH, 0.2f, ob ? own : NULL, one + p * qrow,
                              scratch);
             }
@@ -911,7 +914,9 @@ static void test_kv_attention_steps(void **state) {
                     const int p = p0 + i;
                     kv_write(b, 0, bt, p, kx + p * row, vx + p * row);
                     if (ob)
-                        kv_attention_own(b, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own + i * rec, scratch);
+                        kv_attention_own(b, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own + i * rec, scratch,
+                                         i + 1 < n ? bt : NULL, p + 1,
+                                         0); /* the prefetch hint changes no bit */
                 }
                 kv_attention(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, ob ? own : NULL,
                              chunk + p0 * qrow, scratch);
@@ -966,7 +971,7 @@ static void test_kv_attention_parts(void **state) {
                 }
                 float own[NH * KV_PART_REC(HD)];
                 if (kv_attn_own_block(kv))
-                    kv_attention_own(kv, 0, bt, pos, q, NH, 0, NH, 0.17f, own, scratch);
+                    kv_attention_own(kv, 0, bt, pos, q, NH, 0, NH, 0.17f, own, scratch, NULL, 0, 0);
                 kv_attention_merge(kv, recs, parts, stride, NH, kv_attn_own_block(kv) ? own : NULL, merged);
                 if (memcmp(whole, merged, sizeof whole))
                     fail_msg("parts %s level %d len %d: merged parts differ from the whole", KINDS[kind].name,
@@ -1014,20 +1019,24 @@ static void test_kv_write_heads(void **state) {
 }
 
 /* The int8 stores of every level (and the 16-lane body) give the reference's
- * bits: ragged lengths, NaN, values far outside a scale, zero scales. */
+ * bits: ragged lengths, NaN, values far outside a scale, zero scales; and so
+ * do the per-channel rescales, with some chunks of factors all 1. */
 static void test_kv_quant_kernels(void **state) {
     (void)state;
     typedef struct {
         kv_quant_token_fn tok;
         kv_quant_chan_fn chan;
+        kv_requant_chan_fn requant;
     } qk;
     qk levels[TK_ISA_AVX512 + 2];
     int n_lv = 0;
     for (int isa = 0; isa <= (int)best_isa(); isa++)
         levels[n_lv++] =
-            (qk){kernels_get((tk_isa)isa)->kv_quant_token, kernels_get((tk_isa)isa)->kv_quant_chan};
+            (qk){kernels_get((tk_isa)isa)->kv_quant_token, kernels_get((tk_isa)isa)->kv_quant_chan,
+                 kernels_get((tk_isa)isa)->kv_requant_chan};
 #ifdef HAVE_VL16
-    if (best_isa() >= TK_ISA_AVX2) levels[n_lv++] = (qk){kv_quant_token_vl16, kv_quant_chan_vl16};
+    if (best_isa() >= TK_ISA_AVX2)
+        levels[n_lv++] = (qk){kv_quant_token_vl16, kv_quant_chan_vl16, kv_requant_chan_vl16};
 #endif
     uint64_t rng = 11;
     float x[300], sc[300];
@@ -1053,6 +1062,25 @@ static void test_kv_quant_kernels(void **state) {
             memset(got, 0x55, sizeof got);
             assert_int_equal(levels[lv].chan(x, sc, got, n), wf);
             if (memcmp(got, want, (size_t)n) != 0) fail_msg("quant_chan level %d n %d differs", lv, n);
+        }
+    }
+    enum { RQ_ROWS = 70, RQ_N = 150 };
+    static int8_t rq0[RQ_ROWS * RQ_N], rq_want[RQ_ROWS * RQ_N], rq_got[RQ_ROWS * RQ_N];
+    float r[RQ_N];
+    for (int it = 0; it < 200; it++) {
+        const int rows = (int)(rng_next(&rng) % (RQ_ROWS + 1)), n = 1 + (int)(rng_next(&rng) % RQ_N);
+        for (int i = 0; i < rows * n; i++) rq0[i] = (int8_t)((int)(rng_next(&rng) % 255) - 127);
+        const int keep = (int)(rng_next(&rng) % 4); /* 0: every factor random .. 3: mostly 1 */
+        for (int c = 0; c < n; c++)
+            r[c] = (int)(rng_next(&rng) % 4) < keep ? 1.0f : 0.05f + 0.95f * fabsf(rng_unit(&rng));
+        if (it % 5 == 0) r[n - 1] = 1.0f / KV_INT8_MIN_GROWTH;
+        memcpy(rq_want, rq0, (size_t)(rows * n));
+        kv_requant_chan_ref(rq_want, rows, n, r);
+        for (int lv = 0; lv < n_lv; lv++) {
+            memcpy(rq_got, rq0, (size_t)(rows * n));
+            levels[lv].requant(rq_got, rows, n, r);
+            if (memcmp(rq_got, rq_want, (size_t)(rows * n)) != 0)
+                fail_msg("requant_chan level %d rows %d n %d differs", lv, rows, n);
         }
     }
     /* ties go to even, as nearbyintf does */

@@ -70,6 +70,7 @@ typedef struct tile_pairs {
     float *out[KV_ATTN_TILE];
     int len[KV_ATTN_TILE];
     const float *own[KV_ATTN_TILE]; /* the pair's own-block record, folded last (NULL: none) */
+    const uint8_t *kn, *vn;         /* KV_PART_OWN: the K and V rows read next, to prefetch (NULL: none) */
 } tile_pairs;
 
 /* tile_run's part for own-block records (kv_attn_own_fn). */
@@ -205,7 +206,7 @@ AI void prefetch_span(const uint8_t *p, size_t n) {
 
 /* Block b of the context (block id blk) for P pairs; n: the rows any pair
  * reads, n[p] = len[p] - b*bs clamped to [0, bs] each pair's own. */
-AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, int kvh, int b, int n,
+AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8_t *Vn, int kvh, int b, int n,
                    const tile_pairs *tp, float scale, const tile_state *st, const int P,
                    const tk_kv_type type) {
     const int hd = g->head_dim, bs = g->block_size;
@@ -238,6 +239,7 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, int kvh, in
     do {                                                                                                     \
         prefetch_span(V + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                                  \
         if (Kn) prefetch_span(Kn + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                         \
+        if (Vn) prefetch_span(Vn + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                         \
     } while (0)
 #ifdef KV_Q8
     if (type == TK_KV_INT8 && g->q8) {
@@ -321,7 +323,7 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
         const uint8_t *Kn = (b + 1) * bs < end       ? kv_geom_k(g, bt[b + 1], kvh)
                             : kvh + 1 < g->n_head_kv ? kv_geom_k(g, bt[k * KV_ATTN_PART / bs], kvh + 1)
                                                      : NULL;
-        tile_block(g, bt[b], Kn, kvh, b, n, tp, scale, st, P, type);
+        tile_block(g, bt[b], Kn, NULL, kvh, b, n, tp, scale, st, P, type);
     }
 }
 
@@ -350,7 +352,7 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
         } else {
             const int b = (tp->len[0] - 1) / bs;
             tile_reset(&st, hd, P);
-            tile_block(g, bt[b], NULL, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
+            tile_block(g, bt[b], tp->kn, tp->vn, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
         }
         for (int p = 0; p < P; p++) {
             for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
@@ -418,10 +420,11 @@ TILE_TYPE(tile_int8, TK_KV_INT8)
  * of a group (up to a tile), then as many query tokens as fill the tile.
  * Pair (i, h) writes to out + i * tok_stride + (h - h0) * head_stride. own
  * (part -1 only): NULL, or the own-block records [n_q][n_head], and then a
- * pair's context from the pool ends where its own block starts. */
+ * pair's context from the pool ends where its own block starts. next,
+ * next_kvh (KV_PART_OWN only): kv_attn_own_fn's prefetch hint. */
 static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                       int h0, int h1, int part, float scale, const float *own, float *out, size_t tok_stride,
-                      size_t head_stride, float *scratch) {
+                      size_t head_stride, float *scratch, int32_t next, int next_kvh) {
     const tile_fn fn = g->type == TK_KV_F32    ? tile_f32
                        : g->type == TK_KV_F16  ? tile_f16
                        : g->type == TK_KV_BF16 ? tile_bf16
@@ -432,9 +435,20 @@ static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, co
         const int group_end = (kvh + 1) * ratio < h1 ? (kvh + 1) * ratio : h1;
         const int T = group_end - h < KV_ATTN_TILE ? group_end - h : KV_ATTN_TILE;
         const int Q = KV_ATTN_TILE / T;
+        /* a record's next rows: the next kv head's own block, or after the
+         * last the caller's next record's */
+        const uint8_t *kn = NULL, *vn = NULL;
+        if (part == KV_PART_OWN) {
+            const int hn = h + T;
+            if (hn < h1 && hn / ratio != kvh)
+                kn = kv_geom_k(g, bt[pos0 / bs], hn / ratio), vn = kv_geom_v(g, bt[pos0 / bs], hn / ratio);
+            else if (hn >= h1 && next >= 0)
+                kn = kv_geom_k(g, next, next_kvh), vn = kv_geom_v(g, next, next_kvh);
+        }
         for (int i0 = 0; i0 < n_q; i0 += Q) {
             const int nq = n_q - i0 < Q ? n_q - i0 : Q;
             tile_pairs tp;
+            tp.kn = kn, tp.vn = vn;
             for (int i = 0; i < nq; i++)
                 for (int t = 0; t < T; t++) {
                     const size_t qi = (size_t)(i0 + i), hi = (size_t)(h + t);
@@ -454,19 +468,19 @@ void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const 
                   int h1, float scale, const float *own, float *out, float *scratch) {
     const size_t hd = (size_t)g->head_dim;
     run_heads(g, bt, pos0, n_q, q, n_head, h0, h1, -1, scale, own, out + (size_t)h0 * hd, (size_t)n_head * hd,
-              hd, scratch);
+              hd, scratch, -1, 0);
 }
 
 void KFN(kv_attn_part)(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch) {
     run_heads(g, bt, end - 1, 1, q, n_head, h0, h1, part, scale, NULL, part_out, 0, KV_PART_REC(g->head_dim),
-              scratch);
+              scratch, -1, 0);
 }
 
 void KFN(kv_attn_own)(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
-                      int h1, float scale, float *rec, float *scratch) {
+                      int h1, float scale, float *rec, float *scratch, int32_t next, int next_kvh) {
     run_heads(g, bt, pos, 1, q, n_head, h0, h1, KV_PART_OWN, scale, NULL, rec, 0, KV_PART_REC(g->head_dim),
-              scratch);
+              scratch, next, next_kvh);
 }
 
 float KFN(kv_quant_token)(const float *x, int8_t *y, int n) {
@@ -503,6 +517,23 @@ bool KFN(kv_quant_chan)(const float *x, const float *s, int8_t *y, int n) {
         vf_store_i8(y + i, vf_pos_or_zero(sv, vf_div(xv, sv)));
     }
     return kv_quant_chan_ref(x + i, s + i, y + i, n - i) && fit;
+}
+
+/* Chunks of VL channels whose factors are all 1 are left as they are (the
+ * reference's product is exact there). */
+void KFN(kv_requant_chan)(int8_t *y, int n_rows, int n, const float *r) {
+    const vf one = vf_set1(1.0f);
+    int c = 0;
+    for (; c + VL <= n; c += VL) {
+        const vf rv = vf_load(r + c);
+        if (!vf_any_gt(rv, one) && !vf_any_gt(one, rv)) continue;
+        for (int j = 0; j < n_rows; j++) {
+            int8_t *row = y + (size_t)j * (size_t)n;
+            vf_store_i8(row + c, vf_mul(vf_load_kv((const uint8_t *)row, c, TK_KV_INT8), rv));
+        }
+    }
+    for (int j = 0; c < n && j < n_rows; j++)
+        kv_requant_chan_ref(y + (size_t)j * (size_t)n + c, 1, n - c, r + c);
 }
 
 void KFN(kv_to_f16)(const float *x, tk_f16 *y, int n) {
