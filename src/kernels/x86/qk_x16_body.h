@@ -20,7 +20,7 @@
 #endif
 #define QK_ENT 73
 #ifndef QK_PREFETCH
-#define QK_PREFETCH 4096
+#define QK_PREFETCH 6144
 #endif
 #if defined(X16_ZMM)
 #ifndef KNT_QK16
@@ -87,9 +87,6 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
         const unsigned char *blk = g + (size_t)b * 2304;
-        if (QK_PREFETCH > 0)
-#pragma GCC unroll 36
-            for (int o = 0; o < 2304; o += 64) prefetch_ahead(blk + o, QK_PREFETCH);
         uint8_t sc[8][16], mn[8][16];
         qk_scales(blk, sc, mn);
         __m512i is[QK_NT], ms[QK_NT];
@@ -102,6 +99,9 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
             for (int t = 0; t < nt; t++) a[t] = _mm512_setzero_si512();
             const unsigned char *qb = blk + 256 + 256 * j;
             const int32_t *ej = e + 8 * j * nt;
+            if (QK_PREFETCH > 0) /* the block's 2304 bytes, an eighth per sub-block */
+#pragma GCC unroll 5
+                for (int o = 0; o < 320; o += 64) prefetch_ahead(blk + 288 * j + o, QK_PREFETCH);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * c));
@@ -144,9 +144,6 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xffff);
     for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
         const unsigned char *blk = g + (size_t)b * 3360;
-        if (QK_PREFETCH > 0)
-#pragma GCC unroll 53
-            for (int o = 0; o < 3360; o += 64) prefetch_ahead(blk + o, QK_PREFETCH);
         __m512i is[QK_NT];
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) is[t] = _mm512_setzero_si512();
@@ -154,6 +151,9 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
         for (int j = 0; j < 8; j++) {
             const unsigned char *qb = blk + 288 + 256 * j, *hb = blk + 2336 + 128 * j;
             const int32_t *ej = e + 8 * j * nt;
+            if (QK_PREFETCH > 0) /* the block's 3360 bytes, an eighth per sub-block */
+#pragma GCC unroll 7
+                for (int o = 0; o < 448; o += 64) prefetch_ahead(blk + 420 * j + o, QK_PREFETCH);
             __m512i sc[2];
 #pragma GCC unroll 2
             for (int p = 0; p < 2; p++) { /* 16-element sub-block 2j + p: chunks 2p, 2p + 1 */
@@ -214,9 +214,6 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
             const unsigned char *blk = g + (size_t)b * 2304;
-            if (QK_PREFETCH > 0 && h == 0)
-#pragma GCC unroll 36
-                for (int o = 0; o < 2304; o += 64) prefetch_ahead(blk + o, QK_PREFETCH);
             uint8_t sc[8][16], mn[8][16];
             qk_scales(blk, sc, mn);
             __m256i is[QK_NT], ms[QK_NT];
@@ -229,6 +226,9 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                 for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_si256();
                 const unsigned char *qb = blk + 256 + 256 * j + 32 * h;
                 const int32_t *ej = e + 8 * j * nt;
+                if (QK_PREFETCH > 0 && h == 0)
+#pragma GCC unroll 5
+                    for (int o = 0; o < 320; o += 64) prefetch_ahead(blk + 288 * j + o, QK_PREFETCH);
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
@@ -273,9 +273,6 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
             const unsigned char *blk = g + (size_t)b * 3360;
-            if (QK_PREFETCH > 0 && hf == 0)
-#pragma GCC unroll 53
-                for (int o = 0; o < 3360; o += 64) prefetch_ahead(blk + o, QK_PREFETCH);
             __m256i is[QK_NT];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
@@ -283,6 +280,9 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
             for (int j = 0; j < 8; j++) {
                 const unsigned char *qb = blk + 288 + 256 * j + 32 * hf, *hb = blk + 2336 + 128 * j + 32 * hf;
                 const int32_t *ej = e + 8 * j * nt;
+                if (QK_PREFETCH > 0 && hf == 0)
+#pragma GCC unroll 7
+                    for (int o = 0; o < 448; o += 64) prefetch_ahead(blk + 420 * j + o, QK_PREFETCH);
                 __m256i sc[2];
 #pragma GCC unroll 2
                 for (int p = 0; p < 2; p++) {
