@@ -546,9 +546,12 @@ static void test_simd_gemv_bf16_p16(void **state) {
             e = p16_case(round, fns, n_fn, &r, 16 * kt_int(&r, 1, 4), 32 * kt_int(&r, 1, 24), n_tok, what);
             worst = e > worst ? e : worst;
         }
-        /* several row blocks and passes; one token a pass at k = P16_PAIRS; beyond it */
-        const int64_t shapes[3][3] = {{160, 2048, 13}, {32, P16_PAIRS, 3}, {16, P16_PAIRS + 32, 2}};
-        for (int i = 0; i < 3; i++) {
+        /* several row blocks and passes; one token a pass at k = P16_PAIRS; beyond it; few tokens
+         * over many groups (tiles of several groups, the rest one at a time, cut ranges) */
+        const int64_t shapes[][3] = {{160, 2048, 13}, {32, P16_PAIRS, 3}, {16, P16_PAIRS + 32, 2},
+                                     {208, 64, 1},    {176, 96, 2},       {112, 32, 3},
+                                     {144, 4096, 1},  {16 * 37, 512, 1},  {16 * 35, 512, 2}};
+        for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++) {
             e = p16_case(round, fns, n_fn, &r, shapes[i][0], shapes[i][1], (int)shapes[i][2], what);
             worst = e > worst ? e : worst;
         }

@@ -15,10 +15,12 @@
  *
  * Order of work: row blocks of about P16_BLOCK weight bytes (so a block stays
  * in L2), in each the tokens in passes of P16_PAIRS activation pairs rounded
- * onto the stack, and in each pass every 16-row group against token tiles.
- * A group cut by r0 or r1 is computed whole into a scratch tile, so a row's
- * value does not depend on where the range is cut, nor on the tile or pass
- * its token falls in. */
+ * onto the stack, and in each pass every 16-row group against token tiles;
+ * a pass of one token takes P16_G1 whole groups per tile, so the core has
+ * that many independent chains instead of one latency-bound chain. A group
+ * cut by r0 or r1 is computed whole into a scratch tile, so a row's value
+ * does not depend on where the range is cut, nor on the tile or pass its
+ * token falls in, nor on the groups computed beside it. */
 #if !defined(KFN)
 #error "define KFN before including bf16p_body.h"
 #endif
@@ -36,9 +38,14 @@
 #define P16_BLOCK (256 * 1024)
 #endif
 
-/* The weights are one stream per thread: fetch 2 KB ahead (never faults; the
- * address is formed as an integer, as simd_body.h's prefetch_ahead). */
-P16_AI void p16_prefetch(const void *p) { _mm_prefetch((const char *)((uintptr_t)p + 2048), _MM_HINT_T0); }
+#ifndef P16_PF
+#define P16_PF 4096
+#endif
+/* Fetch P16_PF bytes ahead of a group's stream, every 64-byte line (every
+ * other line at 2 KiB read ~0.6-0.9x the probe at one token; docs/notes.md).
+ * Never faults: the address is formed as an integer, as simd_body.h's
+ * prefetch_ahead. */
+P16_AI void p16_prefetch(const void *p) { _mm_prefetch((const char *)((uintptr_t)p + P16_PF), _MM_HINT_T0); }
 
 #if defined(P16_HW)
 #define P16_NT 12 /* tokens per tile: one 512-bit accumulator each */
@@ -71,6 +78,18 @@ P16_AI void p16_round8(const float *x, float *out) {
 }
 #endif
 
+/* Groups a tile takes at one token (P16_G1 / n at n tokens, when that is 2
+ * or more; 2 groups read DRAM as fast as 4 or 8 with fewer streams), and the
+ * accumulators a tile holds. */
+#ifndef P16_G1
+#define P16_G1 2
+#endif
+#define P16_ACC (P16_NT > P16_G1 ? P16_NT : P16_G1)
+/* A prefetch every (P16_PF_MASK + 1) 64-byte chunks of a group's stream. */
+#ifndef P16_PF_MASK
+#define P16_PF_MASK 0
+#endif
+
 /* The pass's activations: np tokens of k values. HW: k / 2 BF16 pairs a
  * token; otherwise k f32 values a token, rounded to BF16 values if round.
  * Returns the entries a token takes. */
@@ -100,67 +119,138 @@ P16_AI int64_t p16_act(int round, int64_t k, const void *xq, size_t xs, int np, 
     return per;
 }
 
-/* One 16-row group g (k / 2 chunks of 64 bytes) against nt tokens of the pass
- * buffer (per entries each): y[t * ldy + i] for rows i = 0..15. */
-P16_AI void p16_tile(int64_t k, const uint16_t *g, const uint32_t *xb, int64_t per, float *y, int64_t ldy,
-                     int nt) {
+/* ng consecutive 16-row groups from g (k / 2 chunks of 64 bytes each, 16 k
+ * entries apart) against nt tokens of the pass buffer (per entries each):
+ * y[t * ldy + 16 q + i] for group q's rows i = 0..15. Every (row, token)
+ * keeps its one chain; more groups only give the core more independent
+ * chains when there are few tokens (one token, one group: a chain of
+ * dependent FMAs, bound by their latency). Needs ng * nt <= P16_ACC. */
+P16_AI void p16_tile(int64_t k, const uint16_t *g, int ng, const uint32_t *xb, int64_t per, float *y,
+                     int64_t ldy, int nt) {
     const int64_t np = k / 2;
+    const size_t gs = (size_t)k * 16; /* entries between groups */
 #if defined(P16_HW) || defined(P16_ZMM)
-    __m512 acc[P16_NT];
+    __m512 acc[P16_ACC];
 #pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int a = 0; a < ng * nt; a++) acc[a] = _mm512_setzero_ps();
     for (int64_t j = 0; j < np; j++) {
-        __m512i w = _mm512_loadu_si512((const void *)(g + (size_t)j * 32));
-        if ((j & 1) == 0) p16_prefetch(g + (size_t)j * 32);
+#pragma GCC unroll 8
+        for (int q = 0; q < ng; q++) {
+            const uint16_t *c = g + (size_t)q * gs + (size_t)j * 32;
+            __m512i w = _mm512_loadu_si512((const void *)c);
+            if ((j & P16_PF_MASK) == 0) p16_prefetch(c);
 #if defined(P16_HW)
 #pragma GCC unroll 16
-        for (int t = 0; t < nt; t++) {
-            __m512i xp = _mm512_set1_epi32((int)xb[(size_t)t * (size_t)per + (size_t)j]);
-            acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)w, (__m512bh)xp);
-        }
+            for (int t = 0; t < nt; t++) {
+                __m512i xp = _mm512_set1_epi32((int)xb[(size_t)t * (size_t)per + (size_t)j]);
+                acc[q * nt + t] = _mm512_dpbf16_ps(acc[q * nt + t], (__m512bh)w, (__m512bh)xp);
+            }
 #else
-        __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-        __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+            __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+            __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
 #pragma GCC unroll 16
-        for (int t = 0; t < nt; t++) {
-            const float *xf = (const float *)(const void *)(xb + (size_t)t * (size_t)per) + 2 * j;
-            acc[t] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xf[1]), acc[t]);
-            acc[t] = _mm512_fmadd_ps(we, _mm512_set1_ps(xf[0]), acc[t]);
-        }
+            for (int t = 0; t < nt; t++) {
+                const float *xf = (const float *)(const void *)(xb + (size_t)t * (size_t)per) + 2 * j;
+                acc[q * nt + t] = _mm512_fmadd_ps(wo, _mm512_set1_ps(xf[1]), acc[q * nt + t]);
+                acc[q * nt + t] = _mm512_fmadd_ps(we, _mm512_set1_ps(xf[0]), acc[q * nt + t]);
+            }
 #endif
+        }
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
-#else
-    __m256 acc[P16_NT][2];
 #pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int q = 0; q < ng; q++)
+#pragma GCC unroll 16
+        for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy + 16 * q, acc[q * nt + t]);
+#else
+    __m256 acc[P16_ACC][2];
+#pragma GCC unroll 8
+    for (int a = 0; a < ng * nt; a++) acc[a][0] = acc[a][1] = _mm256_setzero_ps();
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     for (int64_t j = 0; j < np; j++) {
-        const uint16_t *c = g + (size_t)j * 32;
-        if ((j & 1) == 0) p16_prefetch(c);
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)c),
-                w1 = _mm256_loadu_si256((const __m256i *)(c + 16));
-        __m256 we0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)),
-               wo0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
-        __m256 we1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)),
-               wo1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+#pragma GCC unroll 4
+        for (int q = 0; q < ng; q++) {
+            const uint16_t *c = g + (size_t)q * gs + (size_t)j * 32;
+            if ((j & P16_PF_MASK) == 0) p16_prefetch(c);
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)c),
+                    w1 = _mm256_loadu_si256((const __m256i *)(c + 16));
+            __m256 we0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)),
+                   wo0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
+            __m256 we1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)),
+                   wo1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) {
-            const float *xf = (const float *)(const void *)(xb + (size_t)t * (size_t)per) + 2 * j;
-            __m256 xe = _mm256_broadcast_ss(xf), xo = _mm256_broadcast_ss(xf + 1);
-            acc[t][0] = _mm256_fmadd_ps(wo0, xo, acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(wo1, xo, acc[t][1]);
-            acc[t][0] = _mm256_fmadd_ps(we0, xe, acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(we1, xe, acc[t][1]);
+            for (int t = 0; t < nt; t++) {
+                const float *xf = (const float *)(const void *)(xb + (size_t)t * (size_t)per) + 2 * j;
+                __m256 xe = _mm256_broadcast_ss(xf), xo = _mm256_broadcast_ss(xf + 1);
+                __m256 *ac = acc[q * nt + t];
+                ac[0] = _mm256_fmadd_ps(wo0, xo, ac[0]);
+                ac[1] = _mm256_fmadd_ps(wo1, xo, ac[1]);
+                ac[0] = _mm256_fmadd_ps(we0, xe, ac[0]);
+                ac[1] = _mm256_fmadd_ps(we1, xe, ac[1]);
+            }
         }
     }
+#pragma GCC unroll 4
+    for (int q = 0; q < ng; q++)
 #pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) {
-        _mm256_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t][0]);
-        _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8, acc[t][1]);
-    }
+        for (int t = 0; t < nt; t++) {
+            _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 16 * q, acc[q * nt + t][0]);
+            _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 16 * q + 8, acc[q * nt + t][1]);
+        }
 #endif
+}
+
+/* One group against a tile of nt <= P16_NT tokens. */
+P16_AI void p16_one(int64_t k, const uint16_t *g, const uint32_t *xb, int64_t per, float *y, int64_t ldy,
+                    int nt) {
+    switch (nt) {
+#define P16_CASE(n)                                                                                          \
+    case n:                                                                                                  \
+        p16_tile(k, g, 1, xb, per, y, ldy, n);                                                               \
+        break;
+        P16_CASE(1)
+        P16_CASE(2)
+        P16_CASE(3)
+        P16_CASE(4)
+#if P16_NT > 4
+        P16_CASE(5)
+        P16_CASE(6)
+        P16_CASE(7)
+        P16_CASE(8)
+        P16_CASE(9)
+        P16_CASE(10)
+        P16_CASE(11)
+        P16_CASE(12)
+#endif
+#undef P16_CASE
+    default:
+        break;
+    }
+}
+
+/* ng > 1 whole groups against all nt tokens of a short pass (ng * nt <=
+ * P16_G1, ng a power of two). */
+P16_AI void p16_set(int64_t k, const uint16_t *g, int ng, const uint32_t *xb, int64_t per, float *y,
+                    int64_t ldy, int nt) {
+    switch (ng * 16 + nt) {
+#define P16_SET(a, n)                                                                                        \
+    case a * 16 + n:                                                                                         \
+        p16_tile(k, g, a, xb, per, y, ldy, n);                                                               \
+        break;
+        P16_SET(2, 1)
+#if P16_G1 >= 4
+        P16_SET(4, 1)
+        P16_SET(2, 2)
+#endif
+#if P16_G1 >= 8
+        P16_SET(8, 1)
+        P16_SET(4, 2)
+        P16_SET(2, 3)
+        P16_SET(2, 4)
+#endif
+#undef P16_SET
+    default:
+        break;
+    }
 }
 
 P16_AI void p16_gemv(int round, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
@@ -179,49 +269,37 @@ P16_AI void p16_gemv(int round, int64_t k, const void *w, int64_t r0, int64_t r1
     const size_t gb = (size_t)k * 32; /* bytes of a 16-row group */
     const int64_t gpb = P16_BLOCK / (int64_t)gb > 0 ? P16_BLOCK / (int64_t)gb : 1;
     uint32_t buf[P16_PAIRS];
-    const int64_t gend = (r1 + 15) / 16;
+    const int64_t gend = (r1 + 15) / 16, wend = r1 / 16; /* groups before wend end inside the range */
     for (int64_t b0 = r0 / 16; b0 < gend; b0 += gpb) {
         const int64_t b1 = b0 + gpb < gend ? b0 + gpb : gend;
         for (int p0 = 0; p0 < n_tok; p0 += pass) {
             const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
             const int64_t per =
                 p16_act(round, k, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, buf);
-            for (int64_t gi = b0; gi < b1; gi++) {
+            const int gmax = P16_G1 / np; /* groups a tile takes at once */
+            for (int64_t gi = b0; gi < b1;) {
                 const int64_t g0 = gi * 16;
                 const uint16_t *g = (const uint16_t *)w + (size_t)gi * 16 * (size_t)k;
                 const bool whole = g0 >= r0 && g0 + 16 <= r1;
+                if (whole && gmax >= 2) {
+                    const int64_t avail = (b1 < wend ? b1 : wend) - gi;
+                    int ng = gmax;
+                    while (ng > avail) ng /= 2;
+                    if (ng >= 2) {
+                        p16_set(k, g, ng, buf, per, y + (size_t)p0 * (size_t)ldy + g0, ldy, np);
+                        gi += ng;
+                        continue;
+                    }
+                }
                 for (int t = 0; t < np; t += P16_NT) {
                     const int nt = np - t < P16_NT ? np - t : P16_NT;
                     float tmp[P16_NT * 16];
                     float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
-                    const int64_t ld = whole ? ldy : 16;
-                    const uint32_t *xb = buf + (size_t)t * (size_t)per;
-                    switch (nt) {
-#define P16_CASE(n)                                                                                          \
-    case n:                                                                                                  \
-        p16_tile(k, g, xb, per, dst, ld, n);                                                                 \
-        break;
-                        P16_CASE(1)
-                        P16_CASE(2)
-                        P16_CASE(3)
-                        P16_CASE(4)
-#if P16_NT > 4
-                        P16_CASE(5)
-                        P16_CASE(6)
-                        P16_CASE(7)
-                        P16_CASE(8)
-                        P16_CASE(9)
-                        P16_CASE(10)
-                        P16_CASE(11)
-                        P16_CASE(12)
-#endif
-#undef P16_CASE
-                    default:
-                        break;
-                    }
+                    p16_one(k, g, buf + (size_t)t * (size_t)per, per, dst, whole ? ldy : 16, nt);
                     if (!whole)
                         cut_tile_store(y + (size_t)(p0 + t) * (size_t)ldy, ldy, tmp, 16, nt, g0, r0, r1);
                 }
+                gi++;
             }
         }
     }
@@ -242,4 +320,8 @@ void KFN(gemv_bf16_p16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
 #endif
 
 #undef P16_NT
+#undef P16_ACC
+#undef P16_G1
+#undef P16_PF_MASK
+#undef P16_PF
 #undef P16_AI
