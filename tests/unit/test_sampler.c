@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -294,11 +295,96 @@ static void test_sampler_large_vocab_top_p(void **state) {
     tk_free(l);
 }
 
+/* The draw of a temperature sampler by the definition, with a full qsort:
+ * candidates (scaled logit, id) best first (larger, then lower id); top-k
+ * keeps the k first; top-p the shortest head whose exp sum (in that order)
+ * reaches top_p times the sum over what is left (the whole vocabulary in id
+ * order; the sampler sums the top k in its selection's order, the same sum
+ * but for rounding); then the walk. */
+typedef struct {
+    float v;
+    int32_t id;
+} ref_cand;
+static int ref_cmp(const void *pa, const void *pb) {
+    const ref_cand *a = pa, *b = pb;
+    if (a->v != b->v) return a->v > b->v ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+static int32_t ref_draw(const tk_sampling *p, const float *l, int n_vocab, double u, ref_cand *c) {
+    int n = 0;
+    for (int t = 0; t < n_vocab; t++) c[n++] = (ref_cand){l[t] * (1.0f / p->temperature), t};
+    float vmax = c[0].v;
+    for (int i = 1; i < n; i++) vmax = c[i].v > vmax ? c[i].v : vmax;
+    double z = 0; /* over the whole vocabulary in id order, or over the top k */
+    for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
+    qsort(c, (size_t)n, sizeof *c, ref_cmp);
+    if (p->top_k > 0 && p->top_k < n) {
+        n = p->top_k;
+        z = 0;
+        for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
+    }
+    if (p->top_p < 1) {
+        double cum = 0, target = (double)p->top_p * z;
+        for (int i = 0; i < n; i++) {
+            cum += exp((double)(c[i].v - vmax));
+            if (cum >= target) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    double z2 = 0, cum = 0;
+    for (int i = 0; i < n; i++) z2 += exp((double)(c[i].v - vmax));
+    for (int i = 0; i < n; i++) {
+        cum += exp((double)(c[i].v - vmax));
+        if (u * z2 < cum) return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+/* Nuclei of thousands of tokens (the sampler's radix sort) give the
+ * definition's draws, with many tied logits and both signs of zero. */
+static void test_sampler_wide_nucleus_exact(void **state) {
+    (void)state;
+    enum { BIG = 20000 };
+    float *l = tk_malloc(BIG * sizeof *l), *c = tk_malloc(BIG * sizeof *c);
+    ref_cand *rc = tk_malloc(BIG * sizeof *rc);
+    const struct {
+        float top_p;
+        int top_k;
+    } cases[] = {{0.95f, 0}, {0.999f, 0}, {1.0f, 12000}, {0.9f, 5000}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        tk_sampling p;
+        tk_sampling_default(&p);
+        p.temperature = 0.8f;
+        p.top_p = cases[k].top_p;
+        p.top_k = cases[k].top_k;
+        p.seed = 31 + k;
+        tk_sampler *s;
+        assert_int_equal(sampler_init(&p, BIG, &s), TK_OK);
+        for (int i = 0; i < 40; i++) {
+            for (int t = 0; t < BIG; t++) { /* 64 levels: ties everywhere */
+                l[t] = (float)((int)(sampler_uniform(1000u + (uint64_t)i, (uint64_t)t) * 64) - 32) / 16.0f;
+                if (l[t] == 0.0f && t % 2) l[t] = -0.0f;
+            }
+            const int32_t want = ref_draw(&p, l, BIG, sampler_uniform(p.seed, (uint64_t)i), rc);
+            memcpy(c, l, BIG * sizeof *c);
+            tk_token_event ev;
+            assert_int_equal(sampler_sample(s, c, NULL, 0, &ev), want);
+        }
+        sampler_free(s);
+    }
+    tk_free(rc);
+    tk_free(c);
+    tk_free(l);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampler_rejects_bad_params), cmocka_unit_test(test_sampler_greedy_and_logprobs),
         cmocka_unit_test(test_sampler_bias_and_penalties), cmocka_unit_test(test_sampler_seed_reproduces),
         cmocka_unit_test(test_sampler_truncation),         cmocka_unit_test(test_sampler_large_vocab_top_p),
+        cmocka_unit_test(test_sampler_wide_nucleus_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
