@@ -21,7 +21,8 @@
 
 #include "tokamak.h"
 
-/* The largest head_dim a pool takes (the models' own limit). */
+/* The largest head_dim a pool takes (no less than the models' TK_MAX_HEAD_DIM:
+ * forward.c asserts it). */
 #define KV_MAX_HEAD_DIM 1024
 
 typedef struct tk_kv_opts {

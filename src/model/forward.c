@@ -32,6 +32,9 @@
 #include "model/fwd_prof.h"
 #include "model/model_internal.h"
 
+/* A model's head_dim (arch.c checks TK_MAX_HEAD_DIM) must fit the KV pool's limit. */
+_Static_assert(TK_MAX_HEAD_DIM <= KV_MAX_HEAD_DIM, "the KV pool takes every model head_dim");
+
 /* Activation slots: the inputs of the matmuls, by width. */
 enum { SLOT_EMBD = 0, SLOT_ATT, SLOT_FF, SLOT_COUNT };
 /* Quantized activation formats (f32 activations read the float buffer itself). */

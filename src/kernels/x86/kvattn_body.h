@@ -532,8 +532,8 @@ void KFN(kv_requant_chan)(int8_t *y, int n_rows, int n, const float *r) {
             vf_store_i8(row + c, vf_mul(vf_load_kv((const uint8_t *)row, c, TK_KV_INT8), rv));
         }
     }
-    for (int j = 0; c < n && j < n_rows; j++)
-        kv_requant_chan_ref(y + (size_t)j * (size_t)n + c, 1, n - c, r + c);
+    if (c < n) /* the last n - c channels of every row */
+        for (int j = 0; j < n_rows; j++) kv_requant_chan_ref(y + (size_t)j * (size_t)n + c, 1, n - c, r + c);
 }
 
 void KFN(kv_to_f16)(const float *x, tk_f16 *y, int n) {
