@@ -9,21 +9,23 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
-typedef struct cand {
-    float v;    /* logit (after bias, penalties, temperature) */
-    int32_t id; /* token id */
-} cand;
-
 struct tk_sampler {
     tk_sampling p; /* parameters; p.logit_bias points at bias below */
     int n_vocab;
     int n_prompt;        /* history[0, n_prompt) is prompt: no presence/frequency */
     uint64_t draws;      /* counter of the random stream */
     tk_logit_bias *bias; /* (n_logit_bias) owned copy */
-    cand *cands;         /* (n_vocab) scratch for temperature sampling, NULL if greedy */
-    uint64_t *keys;      /* (2 n_vocab) cand_sort's scratch, made at its first large sort */
-    uint32_t *counts;    /* (n_vocab) zero between calls, NULL without penalties */
-    uint8_t *seen;       /* (n_vocab) zero between calls, NULL without repetition penalty */
+    /* Temperature sampling's scratch (NULL when greedy): each token's weight
+     * exp(v - vmax) and bucket (sampler_simd.h), per bucket the tokens and
+     * their weights' sum (in id order), and the sorted keys of one bucket. */
+    float *w;         /* (n_vocab) */
+    uint16_t *bkt;    /* (n_vocab) */
+    uint32_t *cnt;    /* (4 SAMP_N_BUCKETS) [0, SAMP_N_BUCKETS) after the histogram */
+    double *mass;     /* (4 SAMP_N_BUCKETS) likewise */
+    uint64_t *keys;   /* (2 n_vocab) the sorted bucket's keys, then a radix sort's scratch */
+    int keys_bucket;  /* the bucket keys holds, sorted; -1: none */
+    uint32_t *counts; /* (n_vocab) zero between calls, NULL without penalties */
+    uint8_t *seen;    /* (n_vocab) zero between calls, NULL without repetition penalty */
 };
 
 /* ---- the random stream --------------------------------------------------- */
@@ -102,8 +104,12 @@ tk_status sampler_init(const tk_sampling *s, int n_vocab, tk_sampler **out) {
     }
     r->p.logit_bias = r->bias;
     if (s->temperature > 0) {
-        r->cands = tk_calloc((size_t)n_vocab, sizeof *r->cands);
-        ok = ok && r->cands;
+        r->w = tk_calloc((size_t)n_vocab, sizeof *r->w);
+        r->bkt = tk_calloc((size_t)n_vocab, sizeof *r->bkt);
+        r->cnt = tk_calloc(4 * SAMP_N_BUCKETS, sizeof *r->cnt);
+        r->mass = tk_calloc(4 * SAMP_N_BUCKETS, sizeof *r->mass);
+        r->keys = tk_calloc(2 * (size_t)n_vocab, sizeof *r->keys);
+        ok = ok && r->w && r->bkt && r->cnt && r->mass && r->keys;
     }
     if (s->presence_penalty != 0 || s->frequency_penalty != 0) {
         r->counts = tk_calloc((size_t)n_vocab, sizeof *r->counts);
@@ -124,7 +130,10 @@ tk_status sampler_init(const tk_sampling *s, int n_vocab, tk_sampler **out) {
 void sampler_free(tk_sampler *s) {
     if (!s) return;
     tk_free(s->bias);
-    tk_free(s->cands);
+    tk_free(s->w);
+    tk_free(s->bkt);
+    tk_free(s->cnt);
+    tk_free(s->mass);
     tk_free(s->keys);
     tk_free(s->counts);
     tk_free(s->seen);
@@ -165,104 +174,49 @@ static void apply_penalties(tk_sampler *s, float *logits, const int32_t *hist, i
     }
 }
 
-/* a ranks before b: larger logit, then lower id (a total order, so every
- * selection below is deterministic). */
-static inline bool cand_before(const cand *a, const cand *b) {
-    return a->v > b->v || (a->v == b->v && a->id < b->id);
-}
-
-static int cand_cmp(const void *pa, const void *pb) {
-    const cand *a = pa, *b = pb;
-    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
-}
-
-static inline void cand_swap(cand *a, cand *b) {
-    cand t = *a;
-    *a = *b;
-    *b = t;
-}
-
-/* A 64-bit key whose ascending order is cand_before's order: the value's
- * bits mapped to an unsigned order and complemented (larger first), then the
- * id. -0 is keyed as +0, as the comparison has them equal; the value read
- * back is then +0, which no later use tells apart. */
-static inline uint64_t cand_key(cand x) {
-    const float v = x.v + 0.0f;
+/* A 64-bit key whose ascending order is the sampler's order of tokens:
+ * larger scaled logit first, then lower id (a total order, so every choice
+ * below is deterministic). The value's bits are mapped to an unsigned order
+ * and complemented; -0 is keyed as +0, as the comparison has them equal. */
+static inline uint64_t tok_key(float v, int32_t id) {
+    v += 0.0f;
     uint32_t u;
     memcpy(&u, &v, sizeof u);
     u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)~u << 32) | (uint32_t)x.id;
+    return ((uint64_t)~u << 32) | (uint32_t)id;
 }
 
-static inline cand cand_of_key(uint64_t k) {
-    uint32_t u = ~(uint32_t)(k >> 32);
-    u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
-    cand c;
-    memcpy(&c.v, &u, sizeof u);
-    c.id = (int32_t)(uint32_t)k;
-    return c;
+static inline int32_t key_id(uint64_t k) { return (int32_t)(uint32_t)k; }
+
+static int key_cmp(const void *pa, const void *pb) {
+    const uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
+    return (a > b) - (a < b);
 }
 
-/* c[0, n) in cand_before's order: the order qsort with cand_cmp gives (a
- * total order has one sorted arrangement). Large arrays by an LSD radix sort
- * of cand_key, 11 bits a pass, skipping passes where every key has the same
- * digit: a nucleus of most of a 150k vocabulary sorts in a few ms instead of
- * qsort's ~15. Falls back to qsort if its scratch cannot be had. */
-static void cand_sort(tk_sampler *s, cand *c, int n) {
+/* a[0, n) ascending, with tmp[0, n) as scratch. Large arrays by an LSD radix
+ * sort, 11 bits a pass, skipping passes where every key has the same digit. */
+static void keys_sort(uint64_t *a, uint64_t *tmp, int n) {
     enum { RADIX_MIN = 1024, BITS = 11, DIGITS = 1 << BITS };
-    if (n >= RADIX_MIN && !s->keys) s->keys = tk_malloc(2 * (size_t)s->n_vocab * sizeof *s->keys);
-    if (n < RADIX_MIN || !s->keys) {
-        qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    if (n < RADIX_MIN) {
+        qsort(a, (size_t)n, sizeof *a, key_cmp);
         return;
     }
-    uint64_t *a = s->keys, *b = s->keys + s->n_vocab;
-    for (int i = 0; i < n; i++) a[i] = cand_key(c[i]);
+    uint64_t *src = a, *dst = tmp;
     for (int sh = 0; sh < 64; sh += BITS) {
         size_t cnt[DIGITS] = {0};
-        for (int i = 0; i < n; i++) cnt[(a[i] >> sh) & (DIGITS - 1)]++;
-        if (cnt[(a[0] >> sh) & (DIGITS - 1)] == (size_t)n) continue; /* one digit: nothing moves */
+        for (int i = 0; i < n; i++) cnt[(src[i] >> sh) & (DIGITS - 1)]++;
+        if (cnt[(src[0] >> sh) & (DIGITS - 1)] == (size_t)n) continue; /* one digit: nothing moves */
         size_t at = 0;
         for (int d = 0; d < DIGITS; d++) {
             const size_t k = cnt[d];
             cnt[d] = at;
             at += k;
         }
-        for (int i = 0; i < n; i++) b[cnt[(a[i] >> sh) & (DIGITS - 1)]++] = a[i];
-        uint64_t *t = a;
-        a = b, b = t;
+        for (int i = 0; i < n; i++) dst[cnt[(src[i] >> sh) & (DIGITS - 1)]++] = src[i];
+        uint64_t *t = src;
+        src = dst, dst = t;
     }
-    for (int i = 0; i < n; i++) c[i] = cand_of_key(a[i]);
-}
-
-/* Rearrange c[0, n) so that c[0, k) holds the k best (in any order). Hoare-style
- * quickselect with a median-of-three pivot: O(n) expected. */
-static void cand_select(cand *c, int n, int k) {
-    int lo = 0, hi = n - 1;
-    if (k <= 0 || k >= n) return;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        if (cand_before(&c[mid], &c[lo])) cand_swap(&c[mid], &c[lo]);
-        if (cand_before(&c[hi], &c[lo])) cand_swap(&c[hi], &c[lo]);
-        if (cand_before(&c[hi], &c[mid])) cand_swap(&c[hi], &c[mid]);
-        cand pivot = c[mid];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (cand_before(&c[i], &pivot)) i++;
-            while (cand_before(&pivot, &c[j])) j--;
-            if (i <= j) {
-                cand_swap(&c[i], &c[j]);
-                i++;
-                j--;
-            }
-        }
-        /* [lo, j] before-or-equal pivot, [i, hi] after-or-equal. */
-        if (k - 1 <= j)
-            hi = j;
-        else if (k - 1 >= i)
-            lo = i;
-        else
-            return;
-    }
+    if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
 }
 
 /* The top n (<= TK_MAX_LOGPROBS) logits by the same total order, best first. */
@@ -282,85 +236,188 @@ static int top_n(const float *logits, int V, int n, int32_t *ids) {
     return m;
 }
 
-/* The tokens temperature sampling keeps (top-k, top-p, min-p) in
- * s->cands[0, n); returns n (0: none) and their largest scaled logit. With
- * sort, the order is a function of the logits alone: best first after a
- * top-k or top-p selection (which leaves the array in the selection's
- * order), else id order, as the vocabulary was scanned (sorting a 150k
- * vocabulary would cost more than the step's sampling otherwise does). */
-static int kept_cands(tk_sampler *s, const float *logits, bool sort, float *vmax_out) {
+/* ---- temperature sampling ---------------------------------------------------
+ *
+ * Tokens are taken best first (scaled logit v = l / T, then id). Their
+ * weights w = exp(v - vmax) and buckets (sampler_simd.h) come from one vector
+ * pass; a histogram gives each bucket's count and weight (summed in id order).
+ * Since the buckets in order hold the tokens best first, every truncation is a
+ * prefix of that order: the kept set is buckets [0, bl) whole and the best nl
+ * tokens of bucket bl. Only the bucket a cut or a draw falls in is sorted, so
+ * a nucleus of most of a flat 150k vocabulary costs a few passes, not a sort
+ * of it. Every sum is in double, in one order: whole buckets by their
+ * histogram sums, a cut bucket token by token in sorted order. */
+
+typedef struct kept {
+    int bl;      /* buckets [0, bl) kept whole */
+    int nl;      /* and the first nl tokens of bucket bl in order */
+    double part; /* their weight; mass[bl] when nl is the whole bucket */
+    double z;    /* the kept weight */
+} kept;
+
+/* Bucket b's tokens, best first, in s->keys[0, cnt[b]). */
+static const uint64_t *bucket_sorted(tk_sampler *s, const float *logits, float inv_t, int b) {
+    if (s->keys_bucket == b) return s->keys;
     const int V = s->n_vocab;
-    const float inv_t = 1.0f / s->p.temperature;
-    cand *c = s->cands;
-    int n = 0;
-    for (int t = 0; t < V; t++)
-        if (logits[t] != -INFINITY) c[n++] = (cand){logits[t] * inv_t, t};
-    if (n == 0) return 0;
-    bool selected = false; /* the array is no longer in id order */
-    if (s->p.top_k > 0 && s->p.top_k < n) {
-        cand_select(c, n, s->p.top_k);
-        n = s->p.top_k;
-        selected = true;
-    }
-    float vmax = c[0].v;
-    for (int i = 1; i < n; i++)
-        if (c[i].v > vmax) vmax = c[i].v;
-    bool sorted = false;
-    if (s->p.top_p < 1) {
-        double z = 0;
-        for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
-        const double target = (double)s->p.top_p * z;
-        /* Sort only a growing head: the nucleus is usually a few dozen tokens,
-         * and sorting a 150k vocabulary every step would dominate decode. */
-        for (int m = n < 64 ? n : 64;; m = (m > n / 8) ? n : m * 8) {
-            cand_select(c, n, m);
-            cand_sort(s, c, m);
-            double cum = 0;
-            int keep = -1;
-            for (int i = 0; i < m; i++) {
-                cum += exp((double)(c[i].v - vmax));
-                if (cum >= target) {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            if (keep > 0) {
-                n = keep;
-                break;
-            }
-            if (m == n) break; /* rounding: keep everything */
-        }
-        sorted = true;
-    }
-    if (s->p.min_p > 0) {
-        /* p_i / p_max = exp(v_i - v_max) */
-        const double floor_rel = (double)s->p.min_p;
-        int k = 0;
-        for (int i = 0; i < n; i++)
-            if (exp((double)(c[i].v - vmax)) >= floor_rel) c[k++] = c[i];
-        n = k; /* the max itself always survives */
-    }
-    if (!sorted && sort && selected) {
-        /* The walk order must not depend on how selection left the array. */
-        cand_sort(s, c, n);
-    }
-    *vmax_out = vmax;
-    return n;
+    uint64_t *k = s->keys;
+    /* the ids first, in the scratch half */
+    int32_t *ids = (int32_t *)(k + V);
+    const int n = samp_simd_default()->find_u16(s->bkt, V, (uint16_t)b, ids);
+    for (int i = 0; i < n; i++) k[i] = tok_key(logits[ids[i]] * inv_t, ids[i]);
+    keys_sort(k, k + V, n);
+    s->keys_bucket = b;
+    return k;
 }
 
-static int32_t sample_temperature(tk_sampler *s, const float *logits, double u) {
-    float vmax;
-    int n = kept_cands(s, logits, true, &vmax);
-    if (n == 0) return -1;
-    const cand *c = s->cands;
-    double z = 0;
-    for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
-    double r = u * z, cum = 0;
-    for (int i = 0; i < n; i++) {
-        cum += exp((double)(c[i].v - vmax));
-        if (r < cum) return c[i].id;
+static double bucket_weight(const kept *k, const double *mass, int b) {
+    return b < k->bl ? mass[b] : k->part;
+}
+
+/* Cut the kept set to its first `want` weight (walk in order until the sum
+ * reaches it); unchanged when rounding keeps the sum below it throughout. */
+static void cut_weight(tk_sampler *s, const float *logits, float inv_t, kept *k, double want) {
+    double cum = 0;
+    for (int b = 0; b <= k->bl; b++) {
+        const double m = bucket_weight(k, s->mass, b);
+        if (cum + m < want) {
+            cum += m;
+            continue;
+        }
+        const uint64_t *key = bucket_sorted(s, logits, inv_t, b);
+        const int n = b < k->bl ? (int)s->cnt[b] : k->nl;
+        double part = 0;
+        for (int i = 0; i < n; i++) {
+            part += s->w[key_id(key[i])];
+            if (cum + part >= want || i == n - 1) {
+                k->bl = b;
+                k->nl = i + 1;
+                k->part = part;
+                k->z = cum + part;
+                return;
+            }
+        }
     }
-    return c[n - 1].id;
+}
+
+/* Cut the kept set to its first `want` tokens (1 <= want <= its size). */
+static void cut_count(tk_sampler *s, const float *logits, float inv_t, kept *k, long want) {
+    long cum = 0;
+    double z = 0;
+    for (int b = 0; b <= k->bl; b++) {
+        const long n = b < k->bl ? (long)s->cnt[b] : k->nl;
+        const double m = bucket_weight(k, s->mass, b);
+        if (cum + n < want) {
+            cum += n;
+            z += m;
+            continue;
+        }
+        if (cum + n == want) { /* ends with this bucket's kept tokens: no sort */
+            if (b < k->bl) k->nl = (int)n, k->part = m;
+        } else {
+            const uint64_t *key = bucket_sorted(s, logits, inv_t, b);
+            double part = 0;
+            for (long i = 0; i < want - cum; i++) part += s->w[key_id(key[i])];
+            k->nl = (int)(want - cum);
+            k->part = part;
+        }
+        k->bl = b;
+        k->z = z + k->part;
+        return;
+    }
+}
+
+/* The tokens temperature sampling keeps (top-k, top-p, min-p, in that
+ * order): fills *k and returns false when none is left. best is the argmax
+ * of the (finite) logits. */
+static bool kept_set(tk_sampler *s, const float *logits, int32_t best, kept *k) {
+    const int V = s->n_vocab;
+    const float inv_t = 1.0f / s->p.temperature;
+    const float vmax = logits[best] * inv_t; /* rounding is monotone: the largest v */
+    if (!isfinite(vmax)) return false;
+    samp_simd_default()->scale_exp(logits, V, inv_t, vmax, s->w, s->bkt);
+    /* Four histograms, token t in the (t % 4)-th: repeats of one bucket do
+     * not wait on each other's read-add-write. Then summed in one order. */
+    uint32_t *restrict cnt = s->cnt;
+    double *restrict mass = s->mass;
+    const float *restrict w = s->w;
+    const uint16_t *restrict bkt = s->bkt;
+    memset(cnt, 0, 4 * SAMP_N_BUCKETS * sizeof *cnt);
+    memset(mass, 0, 4 * SAMP_N_BUCKETS * sizeof *mass);
+    int t = 0;
+    for (; t + 4 <= V; t += 4)
+        for (int j = 0; j < 4; j++) {
+            cnt[j * SAMP_N_BUCKETS + bkt[t + j]]++;
+            mass[j * SAMP_N_BUCKETS + bkt[t + j]] += w[t + j];
+        }
+    for (; t < V; t++) {
+        cnt[bkt[t]]++;
+        mass[bkt[t]] += w[t];
+    }
+    for (int b = 0; b < SAMP_N_BUCKETS; b++) {
+        cnt[b] += cnt[SAMP_N_BUCKETS + b] + cnt[2 * SAMP_N_BUCKETS + b] + cnt[3 * SAMP_N_BUCKETS + b];
+        mass[b] = (mass[b] + mass[SAMP_N_BUCKETS + b]) +
+                  (mass[2 * SAMP_N_BUCKETS + b] + mass[3 * SAMP_N_BUCKETS + b]);
+    }
+    s->keys_bucket = -1;
+    long n = 0;
+    int last = -1;
+    double z = 0;
+    for (int b = 0; b < SAMP_NONE; b++) {
+        n += s->cnt[b];
+        z += s->mass[b];
+        if (s->cnt[b]) last = b;
+    }
+    if (last < 0) return false;
+    *k = (kept){.bl = last, .nl = (int)s->cnt[last], .part = s->mass[last], .z = z};
+    if (s->p.top_k > 0 && s->p.top_k < n) cut_count(s, logits, inv_t, k, s->p.top_k);
+    if (s->p.top_p < 1) cut_weight(s, logits, inv_t, k, (double)s->p.top_p * k->z);
+    if (s->p.min_p > 0) {
+        /* p / p_max = exp(v - vmax) >= min_p: d = vmax - v <= -log(min_p),
+         * a prefix of the order since d grows as v falls. */
+        const double dmax = -log((double)s->p.min_p);
+        long keep = 0;
+        for (int b = 0; b <= k->bl; b++) {
+            if ((double)(b + 1) / SAMP_PER_UNIT <= dmax && b < SAMP_TAIL) { /* the whole bucket is near */
+                keep += b < k->bl ? (long)s->cnt[b] : k->nl;
+                continue;
+            }
+            const uint64_t *key = bucket_sorted(s, logits, inv_t, b);
+            const int m = b < k->bl ? (int)s->cnt[b] : k->nl;
+            for (int i = 0; i < m; i++) {
+                const float v = logits[key_id(key[i])] * inv_t;
+                const float d = vmax - v;
+                if ((double)d > dmax) break;
+                keep++;
+            }
+            break;
+        }
+        if (keep < 1) keep = 1; /* the max itself always survives */
+        cut_count(s, logits, inv_t, k, keep);
+    }
+    return true;
+}
+
+static int32_t sample_temperature(tk_sampler *s, const float *logits, int32_t best, double u) {
+    kept k;
+    if (!kept_set(s, logits, best, &k)) return best;
+    const float inv_t = 1.0f / s->p.temperature;
+    const double r = u * k.z;
+    double cum = 0;
+    for (int b = 0; b <= k.bl; b++) {
+        const double m = bucket_weight(&k, s->mass, b);
+        if (!(r < cum + m) && b < k.bl) {
+            cum += m;
+            continue;
+        }
+        const uint64_t *key = bucket_sorted(s, logits, inv_t, b);
+        const int n = b < k.bl ? (int)s->cnt[b] : k.nl;
+        for (int i = 0; i < n; i++) {
+            cum += s->w[key_id(key[i])];
+            if (r < cum) return key_id(key[i]);
+        }
+        return key_id(key[n - 1]); /* rounding: the bucket's last */
+    }
+    return best;
 }
 
 /* Steps 1-3 in place; the argmax (ties: the lowest id, -1: no finite logit)
@@ -400,8 +457,7 @@ int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int
     int32_t tok = process(s, logits, history, n_history, &lse);
     if (tok < 0) return -1;
     if (s->p.temperature > 0 && lse != INFINITY)
-        tok = sample_temperature(s, logits, sampler_uniform(s->p.seed, draw));
-    if (tok < 0) return -1;
+        tok = sample_temperature(s, logits, tok, sampler_uniform(s->p.seed, draw));
     sampler_event(s, logits, lse, tok, ev);
     return tok;
 }
@@ -417,13 +473,17 @@ int32_t sampler_dist(tk_sampler *s, float *logits, const int32_t *history, int n
         prob[best] = 1;
         return best;
     }
-    float vmax;
-    int n =
-        kept_cands(s, logits, false, &vmax); /* a distribution needs no order: no sort of the vocabulary */
-    const cand *c = s->cands;
-    double z = 0;
-    for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
-    for (int i = 0; i < n; i++) prob[c[i].id] = (float)(exp((double)(c[i].v - vmax)) / z);
+    kept k;
+    if (!kept_set(s, logits, best, &k)) {
+        prob[best] = 1;
+        return best;
+    }
+    const int whole = k.nl == (int)s->cnt[k.bl] ? k.bl + 1 : k.bl; /* buckets kept whole */
+    for (int t = 0; t < s->n_vocab; t++)
+        if (s->bkt[t] < whole) prob[t] = (float)(s->w[t] / k.z);
+    if (whole > k.bl) return best;
+    const uint64_t *key = bucket_sorted(s, logits, 1.0f / s->p.temperature, k.bl);
+    for (int i = 0; i < k.nl; i++) prob[key_id(key[i])] = (float)(s->w[key_id(key[i])] / k.z);
     return best;
 }
 

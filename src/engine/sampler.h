@@ -13,8 +13,10 @@
  * The random stream is counter based: draw i of a request is a hash of (seed, i),
  * so the same seed gives the same tokens whatever else runs in the batch and
  * however the engine interleaves requests. Buffers are sized at init; a call
- * never allocates. One sampler per request; not thread-safe (the engine loop
- * thread owns it). */
+ * never allocates (a temperature sampler holds ~22 bytes of scratch per
+ * vocabulary entry). One sampler per request, used by one thread at a time;
+ * different samplers may run on different threads at once (they share only
+ * the read-only dispatch table). */
 #ifndef TK_ENGINE_SAMPLER_H
 #define TK_ENGINE_SAMPLER_H
 

@@ -63,6 +63,21 @@ static double sum_exp_scalar(const float *x, int n, float m) {
     return s;
 }
 
+static void scale_exp_scalar(const float *l, int n, float inv_t, float vmax, float *w, uint16_t *b) {
+    for (int i = 0; i < n; i++) {
+        const float v = l[i] * inv_t;
+        w[i] = l[i] == -INFINITY ? 0.0f : samp_expf(v - vmax);
+        b[i] = (uint16_t)samp_bucket(l[i], inv_t, vmax);
+    }
+}
+
+static int find_u16_scalar(const uint16_t *b, int n, uint16_t v, int32_t *out) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (b[i] == v) out[m++] = i;
+    return m;
+}
+
 /* First index of m in x (it is there). */
 static int32_t first_of(const float *x, int n, float m) {
     for (int i = 0; i < n; i++)
@@ -131,6 +146,45 @@ __attribute__((target("avx2,fma"))) static double sum_exp_avx2(const float *x, i
     return s;
 }
 
+__attribute__((target("avx2,fma"))) static void scale_exp_avx2(const float *l, int n, float inv_t, float vmax,
+                                                               float *w, uint16_t *b) {
+    const __m256 it = _mm256_set1_ps(inv_t), mx = _mm256_set1_ps(vmax), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 span = _mm256_set1_ps((float)SAMP_SPAN), per = _mm256_set1_ps((float)SAMP_PER_UNIT);
+    const __m256i tail = _mm256_set1_epi32(SAMP_TAIL), none = _mm256_set1_epi32(SAMP_NONE);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(l + i);
+        const __m256 v = _mm256_mul_ps(x, it);
+        const __m256 d = _mm256_sub_ps(mx, v);
+        const __m256 banned = _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ);
+        _mm256_storeu_ps(w + i, _mm256_andnot_ps(banned, exp_avx2(_mm256_sub_ps(v, mx))));
+        /* d < SPAN: floor(d * PER) (d >= 0 and the product exact); else the tail */
+        const __m256 near = _mm256_cmp_ps(d, span, _CMP_LT_OQ);
+        __m256i k = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_and_ps(d, near), per));
+        k = _mm256_blendv_epi8(tail, k, _mm256_castps_si256(near));
+        k = _mm256_blendv_epi8(k, none, _mm256_castps_si256(banned));
+        const __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+        _mm_storeu_si128((__m128i *)(b + i), p);
+    }
+    scale_exp_scalar(l + i, n - i, inv_t, vmax, w + i, b + i);
+}
+
+__attribute__((target("avx2"))) static int find_u16_avx2(const uint16_t *b, int n, uint16_t v, int32_t *out) {
+    const __m256i vv = _mm256_set1_epi16((short)v);
+    int m = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i eq = _mm256_cmpeq_epi16(_mm256_loadu_si256((const __m256i *)(b + i)), vv);
+        uint32_t bits = (uint32_t)_mm256_movemask_epi8(eq) & 0x55555555u; /* one bit per lane */
+        while (bits) {
+            out[m++] = i + (__builtin_ctz(bits) >> 1);
+            bits &= bits - 1;
+        }
+    }
+    for (; i < n; i++)
+        if (b[i] == v) out[m++] = i;
+    return m;
+}
+
 /* ---- AVX-512 ------------------------------------------------------------------------- */
 
 __attribute__((target("avx512f"))) static inline __m512 exp_avx512(__m512 x) {
@@ -186,12 +240,46 @@ __attribute__((target("avx512f"))) static double sum_exp_avx512(const float *x, 
     for (; i < n; i++) s += samp_expf(x[i] - m);
     return s;
 }
+__attribute__((target("avx512f"))) static void scale_exp_avx512(const float *l, int n, float inv_t,
+                                                                float vmax, float *w, uint16_t *b) {
+    const __m512 it = _mm512_set1_ps(inv_t), mx = _mm512_set1_ps(vmax), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 span = _mm512_set1_ps((float)SAMP_SPAN), per = _mm512_set1_ps((float)SAMP_PER_UNIT);
+    const __m512i tail = _mm512_set1_epi32(SAMP_TAIL), none = _mm512_set1_epi32(SAMP_NONE);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(l + i);
+        const __m512 v = _mm512_mul_ps(x, it);
+        const __m512 d = _mm512_sub_ps(mx, v);
+        const __mmask16 banned = _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ);
+        _mm512_storeu_ps(w + i, _mm512_maskz_mov_ps((__mmask16)~banned, exp_avx512(_mm512_sub_ps(v, mx))));
+        const __mmask16 near = _mm512_cmp_ps_mask(d, span, _CMP_LT_OQ);
+        __m512i k = _mm512_mask_cvttps_epi32(tail, near, _mm512_mul_ps(d, per));
+        k = _mm512_mask_mov_epi32(k, banned, none);
+        _mm256_storeu_si256((__m256i *)(b + i), _mm512_cvtepi32_epi16(k));
+    }
+    scale_exp_scalar(l + i, n - i, inv_t, vmax, w + i, b + i);
+}
+__attribute__((target("avx512f,avx512bw"))) static int find_u16_avx512(const uint16_t *b, int n, uint16_t v,
+                                                                       int32_t *out) {
+    const __m512i vv = _mm512_set1_epi16((short)v);
+    int m = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+        uint32_t bits = _mm512_cmpeq_epi16_mask(_mm512_loadu_si512(b + i), vv);
+        while (bits) {
+            out[m++] = i + __builtin_ctz(bits);
+            bits &= bits - 1;
+        }
+    }
+    for (; i < n; i++)
+        if (b[i] == v) out[m++] = i;
+    return m;
+}
 #endif
 
-static const samp_simd SAMP_SCALAR = {max_clean_scalar, sum_exp_scalar};
+static const samp_simd SAMP_SCALAR = {max_clean_scalar, sum_exp_scalar, scale_exp_scalar, find_u16_scalar};
 #if SAMP_X86
-static const samp_simd SAMP_AVX2 = {max_clean_avx2, sum_exp_avx2};
-static const samp_simd SAMP_AVX512 = {max_clean_avx512, sum_exp_avx512};
+static const samp_simd SAMP_AVX2 = {max_clean_avx2, sum_exp_avx2, scale_exp_avx2, find_u16_avx2};
+static const samp_simd SAMP_AVX512 = {max_clean_avx512, sum_exp_avx512, scale_exp_avx512, find_u16_avx512};
 #endif
 
 const samp_simd *samp_simd_for(tk_isa isa) {

@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "engine/sampler_simd.h"
 
 #define V 50
 
@@ -296,11 +297,14 @@ static void test_sampler_large_vocab_top_p(void **state) {
 }
 
 /* The draw of a temperature sampler by the definition, with a full qsort:
- * candidates (scaled logit, id) best first (larger, then lower id); top-k
- * keeps the k first; top-p the shortest head whose exp sum (in that order)
- * reaches top_p times the sum over what is left (the whole vocabulary in id
- * order; the sampler sums the top k in its selection's order, the same sum
- * but for rounding); then the walk. */
+ * candidates (scaled logit v = l / T, id) best first (larger, then lower id),
+ * weighted by w = exp(v - vmax) as the sampler's vector pass computes it
+ * (samp_simd: float exp by its polynomial); top-k keeps the k first; top-p
+ * the shortest head whose weight (summed in that order) reaches top_p times
+ * the weight of what is left; min-p those with vmax - v <= -log(min_p); then
+ * the walk, r = u times the kept weight. Sums in double; the sampler adds
+ * whole buckets in id order, so the two agree but for rounding. Leaves the
+ * kept tokens in c[0, *n_kept) and their weight in *z_kept. */
 typedef struct {
     float v;
     int32_t id;
@@ -310,55 +314,67 @@ static int ref_cmp(const void *pa, const void *pb) {
     if (a->v != b->v) return a->v > b->v ? -1 : 1;
     return a->id < b->id ? -1 : a->id > b->id;
 }
-static int32_t ref_draw(const tk_sampling *p, const float *l, int n_vocab, double u, ref_cand *c) {
+static int32_t ref_draw(const tk_sampling *p, const float *l, int n_vocab, double u, ref_cand *c, float *w,
+                        uint16_t *bkt, int *n_kept, double *z_kept) {
+    const float inv_t = 1.0f / p->temperature;
     int n = 0;
-    for (int t = 0; t < n_vocab; t++) c[n++] = (ref_cand){l[t] * (1.0f / p->temperature), t};
+    for (int t = 0; t < n_vocab; t++)
+        if (l[t] != -INFINITY) c[n++] = (ref_cand){l[t] * inv_t, t};
     float vmax = c[0].v;
     for (int i = 1; i < n; i++) vmax = c[i].v > vmax ? c[i].v : vmax;
-    double z = 0; /* over the whole vocabulary in id order, or over the top k */
-    for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
+    samp_simd_default()->scale_exp(l, n_vocab, inv_t, vmax, w, bkt);
     qsort(c, (size_t)n, sizeof *c, ref_cmp);
-    if (p->top_k > 0 && p->top_k < n) {
-        n = p->top_k;
-        z = 0;
-        for (int i = 0; i < n; i++) z += exp((double)(c[i].v - vmax));
-    }
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
     if (p->top_p < 1) {
-        double cum = 0, target = (double)p->top_p * z;
+        double z = 0, cum = 0;
+        for (int i = 0; i < n; i++) z += w[c[i].id];
         for (int i = 0; i < n; i++) {
-            cum += exp((double)(c[i].v - vmax));
-            if (cum >= target) {
+            cum += w[c[i].id];
+            if (cum >= (double)p->top_p * z) {
                 n = i + 1;
                 break;
             }
         }
     }
-    double z2 = 0, cum = 0;
-    for (int i = 0; i < n; i++) z2 += exp((double)(c[i].v - vmax));
+    if (p->min_p > 0) {
+        int k = 1;
+        while (k < n && (double)(vmax - c[k].v) <= -log((double)p->min_p)) k++;
+        n = k;
+    }
+    double z = 0, cum = 0;
+    for (int i = 0; i < n; i++) z += w[c[i].id];
+    *n_kept = n;
+    *z_kept = z;
     for (int i = 0; i < n; i++) {
-        cum += exp((double)(c[i].v - vmax));
-        if (u * z2 < cum) return c[i].id;
+        cum += w[c[i].id];
+        if (u * z < cum) return c[i].id;
     }
     return c[n - 1].id;
 }
 
-/* Nuclei of thousands of tokens (the sampler's radix sort) give the
- * definition's draws, with many tied logits and both signs of zero. */
+/* Nuclei of thousands of tokens over many tied logits, both signs of zero
+ * and banned tokens, under every truncation: the definition's draws, and
+ * sampler_dist the definition's kept tokens and weights. */
 static void test_sampler_wide_nucleus_exact(void **state) {
     (void)state;
     enum { BIG = 20000 };
     float *l = tk_malloc(BIG * sizeof *l), *c = tk_malloc(BIG * sizeof *c);
+    float *w = tk_malloc(BIG * sizeof *w), *prob = tk_malloc(BIG * sizeof *prob);
+    uint16_t *bkt = tk_malloc(BIG * sizeof *bkt);
     ref_cand *rc = tk_malloc(BIG * sizeof *rc);
     const struct {
-        float top_p;
+        float temp, top_p, min_p;
         int top_k;
-    } cases[] = {{0.95f, 0}, {0.999f, 0}, {1.0f, 12000}, {0.9f, 5000}};
+    } cases[] = {{0.8f, 0.95f, 0, 0},  {0.8f, 0.999f, 0, 0},   {0.8f, 1.0f, 0, 12000},  {0.8f, 0.9f, 0, 5000},
+                 {0.8f, 1.0f, 0, 0},   {0.8f, 1.0f, 0.05f, 0}, {0.8f, 0.7f, 0.2f, 300}, {2.5f, 0.5f, 0, 0},
+                 {0.05f, 0.99f, 0, 0}, {1.0f, 0.3f, 0, 1}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         tk_sampling p;
         tk_sampling_default(&p);
-        p.temperature = 0.8f;
+        p.temperature = cases[k].temp;
         p.top_p = cases[k].top_p;
         p.top_k = cases[k].top_k;
+        p.min_p = cases[k].min_p;
         p.seed = 31 + k;
         tk_sampler *s;
         assert_int_equal(sampler_init(&p, BIG, &s), TK_OK);
@@ -366,15 +382,36 @@ static void test_sampler_wide_nucleus_exact(void **state) {
             for (int t = 0; t < BIG; t++) { /* 64 levels: ties everywhere */
                 l[t] = (float)((int)(sampler_uniform(1000u + (uint64_t)i, (uint64_t)t) * 64) - 32) / 16.0f;
                 if (l[t] == 0.0f && t % 2) l[t] = -0.0f;
+                if (t % 97 == 5) l[t] = -INFINITY;
             }
-            const int32_t want = ref_draw(&p, l, BIG, sampler_uniform(p.seed, (uint64_t)i), rc);
+            int n_kept;
+            double z;
+            const int32_t want =
+                ref_draw(&p, l, BIG, sampler_uniform(p.seed, (uint64_t)i), rc, w, bkt, &n_kept, &z);
             memcpy(c, l, BIG * sizeof *c);
             tk_token_event ev;
             assert_int_equal(sampler_sample(s, c, NULL, 0, &ev), want);
+            memcpy(c, l, BIG * sizeof *c);
+            tk_sampler *d;
+            assert_int_equal(sampler_init(&p, BIG, &d), TK_OK);
+            sampler_dist(d, c, NULL, 0, prob, NULL);
+            sampler_free(d);
+            int nz = 0;
+            for (int t = 0; t < BIG; t++) nz += prob[t] != 0;
+            for (int j = 0; j < n_kept; j++) {
+                const double want_p = w[rc[j].id] / z;
+                assert_true(fabs(prob[rc[j].id] - want_p) <= 1e-6 * want_p + 1e-30);
+            }
+            int nz_ref = 0;
+            for (int j = 0; j < n_kept; j++) nz_ref += (float)(w[rc[j].id] / z) != 0;
+            assert_int_equal(nz, nz_ref);
         }
         sampler_free(s);
     }
     tk_free(rc);
+    tk_free(bkt);
+    tk_free(prob);
+    tk_free(w);
     tk_free(c);
     tk_free(l);
 }

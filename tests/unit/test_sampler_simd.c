@@ -1,6 +1,7 @@
 /* The sampler's vectorised vocabulary passes against the scalar reference and
  * libm: exp accuracy, the maximum and its first index (ties, NaN, -inf, +inf),
- * NaN cleaning in place, and the sum of exponentials, at ragged lengths up to
+ * NaN cleaning in place, the sum of exponentials, temperature sampling's
+ * weights and buckets and the bucket search, at ragged lengths up to
  * a real vocabulary, on every ISA level this CPU has (the others are skipped). */
 #include <math.h>
 #include <setjmp.h>
@@ -83,6 +84,77 @@ static void check_level(tk_isa isa) {
     tk_free_aligned(b);
 }
 
+/* Temperature sampling's weights and buckets, and the bucket search, at one
+ * level against the scalar reference: buckets bit for bit (and equal to
+ * samp_bucket), weights within 4e-7 relative of exp() (0 for banned tokens),
+ * indices in order, over ragged lengths, temperatures and spreads that fill
+ * the tail. */
+static void check_scale_find(tk_isa isa) {
+    const samp_simd *ref = samp_simd_for(TK_ISA_SCALAR), *t = samp_simd_for(isa);
+    static const int lens[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 1000, 4099, VOCAB};
+    static const float temps[] = {1.0f, 0.8f, 0.05f, 3.0f};
+    float *l = tk_malloc((VOCAB + 1) * sizeof *l), *wa = tk_malloc(VOCAB * sizeof *wa),
+          *wb = tk_malloc(VOCAB * sizeof *wb);
+    uint16_t *ba = tk_malloc((VOCAB + 1) * sizeof *ba), *bb = tk_malloc(VOCAB * sizeof *bb);
+    int32_t *ia = tk_malloc(VOCAB * sizeof *ia), *ib = tk_malloc(VOCAB * sizeof *ib);
+    assert_true(l && wa && wb && ba && bb && ia && ib);
+    uint64_t seed = 0xabcdefull + (uint64_t)isa;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (size_t ti = 0; ti < sizeof temps / sizeof temps[0]; ti++) {
+            const int n = lens[li];
+            float *x = l + 1; /* unaligned */
+            for (int i = 0; i < n; i++) {
+                x[i] = (float)((double)(rng(&seed) % 4000000) / 1e5 - 30.0);
+                if (rng(&seed) % 11 == 0) x[i] = -INFINITY;
+                if (rng(&seed) % 17 == 0) x[i] = 10.0f; /* ties at the maximum */
+            }
+            const float inv_t = 1.0f / temps[ti];
+            float lmax = -INFINITY;
+            for (int i = 0; i < n; i++) lmax = x[i] > lmax ? x[i] : lmax;
+            const float vmax = lmax == -INFINITY ? 0.0f : lmax * inv_t;
+            ref->scale_exp(x, n, inv_t, vmax, wa, ba);
+            t->scale_exp(x, n, inv_t, vmax, wb, bb);
+            assert_memory_equal(ba, bb, (size_t)n * sizeof *ba);
+            for (int i = 0; i < n; i++) {
+                assert_int_equal(ba[i], samp_bucket(x[i], inv_t, vmax));
+                if (x[i] == -INFINITY) {
+                    assert_true(wa[i] == 0.0f && wb[i] == 0.0f);
+                    continue;
+                }
+                const float v = x[i] * inv_t;
+                const double want = exp((double)(v - vmax));
+                for (int k = 0; k < 2; k++) {
+                    const double got = k ? wb[i] : wa[i];
+                    if (want > 1e-30)
+                        assert_true(fabs(got - want) <= 4e-7 * want);
+                    else
+                        assert_true(fabs(got - want) < 2e-35);
+                }
+            }
+            /* the search, for buckets present and absent, and in the tail */
+            const uint16_t probes[] = {0, 1, 5, 40, SAMP_TAIL, SAMP_NONE, 7000};
+            for (size_t p = 0; p < sizeof probes / sizeof probes[0]; p++) {
+                uint16_t *bu = ba + 1; /* unaligned */
+                memmove(bu, ba, (size_t)n * sizeof *ba);
+                const int ma = ref->find_u16(bu, n, probes[p], ia), mb = t->find_u16(bu, n, probes[p], ib);
+                assert_int_equal(ma, mb);
+                assert_memory_equal(ia, ib, (size_t)ma * sizeof *ia);
+                int m = 0;
+                for (int i = 0; i < n; i++)
+                    if (bu[i] == probes[p]) assert_int_equal(ia[m++], i);
+                assert_int_equal(m, ma);
+                memmove(ba, bu, (size_t)n * sizeof *ba);
+            }
+        }
+    tk_free(l);
+    tk_free(wa);
+    tk_free(wb);
+    tk_free(ba);
+    tk_free(bb);
+    tk_free(ia);
+    tk_free(ib);
+}
+
 static void test_samp_levels(void **state) {
     (void)state;
     tk_cpu c;
@@ -94,6 +166,7 @@ static void test_samp_levels(void **state) {
             continue;
         }
         check_level((tk_isa)isa);
+        check_scale_find((tk_isa)isa);
     }
 }
 
