@@ -28,6 +28,14 @@ int backend_rewrite_from(const backend *be, int n_pos) {
     return n_pos - n_pos % be->block_size;
 }
 
+void backend_run_each(const backend *be, void (*fn)(void *arg, int i), void *arg, int n) {
+    if (n > 1 && be->run_each) {
+        be->run_each(be->ctx, fn, arg, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) fn(arg, i);
+}
+
 void backend_free(backend *be) {
     if (!be) return;
     if (be->destroy) be->destroy(be->ctx);

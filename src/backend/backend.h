@@ -72,6 +72,11 @@ typedef struct backend {
      * each) of position pos in layer l of block table bt. For tests and
      * debugging; may be NULL. */
     void (*kv_read)(void *ctx, int l, const int32_t *bt, int pos, float *k, float *v);
+    /* Call fn(arg, i) once for each i in [0, n) on the backend's threads (the
+     * caller among them; items are handed out one at a time, so their costs
+     * may differ) and return when all are done. Not during a step. May be
+     * NULL (backend_run_each then loops on the caller). */
+    void (*run_each)(void *ctx, void (*fn)(void *arg, int i), void *arg, int n);
     void (*destroy)(void *ctx); /* may be NULL */
 } backend;
 
@@ -88,6 +93,10 @@ tk_status backend_block_cow(const backend *be, int32_t *bt, int j);
  * may have changed the block holding n_pos - 1; that block is written afresh
  * from its first slot (the start of the block). See runner_truncate. */
 int backend_rewrite_from(const backend *be, int n_pos);
+
+/* fn(arg, i) for each i in [0, n): on the backend's threads (be->run_each)
+ * when it has them and n > 1, else in order on the caller. */
+void backend_run_each(const backend *be, void (*fn)(void *arg, int i), void *arg, int n);
 
 /* ---- the CPU backend (cpu.c) ----------------------------------------------------- */
 

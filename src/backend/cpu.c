@@ -1,5 +1,6 @@
 /* The CPU backend: a thread pool, the paged KV pool (kv.h) and the batched
  * forward pass (forward.h) over one model, behind the backend table. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -32,6 +33,33 @@ static tk_status cb_step(void *c, const tk_batch *b, float *logits) {
 static uint64_t cb_bytes(void *c) { return fwd_last_bytes(((cpu_be *)c)->fwd); }
 static void cb_kv_read(void *c, int l, const int32_t *bt, int pos, float *k, float *v) {
     kv_read(((cpu_be *)c)->kv, l, bt, pos, k, v);
+}
+
+/* run_each: the pool's threads take items from a shared counter until none
+ * is left. A pool shared with another backend is free here too: steps of
+ * the two never overlap, and run_each is never called during a step. */
+typedef struct cb_each {
+    void (*fn)(void *arg, int i);
+    void *arg;
+    int n;
+    _Atomic int next;
+} cb_each;
+
+static void cb_each_worker(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    cb_each *w = ctx;
+    for (;;) {
+        int i = atomic_fetch_add_explicit(&w->next, 1, memory_order_relaxed);
+        if (i >= w->n) break;
+        w->fn(w->arg, i);
+    }
+}
+
+static void cb_run_each(void *c, void (*fn)(void *arg, int i), void *arg, int n) {
+    cb_each w = {.fn = fn, .arg = arg, .n = n};
+    atomic_init(&w.next, 0);
+    pool_run(((cpu_be *)c)->pool, cb_each_worker, &w);
 }
 
 static void cb_destroy(void *c) {
@@ -180,6 +208,7 @@ tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backe
                      .step = cb_step,
                      .last_bytes = cb_bytes,
                      .kv_read = cb_kv_read,
+                     .run_each = cb_run_each,
                      .destroy = cb_destroy};
     return TK_OK;
 }

@@ -6,7 +6,9 @@
  * the rates as a share of the probe's bandwidth and int8/fp32 peak, its own
  * floor max(bytes / bandwidth, ops / peak) and its time over that floor. The
  * rest of a step (threads idle at barriers, the pool's start and end) is the
- * barrier_wait row; sampling the B rows of logits is timed apart. */
+ * barrier_wait row; sampling the B rows of logits (on the backend's threads,
+ * as the engine samples them; its cpu ms is the calling thread's) is timed
+ * apart. */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -450,6 +452,14 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
 }
 
 /* One decode step of every sequence at position pos; timed when i >= 0. */
+/* Sample sequence q's next token (on the backend's threads, as the engine does). */
+static void pf_sample(void *arg, int q) {
+    pf_state *s = arg;
+    tk_token_event ev;
+    int32_t tok = sampler_sample(s->smp[q], s->logits + (size_t)q * s->be.n_vocab, NULL, 0, &ev);
+    s->tok[q] = tok >= 0 ? tok : 0;
+}
+
 static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int pos, int i) {
     const backend *be = &s->be;
     int V = be->n_vocab, nth = be->n_threads;
@@ -473,11 +483,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int pos, int
     tk_status st = be->step(be->ctx, &b, s->logits);
     uint64_t t1 = tk_now_ns(), c1 = fwd_prof_cpu_ns();
     if (st != TK_OK) return st;
-    for (int q = 0; q < batch; q++) {
-        tk_token_event ev;
-        int32_t tok = sampler_sample(s->smp[q], s->logits + (size_t)q * V, NULL, 0, &ev);
-        s->tok[q] = tok >= 0 ? tok : 0;
-    }
+    backend_run_each(be, pf_sample, s, batch);
     uint64_t t2 = tk_now_ns(), c2 = fwd_prof_cpu_ns();
     if (i < 0) return TK_OK;
     pf_data *d = &s->d;

@@ -57,6 +57,15 @@ typedef struct eng_req {
     struct eng_req *cnext;         /* the loop's list of cancelled ones to finish */
 } eng_req;
 
+/* A plain decode's token, sampled on the backend's threads before the serial
+ * pass that takes it (run_step). */
+typedef struct eng_pick {
+    eng_req *q;
+    float *lg;   /* its logits row */
+    int32_t tok; /* -1: no token has a finite logit */
+    tk_token_event ev;
+} eng_pick;
+
 struct tk_engine {
     backend be;
     tk_engine_opts o; /* resolved options */
@@ -83,6 +92,8 @@ struct tk_engine {
     const int32_t **b_bt;  /* (max_batch) */
     int32_t *b_want;       /* (max_batch) logits wanted: 0, 1, or 1 + drafts */
     float *logits;         /* (max_batch + spec max_total, n_vocab) */
+    eng_pick *picks;       /* (max_batch) this step's plain decodes, in plan order */
+    int32_t *b_pick;       /* (max_batch) an item's pick; -1: none (drafts), -2: finished */
     /* speculative decoding (spec.h) */
     spec_ctl spec;
     eng_req **sp_req; /* (max_batch) the decodes offered drafts this step */
@@ -515,18 +526,25 @@ static int32_t verify_sampled(tk_engine *e, eng_req *q, int j, int32_t draft, fl
  * at a draft's position is the draft when accepted, else a draw from the
  * residual, so it differs from the draft exactly when the draft is rejected.
  * The KV past the last kept position is dropped (sched_spec_settle, and
- * drafter_settle for the draft model's). */
-static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *logits) {
+ * drafter_settle for the draft model's). pk: a plain decode's token, already
+ * sampled (sample_pick); NULL: sampled here. */
+static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *logits, const eng_pick *pk) {
     const int V = e->be.n_vocab, nd = it->n_draft;
     int a = 0, sampled = 0;
     for (int j = 0; j <= nd; j++) {
         float *lg = logits + (size_t)j * (size_t)V;
         int32_t draft = j < nd ? q->tokens[it->pos0 + 1 + j] : -1;
         tk_token_event ev;
-        memset(&ev, 0, sizeof ev);
-        int32_t tok = j < nd && q->draft_q
-                          ? verify_sampled(e, q, j, draft, lg, &ev)
-                          : sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
+        int32_t tok;
+        if (pk) {
+            ev = pk->ev;
+            tok = pk->tok;
+        } else {
+            memset(&ev, 0, sizeof ev);
+            tok = j < nd && q->draft_q
+                      ? verify_sampled(e, q, j, draft, lg, &ev)
+                      : sampler_sample(q->sampler, lg, q->tokens, q->n_prompt + q->n_output, &ev);
+        }
         ev.t = tk_now_s();
         if (tok < 0) {
             req_finish(e, q, TK_FINISH_ERROR, "sampler: no token has a finite logit");
@@ -547,6 +565,16 @@ static int take_tokens(tk_engine *e, eng_req *q, const sched_item *it, float *lo
     if (nd > 0) sched_spec_settle(e->sc, &q->seq, it->pos0 + 1 + a);
     drafter_settle(e->dr, &q->ds, it->pos0 + 1 + a);
     return sampled;
+}
+
+/* Sample plain decode i of this step (backend_run_each): each request has its
+ * own sampler and draws are a function of (seed, draw index), so requests
+ * sampled at once give the tokens they give one after another. */
+static void sample_pick(void *arg, int i) {
+    eng_pick *pk = &((eng_pick *)arg)[i];
+    eng_req *q = pk->q;
+    memset(&pk->ev, 0, sizeof pk->ev);
+    pk->tok = sampler_sample(q->sampler, pk->lg, q->tokens, q->n_prompt + q->n_output, &pk->ev);
 }
 
 static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t prompt_tok,
@@ -652,22 +680,42 @@ static void run_step(tk_engine *e) {
         return;
     }
     sched_advance(e->sc, p);
-    uint64_t out_tok = 0;
-    int k = 0;
+    /* Every plain decode (no drafts) is sampled first, on the backend's
+     * threads; then, one item after another in plan order, the tokens are
+     * taken (drafts verified there) with every side effect: callbacks,
+     * finishing, speculation bookkeeping. */
+    int k = 0, n_pick = 0;
     for (int i = 0; i < p->n_items; i++) {
         const sched_item *it = &p->items[i];
         if (!it->want_logits) continue;
         eng_req *q = (eng_req *)it->seq;
         float *lg = e->logits + (size_t)k * (size_t)e->be.n_vocab;
         k += 1 + it->n_draft;
+        e->b_pick[i] = -1;
         if (!q->sampler) {
             if (sampler_init(&q->sampling, e->be.n_vocab, &q->sampler) != TK_OK) {
+                e->b_pick[i] = -2;
                 req_finish(e, q, TK_FINISH_ERROR, "sampler: out of memory");
                 continue;
             }
             sampler_set_n_prompt(q->sampler, q->n_prompt);
         }
-        out_tok += (uint64_t)take_tokens(e, q, it, lg);
+        if (it->n_draft == 0) {
+            e->b_pick[i] = n_pick;
+            e->picks[n_pick++] = (eng_pick){.q = q, .lg = lg};
+        }
+    }
+    backend_run_each(&e->be, sample_pick, e->picks, n_pick);
+    uint64_t out_tok = 0;
+    k = 0;
+    for (int i = 0; i < p->n_items; i++) {
+        const sched_item *it = &p->items[i];
+        if (!it->want_logits) continue;
+        float *lg = e->logits + (size_t)k * (size_t)e->be.n_vocab;
+        k += 1 + it->n_draft;
+        if (e->b_pick[i] == -2) continue; /* finished above */
+        const eng_pick *pk = e->b_pick[i] >= 0 ? &e->picks[e->b_pick[i]] : NULL;
+        out_tok += (uint64_t)take_tokens(e, (eng_req *)it->seq, it, lg, pk);
     }
     (void)n_want;
     /* The budget's costs are whole turns (plan, forward, sampling, callbacks):
@@ -882,6 +930,8 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     e->b_pos0 = tk_calloc((size_t)o.max_batch, sizeof *e->b_pos0);
     e->b_bt = tk_calloc((size_t)o.max_batch, sizeof *e->b_bt);
     e->b_want = tk_calloc((size_t)o.max_batch, sizeof *e->b_want);
+    e->picks = tk_calloc((size_t)o.max_batch, sizeof *e->picks);
+    e->b_pick = tk_calloc((size_t)o.max_batch, sizeof *e->b_pick);
     /* Drafts: at most spec_k a sequence and what the step cap leaves after the decodes. */
     int max_draft = 0;
     if (o.spec != TK_SPEC_OFF) {
@@ -920,8 +970,8 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
     e->logits = tk_calloc((size_t)(o.max_batch + max_draft) * (size_t)be->n_vocab, sizeof *e->logits);
     e->tbuf = tk_malloc(e->tbound + 1);
     e->obuf = tk_malloc(ob);
-    if (!e->b_tokens || !e->b_n || !e->b_pos0 || !e->b_bt || !e->b_want || !e->logits || !e->tbuf ||
-        !e->obuf) {
+    if (!e->b_tokens || !e->b_n || !e->b_pos0 || !e->b_bt || !e->b_want || !e->picks || !e->b_pick ||
+        !e->logits || !e->tbuf || !e->obuf) {
         st = tk_fail(TK_ERR_NOMEM, "engine: out of memory for step buffers (batch %d, vocab %d)", o.max_batch,
                      be->n_vocab);
         goto fail;
@@ -975,6 +1025,8 @@ void tk_engine_free(tk_engine *e) {
     tk_free(e->b_pos0);
     tk_free(e->b_bt);
     tk_free(e->b_want);
+    tk_free(e->picks);
+    tk_free(e->b_pick);
     tk_free(e->logits);
     tk_free(e->sp_req);
     tk_free(e->sp_alpha);

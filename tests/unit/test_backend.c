@@ -4,6 +4,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -440,6 +441,70 @@ static void test_backend_bad_calls(void **state) {
     fix_free(&f);
 }
 
+/* ---- run_each ---------------------------------------------------------------------------- */
+
+#define EACH_MAX 37
+
+typedef struct each_log {
+    _Atomic int calls[EACH_MAX];
+    _Atomic int bad;
+} each_log;
+
+static void each_fn(void *arg, int i) {
+    each_log *g = arg;
+    if (i < 0 || i >= EACH_MAX)
+        atomic_fetch_add(&g->bad, 1);
+    else
+        atomic_fetch_add(&g->calls[i], 1);
+}
+
+/* backend_run_each calls fn once for every index, on the CPU backend's pool
+ * (1, 2 and 4 threads, with a step between runs and a backend sharing the
+ * pool) and in order without the hook. */
+static void test_backend_run_each(void **state) {
+    (void)state;
+    fixture f;
+    fix_init(&f);
+    const int ns[] = {0, 1, 2, EACH_MAX}, nths[] = {1, 2, 4};
+    float *l = malloc((size_t)f.V * sizeof(float));
+    for (int t = 0; t < 3; t++) {
+        backend be, shared;
+        be_make(&f, &KINDS[0], 8, nths[t], &be);
+        assert_int_equal(be.n_threads, nths[t]);
+        assert_non_null(be.run_each);
+        backend_cpu_opts so = {.block_size = BS,
+                               .kv_type = TK_KV_F32,
+                               .n_blocks = 4,
+                               .max_tokens = 8,
+                               .max_seqs = 1,
+                               .max_ctx = CTX,
+                               .share_pool = &be};
+        if (backend_cpu_create(f.m, &so, &shared) != TK_OK) fail_msg("%s", tk_last_error());
+        runner *r = run_make(&be);
+        for (int rep = 0; rep < 2; rep++)
+            for (int k = 0; k < 4; k++) {
+                const backend *on = rep ? &shared : &be;
+                each_log g = {0};
+                backend_run_each(on, each_fn, &g, ns[k]);
+                assert_int_equal(atomic_load(&g.bad), 0);
+                for (int i = 0; i < EACH_MAX; i++)
+                    if (atomic_load(&g.calls[i]) != (i < ns[k] ? 1 : 0))
+                        fail_msg("%d threads, n %d: index %d called %d times", nths[t], ns[k], i,
+                                 atomic_load(&g.calls[i]));
+                step(r, TOKS + k, 1, 1, l); /* the pool runs steps between */
+            }
+        runner_free(r);
+        backend_free(&shared);
+        backend_free(&be);
+    }
+    backend none = {0};
+    each_log g = {0};
+    backend_run_each(&none, each_fn, &g, EACH_MAX);
+    for (int i = 0; i < EACH_MAX; i++) assert_int_equal(atomic_load(&g.calls[i]), 1);
+    free(l);
+    fix_free(&f);
+}
+
 /* ---- the observer (calibration) ----------------------------------------------------------- */
 
 typedef struct obs_log {
@@ -522,6 +587,7 @@ int main(void) {
         cmocka_unit_test(test_backend_fork),
         cmocka_unit_test(test_backend_block_cow),
         cmocka_unit_test(test_backend_bad_calls),
+        cmocka_unit_test(test_backend_run_each),
         cmocka_unit_test(test_backend_observe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,6 +17,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine_wait.h"
@@ -35,6 +36,7 @@ typedef struct fake {
     _Atomic int slow_us; /* sleep per step, to hold requests live */
     _Atomic int tok_us;  /* sleep per token of a step: a machine whose steps cost time */
     int max_tok_seen;    /* most tokens in one step */
+    tk_pool *pool;       /* run_each's threads; NULL: no run_each */
 } fake;
 
 static int f_alloc(void *c) {
@@ -94,8 +96,33 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
     return TK_OK;
 }
 
+/* run_each on a pool, as the CPU backend runs it: items from a shared counter. */
+typedef struct f_each {
+    void (*fn)(void *arg, int i);
+    void *arg;
+    int n;
+    _Atomic int next;
+} f_each;
+
+static _Atomic int g_each_runs; /* run_each calls of more than one item */
+
+static void f_each_worker(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    f_each *w = ctx;
+    for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->n;) w->fn(w->arg, i);
+}
+
+static void f_run_each(void *c, void (*fn)(void *arg, int i), void *arg, int n) {
+    if (n > 1) atomic_fetch_add(&g_each_runs, 1);
+    f_each w = {.fn = fn, .arg = arg, .n = n};
+    atomic_init(&w.next, 0);
+    pool_run(((fake *)c)->pool, f_each_worker, &w);
+}
+
 static void f_destroy(void *c) {
     fake *f = c;
+    pool_free(f->pool);
     tk_free(f->free_ids);
     tk_free(f->used);
     tk_free(f->store);
@@ -108,7 +135,8 @@ typedef struct fake_view {
     bool fail;
 } fake_view;
 
-static fake *g_last_fake; /* test-only: the fake of the engine made last */
+static fake *g_last_fake;  /* test-only: the fake of the engine made last */
+static int g_each_threads; /* > 0: the next fakes get a run_each on a pool of that many threads */
 
 static tk_engine *mk_engine(int bs, int n_blocks, const tk_engine_opts *o_in) {
     fake *f = tk_calloc(1, sizeof *f);
@@ -129,6 +157,11 @@ static tk_engine *mk_engine(int bs, int n_blocks, const tk_engine_opts *o_in) {
                   .blocks_free = f_n_free,
                   .step = f_step,
                   .destroy = NULL};
+    if (g_each_threads > 0) {
+        assert_int_equal(pool_init(g_each_threads, false, &f->pool), TK_OK);
+        be.n_threads = g_each_threads;
+        be.run_each = f_run_each;
+    }
     tk_engine_opts o;
     if (o_in)
         o = *o_in;
@@ -374,7 +407,16 @@ typedef struct work {
     int max_out[NREQ];
     int32_t solo[NREQ][MAXOUT];
     int n_solo[NREQ];
+    uint64_t seed_step; /* request i samples with seed + i * seed_step */
 } work;
+
+/* Request i's sampling parameters (NULL: the defaults). */
+static const tk_sampling *work_sampling(const work *w, int i, const tk_sampling *s, tk_sampling *buf) {
+    if (!s) return NULL;
+    *buf = *s;
+    buf->seed += (uint64_t)i * w->seed_step;
+    return buf;
+}
 
 static void work_make(work *w, uint64_t seed) {
     for (int i = 0; i < NREQ; i++) {
@@ -390,7 +432,8 @@ static void run_solo(work *w, const tk_sampling *s) {
     for (int i = 0; i < NREQ; i++) {
         rec r;
         rec_init(&r);
-        submit(e, &r, w->prompt[i], w->n_prompt[i], w->max_out[i], s);
+        tk_sampling si;
+        submit(e, &r, w->prompt[i], w->n_prompt[i], w->max_out[i], work_sampling(w, i, s, &si));
         wait_finished(e, (uint64_t)i + 1);
         assert_int_equal(r.n_finish, 1);
         memcpy(w->solo[i], r.out, sizeof r.out);
@@ -415,7 +458,8 @@ static uint64_t run_batched_at(const work *w, int n, int bs, int n_blocks, const
     static rec r[NREQ];
     for (int i = 0; i < n; i++) {
         rec_init(&r[i]);
-        submit(e, &r[i], w->prompt[i], w->n_prompt[i], w->max_out[i], s);
+        tk_sampling si;
+        submit(e, &r[i], w->prompt[i], w->n_prompt[i], w->max_out[i], work_sampling(w, i, s, &si));
         if (stagger && i % 3 == 2) sleep_ms(1);
     }
     wait_finished(e, (uint64_t)n);
@@ -468,6 +512,41 @@ static void test_engine_seeded_sampling_invariance(void **state) {
     run_batched(&w, 32, 16, 512, &s, 8);
     uint64_t pre = run_batched_at(&w, 32, 16, 20, &s, 32, false);
     assert_true(pre > 0);
+}
+
+/* Seeded sampling with each request's own seed, the decodes of a step sampled
+ * on the backend's threads (run_each on 1, 2 and 4 threads): every output
+ * equals its solo run without run_each (sampled in order on the loop thread). */
+static void test_engine_sampling_on_threads(void **state) {
+    (void)state;
+    static work w;
+    work_make(&w, 37);
+    w.seed_step = 7919;
+    tk_sampling s;
+    tk_sampling_default(&s);
+    s.temperature = 0.8f;
+    s.top_p = 0.9f;
+    s.seed = 5;
+    g_each_threads = 0;
+    run_solo(&w, &s);
+    const int nths[] = {1, 2, 4};
+    for (int t = 0; t < 3; t++) {
+        g_each_threads = nths[t];
+        atomic_store(&g_each_runs, 0);
+        run_batched_at(&w, 32, 16, 512, &s, 32, false);
+        assert_true(atomic_load(&g_each_runs) > 0);
+        atomic_store(&g_each_runs, 0);
+        run_batched(&w, 12, 16, 512, &s, 8);
+        /* with preemption */
+        run_batched_at(&w, 32, 16, 20, &s, 32, false);
+    }
+    g_each_threads = 0;
+    /* greedy on threads */
+    work_make(&w, 41);
+    run_solo(&w, NULL);
+    g_each_threads = 2;
+    run_batched_at(&w, 32, 16, 512, NULL, 32, false);
+    g_each_threads = 0;
 }
 
 /* A time-based budget over a fake whose steps cost 200 us a token: chunks
@@ -738,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_engine_rejects_bad_requests),
         cmocka_unit_test(test_engine_batch_invariance),
         cmocka_unit_test(test_engine_seeded_sampling_invariance),
+        cmocka_unit_test(test_engine_sampling_on_threads),
         cmocka_unit_test(test_engine_step_budget_options),
         cmocka_unit_test(test_engine_time_budget_invariance),
         cmocka_unit_test(test_engine_static_and_no_chunking),
