@@ -80,7 +80,8 @@ AI float qk_scale(const int32_t *e) {
 #if defined(X16_ZMM)
 /* One group of 16 rows against nt tokens (table e, qk_act): acc[t] holds the
  * 16 row sums of token t, one chain per (row, token) whatever nt is. */
-AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt) {
+AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt,
+                 const unsigned char *nx) {
     __m512 acc[QK_NT];
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
@@ -99,9 +100,15 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
             for (int t = 0; t < nt; t++) a[t] = _mm512_setzero_si512();
             const unsigned char *qb = blk + 256 + 256 * j;
             const int32_t *ej = e + 8 * j * nt;
-            if (QK_PREFETCH > 0) /* the block's 2304 bytes, an eighth per sub-block */
+            if (nx == X16_AHEAD) {
+                if (QK_PREFETCH > 0) /* the block's 2304 bytes, an eighth per sub-block */
 #pragma GCC unroll 5
-                for (int o = 0; o < 320; o += 64) prefetch_ahead(blk + 288 * j + o, QK_PREFETCH);
+                    for (int o = 0; o < 320; o += 64) prefetch_ahead(blk + 288 * j + o, QK_PREFETCH);
+            } else if (nx) { /* the next group's block, into L2 (x16_gemv) */
+#pragma GCC unroll 5
+                for (int o = 0; o < 320; o += 64)
+                    _mm_prefetch((const char *)(nx + (size_t)b * 2304 + 288 * j + o), _MM_HINT_T1);
+            }
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * c));
@@ -137,7 +144,8 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
  * values (low nibbles | top bits << 4) times its int8 scale, plus
  * -32 sc_s bsum_s (int16 pairs (-32 sc_2j, -32 sc_2j+1) against the bsum
  * pairs): the reference's integer block sum; then s += (dx d) acc. */
-AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt) {
+AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt,
+                 const unsigned char *nx) {
     __m512 acc[QK_NT];
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
@@ -151,9 +159,15 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
         for (int j = 0; j < 8; j++) {
             const unsigned char *qb = blk + 288 + 256 * j, *hb = blk + 2336 + 128 * j;
             const int32_t *ej = e + 8 * j * nt;
-            if (QK_PREFETCH > 0) /* the block's 3360 bytes, an eighth per sub-block */
+            if (nx == X16_AHEAD) {
+                if (QK_PREFETCH > 0) /* the block's 3360 bytes, an eighth per sub-block */
 #pragma GCC unroll 7
-                for (int o = 0; o < 448; o += 64) prefetch_ahead(blk + 420 * j + o, QK_PREFETCH);
+                    for (int o = 0; o < 448; o += 64) prefetch_ahead(blk + 420 * j + o, QK_PREFETCH);
+            } else if (nx) { /* the next group's block, into L2 (x16_gemv) */
+#pragma GCC unroll 7
+                for (int o = 0; o < 448; o += 64)
+                    _mm_prefetch((const char *)(nx + (size_t)b * 3360 + 420 * j + o), _MM_HINT_T1);
+            }
             __m512i sc[2];
 #pragma GCC unroll 2
             for (int p = 0; p < 2; p++) { /* 16-element sub-block 2j + p: chunks 2p, 2p + 1 */
@@ -205,7 +219,9 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
 #endif
 
 /* In 256-bit halves of 8 rows: the chains and integer sums of the 512-bit tile. */
-AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt) {
+AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
+                 const unsigned char *nx) {
+    (void)nx;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
         const int32_t *e = e0;
@@ -264,7 +280,9 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
 }
 
 /* Q6_K in 256-bit halves of 8 rows: the 512-bit tile's integer sums. */
-AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt) {
+AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
+                 const unsigned char *nx) {
+    (void)nx;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), lo16 = _mm256_set1_epi32(0xffff);
     for (int hf = 0; hf < 2; hf++) {
         const int32_t *e = e0;
@@ -353,6 +371,11 @@ AI void qk_gemv(int q6, int64_t k, const void *w, int64_t r0, int64_t r1, const 
             bool whole = g0 >= r0 && g0 + 16 <= r1;
             for (int t = 0; t < np; t += QK_NT) {
                 int nt = np - t < QK_NT ? np - t : QK_NT;
+                /* prefetch as x16_gemv's tiles: the first streams its group,
+                 * the second fetches the next group into L2 */
+                const unsigned char *nx = t == 0                                   ? X16_AHEAD
+                                          : t == QK_NT && X16_NEXT && g0 + 16 < r1 ? g + gb
+                                                                                   : NULL;
                 float tmp[QK_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
@@ -361,9 +384,9 @@ AI void qk_gemv(int q6, int64_t k, const void *w, int64_t r0, int64_t r1, const 
 #define QK_CASE(n)                                                                                           \
     case n:                                                                                                  \
         if (q6)                                                                                              \
-            qk6_tile(nb, g, et, dst, ld, n);                                                                 \
+            qk6_tile(nb, g, et, dst, ld, n, nx);                                                             \
         else                                                                                                 \
-            qk4_tile(nb, g, et, dst, ld, n);                                                                 \
+            qk4_tile(nb, g, et, dst, ld, n, nx);                                                             \
         break;
                     QK_CASE(1)
                     QK_CASE(2)

@@ -491,6 +491,13 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
 #ifndef X16_PREFETCH
 #define X16_PREFETCH 4096
 #endif
+/* A tile's prefetch (x16_tile's nx): X16_AHEAD fetches its own weight
+ * stream X16_PREFETCH ahead; another pointer, the next group's weights into
+ * L2; NULL nothing. X16_NEXT 0 leaves every tile to its own stream. */
+#define X16_AHEAD ((const unsigned char *)1)
+#ifndef X16_NEXT
+#define X16_NEXT 1
+#endif
 #if defined(X16_ZMM)
 #define X16_NT KNT_X16
 #else
@@ -543,8 +550,8 @@ AI __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t *x) {
 /* One group of 16 rows against nt tokens (table e, x16_act): acc[t] holds
  * the 16 row sums of token t, one chain per (row, token) over the blocks
  * whatever nt is. */
-AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy,
-                 int nt) {
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt,
+                 const unsigned char *nx) {
     const size_t bb = q4 ? 288 : 544;
     __m512 acc[X16_NT];
 #pragma GCC unroll 16
@@ -552,9 +559,15 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
     const __m512i flip = _mm512_set1_epi8((char)0x80), m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
         const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
-        if (X16_PREFETCH > 0)
+        if (nx == X16_AHEAD) {
+            if (X16_PREFETCH > 0)
 #pragma GCC unroll 9
-            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
+                for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
+        } else if (nx) {
+#pragma GCC unroll 9
+            for (int o = 0; o < (int)bb; o += 64)
+                _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
+        }
         __m512i is[X16_NT];
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) is[t] = _mm512_set1_epi32(e[8 * nt + t]);
@@ -584,8 +597,9 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
 /* In 256-bit halves of 8 rows: the chains of the 512-bit tile, the same
  * integer block dots. Q4_0, and Q8_0 where X16_FLIP says the int8 dot is
  * vpdpbusd (without it, Q8_0 takes X8's sign-trick kernel: see below). */
-AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy,
-                 int nt) {
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
+                 const unsigned char *nx) {
+    (void)nx;
     const size_t bb = q4 ? 288 : 544;
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -649,6 +663,13 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
             bool whole = g0 >= r0 && g0 + 16 <= r1;
             for (int t = 0; t < np; t += X16_NT) {
                 int nt = np - t < X16_NT ? np - t : X16_NT;
+                /* The first tile streams the group's weights (X16_PREFETCH
+                 * ahead); the second, which reads them from cache, fetches
+                 * the next group's into L2, so the next first tile does not
+                 * wait on DRAM alone; later tiles fetch nothing. */
+                const unsigned char *nx = t == 0                                    ? X16_AHEAD
+                                          : t == X16_NT && X16_NEXT && g0 + 16 < r1 ? g + gb
+                                                                                    : NULL;
                 float tmp[X16_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
@@ -656,7 +677,7 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
                 switch (nt) {
 #define X16_CASE(n)                                                                                          \
     case n:                                                                                                  \
-        x16_tile(q4, nb, g, et, dst, ld, n);                                                                 \
+        x16_tile(q4, nb, g, et, dst, ld, n, nx);                                                             \
         break;
                     X16_CASE(1)
                     X16_CASE(2)
