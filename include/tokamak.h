@@ -321,6 +321,11 @@ typedef struct tk_engine_stats {
     size_t kv_bytes_per_token;  /* per token of context, all layers */
     uint64_t decode_bytes_last; /* bytes the last step had to read (weights+KV) */
     double step_time_last;      /* seconds */
+    /* Since start, the steps that processed no prompt token and gave tokens
+     * (pure decode steps): how many, their forward time and the bytes they
+     * had to read. A roofline is the difference of two readings. */
+    uint64_t decode_steps;
+    double decode_seconds, decode_bytes;
     /* The configuration as the engine runs it (benchmarks check these). */
     tk_kv_type kv_type;
     tk_kv_scale kv_scale;

@@ -260,6 +260,7 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
     l->kv_blocks_total = prev.kv_blocks_total;
     l->block_size = prev.block_size;
     l->kv_bytes_per_token = prev.kv_bytes_per_token;
+    const tk_engine_stats first = prev;
     size_t steps_cap = 0;
     uint64_t arrivals = p->seed ^ 0xa5a5a5a5deadbeefull;
     double t0 = tk_now_s(), next_arrival = t0, last_progress = t0;
@@ -326,6 +327,11 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
         }
     }
     if (!p->measure) return TK_OK;
+    st = tk_engine_stats_get(e, &cur);
+    if (st != TK_OK) return st;
+    l->dec_steps = cur.decode_steps - first.decode_steps;
+    l->dec_seconds = cur.decode_seconds - first.decode_seconds;
+    l->dec_bytes = cur.decode_bytes - first.decode_bytes;
     st = level_collect(c, p, t0, l);
     if (st == TK_OK) st = bench_level_finalize(l);
     return st;

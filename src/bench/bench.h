@@ -157,6 +157,13 @@ typedef struct bench_level {
     size_t n_itl;
     bench_step *steps; /* (n_steps) */
     size_t n_steps;
+    /* Every pure decode step of the level, from the engine's counters
+     * (tk_engine_stats.decode_*): the roofline's bytes and seconds. The
+     * sampled steps above are a time series for the JSON report; a poller
+     * that misses steps (a loaded or real-time-scheduled machine) leaves
+     * gaps there but not here. No engine (loadgen): 0. */
+    uint64_t dec_steps;
+    double dec_seconds, dec_bytes;
     double t_start, t_end; /* first submit, last finish (relative) */
     int kv_blocks_peak;    /* max kv_blocks_used seen during the level */
     int kv_blocks_total, block_size;

@@ -590,6 +590,11 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
         s->steps++;
         s->step_time_last = dt;
         s->decode_bytes_last = e->be.last_bytes ? e->be.last_bytes(e->be.ctx) : 0;
+        if (prompt_tok == 0 && out_tok > 0 && dt > 0) {
+            s->decode_steps++;
+            s->decode_seconds += dt;
+            s->decode_bytes += (double)s->decode_bytes_last;
+        }
         s->step_budget_last = c.budget;
         s->step_target_ms_last = c.target_s * 1e3;
     }

@@ -244,6 +244,14 @@ char *srv_metrics_render(srv_metrics *m, const tk_engine_stats *st, int live, si
         one(&b, "tokamak_engine_steps_total", "counter", "Engine steps run.", (double)st->steps);
         one(&b, "tokamak_engine_step_duration_seconds", "gauge", "Wall time of the last engine step.",
             st->step_time_last);
+        one(&b, "tokamak_decode_steps_total", "counter",
+            "Steps that processed no prompt token (pure decode).", (double)st->decode_steps);
+        one(&b, "tokamak_decode_step_seconds_total", "counter", "Forward time of the pure decode steps.",
+            st->decode_seconds);
+        one(&b, "tokamak_decode_read_bytes_total", "counter",
+            "Weight and KV bytes the pure decode steps had to read (their rate over the seconds: the "
+            "bandwidth decode achieves).",
+            st->decode_bytes);
     }
     if (b.oom) {
         free(b.p);

@@ -638,6 +638,9 @@ def main():
                   "tokamak_prompt_tokens_total", "tokamak_kv_blocks_total", "tokamak_preemptions_total"):
             check(k in m, "metrics lack %s" % k)
         check(m["tokamak_time_to_first_token_seconds_count"] > 32, "TTFT histogram is not counting")
+        check(m["tokamak_decode_steps_total"] > 0 and m["tokamak_decode_step_seconds_total"] > 0 and
+              m["tokamak_decode_read_bytes_total"] > m["tokamak_decode_steps_total"],
+              "pure decode steps are not counted: %s" % {k: v for k, v in m.items() if "decode_" in k})
         check(m['tokamak_time_to_first_token_seconds_bucket{le="+Inf"}'] ==
               m["tokamak_time_to_first_token_seconds_count"], "histogram +Inf bucket != count")
     finally:
