@@ -370,6 +370,26 @@ typedef struct tk_engine_stats {
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);
 
+/* One engine step, as tk_engine_step_log returns it. */
+typedef struct tk_step_record {
+    uint64_t step;     /* its number: tk_engine_stats.steps right after it (1, 2, ...) */
+    double seconds;    /* forward time */
+    uint64_t bytes;    /* weight + KV bytes it had to read (decode_bytes_last) */
+    int n_seqs;        /* sequences in it */
+    int n_tokens;      /* tokens it processed */
+    int prompt_tokens; /* of which prompt (0: a pure decode step) */
+    int out_tokens;    /* tokens it gave */
+} tk_step_record;
+
+/* The engine keeps the records of its last TK_STEP_LOG steps. */
+#define TK_STEP_LOG 1024
+
+/* Copy the records of the steps numbered above `after`, oldest first, into
+ * out[0, n) (n <= max) and return n; -1 on a NULL argument. A caller that
+ * fell more than TK_STEP_LOG steps behind gets the newest ones (a gap in
+ * `step` tells it). Thread-safe. */
+int tk_engine_step_log(tk_engine *e, uint64_t after, tk_step_record *out, int max);
+
 /* Seconds on the monotonic clock used by every timestamp above. */
 double tk_now_s(void);
 

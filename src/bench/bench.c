@@ -260,7 +260,7 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
     l->kv_blocks_total = prev.kv_blocks_total;
     l->block_size = prev.block_size;
     l->kv_bytes_per_token = prev.kv_bytes_per_token;
-    const tk_engine_stats first = prev;
+    uint64_t seen_step = prev.steps; /* the last step whose record was read */
     size_t steps_cap = 0;
     uint64_t arrivals = p->seed ^ 0xa5a5a5a5deadbeefull;
     double t0 = tk_now_s(), next_arrival = t0, last_progress = t0;
@@ -304,18 +304,24 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
         }
         if (cur.kv_blocks_used > l->kv_blocks_peak) l->kv_blocks_peak = cur.kv_blocks_used;
         if (cur.steps != prev.steps) last_progress = tk_now_s();
-        /* Exactly one step since the last poll and no prompt token in it: a
-         * pure decode step, whose bytes/time are the roofline's samples. */
-        if (p->measure && cur.steps == prev.steps + 1 && cur.prompt_tokens == prev.prompt_tokens &&
-            cur.output_tokens > prev.output_tokens && cur.step_time_last > 0) {
-            bench_step s = {.t = tk_now_s() - t0,
-                            .bytes = cur.decode_bytes_last,
-                            .time = cur.step_time_last,
-                            .running = cur.running};
-            st = steps_push(l, &steps_cap, &s);
-            if (st != TK_OK) {
-                drain(c, submitted);
-                return st;
+        /* Every step since the last poll from the engine's log; the pure
+         * decode ones (no prompt token, tokens out) are the roofline's. */
+        while (p->measure && seen_step < cur.steps) {
+            tk_step_record rec[64];
+            const int nr = tk_engine_step_log(e, seen_step, rec, 64);
+            if (nr <= 0) break;
+            for (int i = 0; i < nr; i++) {
+                seen_step = rec[i].step;
+                if (rec[i].prompt_tokens != 0 || rec[i].out_tokens <= 0 || !(rec[i].seconds > 0)) continue;
+                bench_step s = {.t = tk_now_s() - t0,
+                                .bytes = rec[i].bytes,
+                                .time = rec[i].seconds,
+                                .running = rec[i].n_seqs};
+                st = steps_push(l, &steps_cap, &s);
+                if (st != TK_OK) {
+                    drain(c, submitted);
+                    return st;
+                }
             }
         }
         prev = cur;
@@ -327,11 +333,6 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
         }
     }
     if (!p->measure) return TK_OK;
-    st = tk_engine_stats_get(e, &cur);
-    if (st != TK_OK) return st;
-    l->dec_steps = cur.decode_steps - first.decode_steps;
-    l->dec_seconds = cur.decode_seconds - first.decode_seconds;
-    l->dec_bytes = cur.decode_bytes - first.decode_bytes;
     st = level_collect(c, p, t0, l);
     if (st == TK_OK) st = bench_level_finalize(l);
     return st;

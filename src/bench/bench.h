@@ -62,13 +62,13 @@ typedef struct bench_request {
     size_t itl_off; /* this request's gaps: level itl[itl_off .. itl_off + n_output - 1) */
 } bench_request;
 
-/* One decode step seen by the stats poller (only pure decode steps: one step
- * passed between two polls and no prompt token was processed in it). */
+/* One pure decode step of a level (no prompt token, tokens out), every one
+ * from the engine's step log (tk_engine_step_log). */
 typedef struct bench_step {
-    double t;       /* when it was seen, relative to the level's start */
+    double t;       /* when the poller read it, relative to the level's start */
     uint64_t bytes; /* decode_bytes_last: weights + KV the step read */
     double time;    /* step_time_last, seconds */
-    int running;    /* sequences running when seen */
+    int running;    /* sequences in the step */
 } bench_step;
 
 typedef enum bench_metric {
@@ -157,13 +157,6 @@ typedef struct bench_level {
     size_t n_itl;
     bench_step *steps; /* (n_steps) */
     size_t n_steps;
-    /* Every pure decode step of the level, from the engine's counters
-     * (tk_engine_stats.decode_*): the roofline's bytes and seconds. The
-     * sampled steps above are a time series for the JSON report; a poller
-     * that misses steps (a loaded or real-time-scheduled machine) leaves
-     * gaps there but not here. No engine (loadgen): 0. */
-    uint64_t dec_steps;
-    double dec_seconds, dec_bytes;
     double t_start, t_end; /* first submit, last finish (relative) */
     int kv_blocks_peak;    /* max kv_blocks_used seen during the level */
     int kv_blocks_total, block_size;

@@ -106,13 +106,15 @@ tk_status bench_level_finalize(bench_level *l) {
                            ? (double)l->kv_blocks_peak * l->block_size * (double)l->kv_bytes_per_token / 1e6
                            : NAN;
     /* Aggregate, not a mean of per-step ratios: long steps weigh by their
-     * time. Every pure decode step by the engine's counters; without them
-     * (no engine) the sampled steps. */
-    double bytes = l->dec_bytes, secs = l->dec_seconds;
-    if (!(secs > 0)) {
-        bytes = 0, secs = 0;
-        for (size_t i = 0; i < l->n_steps; i++) bytes += (double)l->steps[i].bytes, secs += l->steps[i].time;
-    }
+     * time. In a closed loop, the steps that decode the whole level (its
+     * concurrency): the steady state the level stands for, not the tail where
+     * the last requests decode alone (they read as one stream does). Without
+     * such steps (rate mode, or a level that never filled), all of them. */
+    double bytes = 0, secs = 0;
+    for (int pass = 0; pass < 2 && !(secs > 0); pass++)
+        for (size_t i = 0; i < l->n_steps; i++)
+            if (pass || (l->concurrency > 0 && l->steps[i].running >= l->concurrency))
+                bytes += (double)l->steps[i].bytes, secs += l->steps[i].time;
     m[BM_STEP_GBS] = secs > 0 ? bytes / secs / 1e9 : NAN;
     /* Capped at 100%: a run that reads faster than the probe shows the probe's
      * shortfall (the report says so), not a roofline above the machine. */

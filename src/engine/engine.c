@@ -85,6 +85,7 @@ struct tk_engine {
 
     pthread_mutex_t stats_mu;
     tk_engine_stats stats;
+    tk_step_record step_log[TK_STEP_LOG]; /* step i at [(i - 1) % TK_STEP_LOG], under stats_mu */
 
     /* loop-thread scratch, sized at create */
     int32_t *b_tokens;     /* (max step tokens) */
@@ -595,6 +596,13 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
             s->decode_seconds += dt;
             s->decode_bytes += (double)s->decode_bytes_last;
         }
+        e->step_log[(s->steps - 1) % TK_STEP_LOG] = (tk_step_record){.step = s->steps,
+                                                                     .seconds = dt,
+                                                                     .bytes = s->decode_bytes_last,
+                                                                     .n_seqs = p->n_items,
+                                                                     .n_tokens = p->n_tok,
+                                                                     .prompt_tokens = (int)prompt_tok,
+                                                                     .out_tokens = (int)out_tok};
         s->step_budget_last = c.budget;
         s->step_target_ms_last = c.target_s * 1e3;
     }
@@ -1056,6 +1064,18 @@ tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
     *out = e->stats;
     pthread_mutex_unlock(&e->stats_mu);
     return TK_OK;
+}
+
+int tk_engine_step_log(tk_engine *e, uint64_t after, tk_step_record *out, int max) {
+    if (!e || (!out && max > 0)) return -1;
+    pthread_mutex_lock(&e->stats_mu);
+    const uint64_t last = e->stats.steps;
+    uint64_t first = after < last ? after + 1 : last + 1; /* nothing new: no record */
+    if (last >= TK_STEP_LOG && first < last - TK_STEP_LOG + 1) first = last - TK_STEP_LOG + 1;
+    int n = 0;
+    for (uint64_t i = first; i <= last && n < max; i++) out[n++] = e->step_log[(i - 1) % TK_STEP_LOG];
+    pthread_mutex_unlock(&e->stats_mu);
+    return n;
 }
 
 /* ---- over the CPU backend ------------------------------------------------------------ */

@@ -268,6 +268,30 @@ static void test_engine_single_request(void **state) {
     assert_true(s.step_target_ms_last > 0 && s.step_target_ms_last <= ENGINE_STEP_MAX_S * 1e3);
     assert_true(s.prefill_ms_per_token > 0 && s.decode_ms_per_token > 0);
     assert_string_equal(s.weight_dtype, "fake");
+    /* The step log: every step once, in order, adding up to the stats; the
+     * pure decode steps to the decode counters. */
+    tk_step_record log[TK_STEP_LOG];
+    const int n_log = tk_engine_step_log(e, 0, log, TK_STEP_LOG);
+    assert_int_equal((uint64_t)n_log, s.steps);
+    uint64_t sum_prompt = 0, sum_out = 0, n_dec = 0;
+    for (int i = 0; i < n_log; i++) {
+        assert_int_equal(log[i].step, (uint64_t)i + 1);
+        assert_true(log[i].n_seqs == 1 && log[i].n_tokens >= 1 && log[i].seconds >= 0);
+        sum_prompt += (uint64_t)log[i].prompt_tokens;
+        sum_out += (uint64_t)log[i].out_tokens;
+        n_dec += log[i].prompt_tokens == 0 && log[i].out_tokens > 0 && log[i].seconds > 0;
+    }
+    assert_int_equal(sum_prompt, s.prompt_tokens);
+    assert_int_equal(sum_out, s.output_tokens);
+    assert_int_equal(n_dec, s.decode_steps);
+    assert_true(n_dec >= 10); /* 12 tokens, the first from the prompt's last chunk */
+    assert_int_equal(tk_engine_step_log(e, s.steps - 2, log, TK_STEP_LOG), 2);
+    assert_int_equal(log[0].step, s.steps - 1);
+    assert_int_equal(tk_engine_step_log(e, s.steps, log, TK_STEP_LOG), 0);
+    assert_int_equal(tk_engine_step_log(e, UINT64_MAX, log, TK_STEP_LOG), 0);
+    assert_int_equal(tk_engine_step_log(e, 0, log, 3), 3);
+    assert_int_equal(tk_engine_step_log(e, 0, NULL, 3), -1);
+    assert_int_equal(tk_engine_step_log(NULL, 0, log, 3), -1);
     assert_false(f->fail);
     assert_int_equal(f->n_free, 64);
     tk_engine_free(e);
