@@ -240,6 +240,7 @@ __attribute__((target("avx512f"))) static double sum_exp_avx512(const float *x, 
     for (; i < n; i++) s += samp_expf(x[i] - m);
     return s;
 }
+
 __attribute__((target("avx512f"))) static void scale_exp_avx512(const float *l, int n, float inv_t,
                                                                 float vmax, float *w, uint16_t *b) {
     const __m512 it = _mm512_set1_ps(inv_t), mx = _mm512_set1_ps(vmax), ninf = _mm512_set1_ps(-INFINITY);
