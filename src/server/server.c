@@ -990,7 +990,11 @@ static void *watch_loop(void *arg) {
             if (!c) continue;
             pthread_mutex_lock(&c->mu);
             bool live = c->in_engine && !c->finished && !c->gone && !c->mhd_done;
-            c->gone = true;
+            /* Only a call still in the engine: one that finished since the
+             * poll has its answer out or on the way, and a client that reads
+             * it and hangs up did not leave early (libmicrohttpd reports a
+             * response cut short to on_completed). */
+            if (live) c->gone = true;
             uint64_t id = c->eid;
             pthread_mutex_unlock(&c->mu);
             if (live && s->e) tk_engine_cancel(s->e, id);
