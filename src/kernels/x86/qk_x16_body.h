@@ -1,6 +1,6 @@
 /* The 16-row interleaved Q4_K and Q6_K gemvs (TK_LAYOUT_X16, kernels_ref.h), included
- * by simd_body.h (its AI, KFN, X16_ZMM, KNT_X8, dot_u8s8_acc, prefetch_ahead
- * and f16_to_f32). The nibbles are Q4_0 X16's byte columns, so one 64-byte
+ * by simd_body.h (its AI, KFN, X16_ZMM, KNT_X8, dot_u8s8_acc, prefetch_ahead,
+ * x16_tile_fetch and f16_to_f32). The nibbles are Q4_0 X16's byte columns, so one 64-byte
  * load masked (or shifted) is four elements of sixteen rows and one
  * vpdpbusd per token adds them to the sixteen rows' sub-block dots. Per
  * super-block and row the arithmetic is the reference's: exact int32
@@ -104,7 +104,7 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
                 if (QK_PREFETCH > 0) /* the block's 2304 bytes, an eighth per sub-block */
 #pragma GCC unroll 5
                     for (int o = 0; o < 320; o += 64) prefetch_ahead(blk + 288 * j + o, QK_PREFETCH);
-            } else if (nx) { /* the next group's block, into L2 (x16_gemv) */
+            } else if (nx) { /* the next group's block, into L2 (x16_tile_fetch) */
 #pragma GCC unroll 5
                 for (int o = 0; o < 320; o += 64)
                     _mm_prefetch((const char *)(nx + (size_t)b * 2304 + 288 * j + o), _MM_HINT_T1);
@@ -163,7 +163,7 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
                 if (QK_PREFETCH > 0) /* the block's 3360 bytes, an eighth per sub-block */
 #pragma GCC unroll 7
                     for (int o = 0; o < 448; o += 64) prefetch_ahead(blk + 420 * j + o, QK_PREFETCH);
-            } else if (nx) { /* the next group's block, into L2 (x16_gemv) */
+            } else if (nx) { /* the next group's block, into L2 (x16_tile_fetch) */
 #pragma GCC unroll 7
                 for (int o = 0; o < 448; o += 64)
                     _mm_prefetch((const char *)(nx + (size_t)b * 3360 + 420 * j + o), _MM_HINT_T1);
@@ -371,11 +371,7 @@ AI void qk_gemv(int q6, int64_t k, const void *w, int64_t r0, int64_t r1, const 
             bool whole = g0 >= r0 && g0 + 16 <= r1;
             for (int t = 0; t < np; t += QK_NT) {
                 int nt = np - t < QK_NT ? np - t : QK_NT;
-                /* prefetch as x16_gemv's tiles: the first streams its group,
-                 * the second fetches the next group into L2 */
-                const unsigned char *nx = t == 0                                   ? X16_AHEAD
-                                          : t == QK_NT && X16_NEXT && g0 + 16 < r1 ? g + gb
-                                                                                   : NULL;
+                const unsigned char *nx = x16_tile_fetch(t, QK_NT, g0, r1, g + gb);
                 float tmp[QK_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;

@@ -498,6 +498,16 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
 #ifndef X16_NEXT
 #define X16_NEXT 1
 #endif
+
+/* The prefetch (x16_tile's nx) of the token tile starting at token t of a
+ * group's tiles of nt_max: the first streams the group's weights
+ * X16_PREFETCH ahead; the second, which reads them from cache, fetches the
+ * next group's (next, when g0 + 16 < r1: still this call's) into L2, so the
+ * next first tile does not wait on DRAM alone; later tiles fetch nothing. */
+AI const unsigned char *x16_tile_fetch(int t, int nt_max, int64_t g0, int64_t r1, const unsigned char *next) {
+    if (t == 0) return X16_AHEAD;
+    return t == nt_max && X16_NEXT && g0 + 16 < r1 ? next : NULL;
+}
 #if defined(X16_ZMM)
 #define X16_NT KNT_X16
 #else
@@ -663,13 +673,7 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
             bool whole = g0 >= r0 && g0 + 16 <= r1;
             for (int t = 0; t < np; t += X16_NT) {
                 int nt = np - t < X16_NT ? np - t : X16_NT;
-                /* The first tile streams the group's weights (X16_PREFETCH
-                 * ahead); the second, which reads them from cache, fetches
-                 * the next group's into L2, so the next first tile does not
-                 * wait on DRAM alone; later tiles fetch nothing. */
-                const unsigned char *nx = t == 0                                    ? X16_AHEAD
-                                          : t == X16_NT && X16_NEXT && g0 + 16 < r1 ? g + gb
-                                                                                    : NULL;
+                const unsigned char *nx = x16_tile_fetch(t, X16_NT, g0, r1, g + gb);
                 float tmp[X16_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
