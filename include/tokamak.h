@@ -381,6 +381,12 @@ typedef struct tk_step_record {
     int out_tokens;    /* tokens it gave */
 } tk_step_record;
 
+/* A pure decode step: no prompt token, tokens out, a measured time (the
+ * steps tk_engine_stats.decode_* count and a decode roofline reads). */
+static inline bool tk_step_is_decode(const tk_step_record *r) {
+    return r->prompt_tokens == 0 && r->out_tokens > 0 && r->seconds > 0;
+}
+
 /* The engine keeps the records of its last TK_STEP_LOG steps. */
 #define TK_STEP_LOG 1024
 

@@ -312,7 +312,7 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
             if (nr <= 0) break;
             for (int i = 0; i < nr; i++) {
                 seen_step = rec[i].step;
-                if (rec[i].prompt_tokens != 0 || rec[i].out_tokens <= 0 || !(rec[i].seconds > 0)) continue;
+                if (!tk_step_is_decode(&rec[i])) continue;
                 bench_step s = {.t = tk_now_s() - t0,
                                 .bytes = rec[i].bytes,
                                 .time = rec[i].seconds,

@@ -591,18 +591,19 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
         s->steps++;
         s->step_time_last = dt;
         s->decode_bytes_last = e->be.last_bytes ? e->be.last_bytes(e->be.ctx) : 0;
-        if (prompt_tok == 0 && out_tok > 0 && dt > 0) {
+        const tk_step_record r = {.step = s->steps,
+                                  .seconds = dt,
+                                  .bytes = s->decode_bytes_last,
+                                  .n_seqs = p->n_items,
+                                  .n_tokens = p->n_tok,
+                                  .prompt_tokens = (int)prompt_tok,
+                                  .out_tokens = (int)out_tok};
+        e->step_log[(s->steps - 1) % TK_STEP_LOG] = r;
+        if (tk_step_is_decode(&r)) {
             s->decode_steps++;
             s->decode_seconds += dt;
-            s->decode_bytes += (double)s->decode_bytes_last;
+            s->decode_bytes += (double)r.bytes;
         }
-        e->step_log[(s->steps - 1) % TK_STEP_LOG] = (tk_step_record){.step = s->steps,
-                                                                     .seconds = dt,
-                                                                     .bytes = s->decode_bytes_last,
-                                                                     .n_seqs = p->n_items,
-                                                                     .n_tokens = p->n_tok,
-                                                                     .prompt_tokens = (int)prompt_tok,
-                                                                     .out_tokens = (int)out_tok};
         s->step_budget_last = c.budget;
         s->step_target_ms_last = c.target_s * 1e3;
     }
