@@ -451,7 +451,6 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
     return build_context(s, batch, ctx, nbs, V);
 }
 
-/* One decode step of every sequence at position pos; timed when i >= 0. */
 /* Sample sequence q's next token (on the backend's threads, as the engine does). */
 static void pf_sample(void *arg, int q) {
     pf_state *s = arg;
@@ -460,6 +459,7 @@ static void pf_sample(void *arg, int q) {
     s->tok[q] = tok >= 0 ? tok : 0;
 }
 
+/* One decode step of every sequence at position pos; timed when i >= 0. */
 static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int pos, int i) {
     const backend *be = &s->be;
     int V = be->n_vocab, nth = be->n_threads;

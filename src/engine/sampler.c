@@ -269,6 +269,9 @@ static const uint64_t *bucket_sorted(tk_sampler *s, const float *logits, float i
     return k;
 }
 
+/* Bucket b's kept tokens and their weight (b <= k->bl). */
+static int bucket_count(const kept *k, const uint32_t *cnt, int b) { return b < k->bl ? (int)cnt[b] : k->nl; }
+
 static double bucket_weight(const kept *k, const double *mass, int b) {
     return b < k->bl ? mass[b] : k->part;
 }
@@ -284,7 +287,7 @@ static void cut_weight(tk_sampler *s, const float *logits, float inv_t, kept *k,
             continue;
         }
         const uint64_t *key = bucket_sorted(s, logits, inv_t, b);
-        const int n = b < k->bl ? (int)s->cnt[b] : k->nl;
+        const int n = bucket_count(k, s->cnt, b);
         double part = 0;
         for (int i = 0; i < n; i++) {
             part += s->w[key_id(key[i])];
@@ -304,7 +307,7 @@ static void cut_count(tk_sampler *s, const float *logits, float inv_t, kept *k, 
     long cum = 0;
     double z = 0;
     for (int b = 0; b <= k->bl; b++) {
-        const long n = b < k->bl ? (long)s->cnt[b] : k->nl;
+        const long n = bucket_count(k, s->cnt, b);
         const double m = bucket_weight(k, s->mass, b);
         if (cum + n < want) {
             cum += n;
@@ -363,12 +366,12 @@ static bool kept_set(tk_sampler *s, const float *logits, int32_t best, kept *k) 
     int last = -1;
     double z = 0;
     for (int b = 0; b < SAMP_NONE; b++) {
-        n += s->cnt[b];
-        z += s->mass[b];
-        if (s->cnt[b]) last = b;
+        n += cnt[b];
+        z += mass[b];
+        if (cnt[b]) last = b;
     }
     if (last < 0) return false;
-    *k = (kept){.bl = last, .nl = (int)s->cnt[last], .part = s->mass[last], .z = z};
+    *k = (kept){.bl = last, .nl = (int)cnt[last], .part = mass[last], .z = z};
     if (s->p.top_k > 0 && s->p.top_k < n) cut_count(s, logits, inv_t, k, s->p.top_k);
     if (s->p.top_p < 1) cut_weight(s, logits, inv_t, k, (double)s->p.top_p * k->z);
     if (s->p.min_p > 0) {
@@ -378,11 +381,11 @@ static bool kept_set(tk_sampler *s, const float *logits, int32_t best, kept *k) 
         long keep = 0;
         for (int b = 0; b <= k->bl; b++) {
             if ((double)(b + 1) / SAMP_PER_UNIT <= dmax && b < SAMP_TAIL) { /* the whole bucket is near */
-                keep += b < k->bl ? (long)s->cnt[b] : k->nl;
+                keep += bucket_count(k, s->cnt, b);
                 continue;
             }
             const uint64_t *key = bucket_sorted(s, logits, inv_t, b);
-            const int m = b < k->bl ? (int)s->cnt[b] : k->nl;
+            const int m = bucket_count(k, s->cnt, b);
             for (int i = 0; i < m; i++) {
                 const float v = logits[key_id(key[i])] * inv_t;
                 const float d = vmax - v;
@@ -410,7 +413,7 @@ static int32_t sample_temperature(tk_sampler *s, const float *logits, int32_t be
             continue;
         }
         const uint64_t *key = bucket_sorted(s, logits, inv_t, b);
-        const int n = b < k.bl ? (int)s->cnt[b] : k.nl;
+        const int n = bucket_count(&k, s->cnt, b);
         for (int i = 0; i < n; i++) {
             cum += s->w[key_id(key[i])];
             if (r < cum) return key_id(key[i]);
