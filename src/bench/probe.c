@@ -218,11 +218,24 @@ __attribute__((target("avx2"))) static uint32_t int8_avx2(long iters) {
     return probe_lanes_sum(lanes, 8);
 }
 
+/* The vpdpbusd loops' accumulators start equal and take the same operands, so
+ * the compiler may prove them equal and keep one chain: the loop would then
+ * time the instruction's latency and count it twelve (eight) times. An empty
+ * asm that may change each accumulator keeps every chain its own; it emits no
+ * instruction. */
+#define PROBE_OPAQUE4(a, b, c, d) __asm__ volatile("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
+#define PROBE_OPAQUE8(a, b, c, d, e, f, g, h)                                                                \
+    do {                                                                                                     \
+        PROBE_OPAQUE4(a, b, c, d);                                                                           \
+        PROBE_OPAQUE4(e, f, g, h);                                                                           \
+    } while (0)
+
 /* The AVX-VNNI dot: one VEX vpdpbusd per 32 pairs, 8 accumulators as int8_avx2. */
 __attribute__((target("avx2,avxvnni"))) static uint32_t int8_avxvnni(long iters) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     const __m256i a = _mm256_set1_epi8(PROBE_U8), b = _mm256_set1_epi8(PROBE_S8);
     for (long i = 0; i < iters; i++) {
+        PROBE_OPAQUE8(a0, a1, a2, a3, a4, a5, a6, a7);
         a0 = _mm256_dpbusd_avx_epi32(a0, a, b), a1 = _mm256_dpbusd_avx_epi32(a1, a, b);
         a2 = _mm256_dpbusd_avx_epi32(a2, a, b), a3 = _mm256_dpbusd_avx_epi32(a3, a, b);
         a4 = _mm256_dpbusd_avx_epi32(a4, a, b), a5 = _mm256_dpbusd_avx_epi32(a5, a, b);
@@ -240,6 +253,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint32_t int8_avx5
     __m512i a8 = a0, a9 = a0, a10 = a0, a11 = a0;
     const __m512i a = _mm512_set1_epi8(PROBE_U8), b = _mm512_set1_epi8(PROBE_S8);
     for (long i = 0; i < iters; i++) {
+        PROBE_OPAQUE8(a0, a1, a2, a3, a4, a5, a6, a7);
+        PROBE_OPAQUE4(a8, a9, a10, a11);
         a0 = _mm512_dpbusd_epi32(a0, a, b), a1 = _mm512_dpbusd_epi32(a1, a, b),
         a2 = _mm512_dpbusd_epi32(a2, a, b);
         a3 = _mm512_dpbusd_epi32(a3, a, b), a4 = _mm512_dpbusd_epi32(a4, a, b),
