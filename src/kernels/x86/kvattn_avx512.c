@@ -27,7 +27,7 @@ AI float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
  * then + 4, + 2, + 1: the order of _mm512_reduce_add_ps), 3 operations per
  * vector and level-pair; absent vectors are zeros, which touch no other
  * vector's sum. Lane 4L + k of the result holds the sum of d[4k + L]. */
-AI void vf_hsum_n(const vf *d, int n, float *out) {
+AI vf vf_hsum_tree(const vf *d, int n) {
     vf v[16], w[8], u[4], t[2];
     for (int i = 0; i < 16; i++) v[i] = i < n ? d[i] : _mm512_setzero_ps();
     for (int k = 0; k < 8; k++)
@@ -39,11 +39,45 @@ AI void vf_hsum_n(const vf *d, int n, float *out) {
     for (int k = 0; k < 2; k++)
         t[k] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const vf r = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+AI void vf_hsum_n(const vf *d, int n, float *out) {
     float x[16];
-    _mm512_storeu_ps(x, r);
+    _mm512_storeu_ps(x, vf_hsum_tree(d, n));
     for (int i = 0; i < n; i++) out[i] = x[4 * (i % 4) + i / 4];
+}
+
+/* Scores of a whole group (R * P == 16 dot products d[r*P + p], kvattn_body.h's
+ * store_scores) in vectors: the same sums as vf_hsum_n and the same
+ * operations per score in the same order, so the same bits, without going
+ * through memory one score at a time. */
+#define KV_SCORES_V 1
+AI void store_scores_v(const vf *d, const float *off, const float *mul, const float *ks, float scale,
+                       float *s, int bs, int j0, const int R, const int P) {
+    /* lane m = p*R + r of the result takes the sum of d[r*P + p], which the
+     * tree leaves in lane 4 (i % 4) + i / 4 */
+    int perm[16], by_p[16], by_r[16];
+    for (int m = 0; m < 16; m++) {
+        const int r = m % R, p = m / R, i = r * P + p;
+        perm[m] = 4 * (i % 4) + i / 4, by_p[m] = p, by_r[m] = r;
+    }
+    vf y = _mm512_permutexvar_ps(_mm512_loadu_si512(perm), vf_hsum_tree(d, 16));
+    if (off) {
+        const __mmask16 pm = (__mmask16)((1u << P) - 1);
+        const __m512i ip = _mm512_loadu_si512(by_p);
+        y = _mm512_mul_ps(_mm512_sub_ps(y, _mm512_permutexvar_ps(ip, _mm512_maskz_loadu_ps(pm, off))),
+                          _mm512_permutexvar_ps(ip, _mm512_maskz_loadu_ps(pm, mul)));
+    }
+    if (ks)
+        y = _mm512_mul_ps(y,
+                          _mm512_permutexvar_ps(_mm512_loadu_si512(by_r),
+                                                _mm512_maskz_loadu_ps((__mmask16)((1u << R) - 1), ks + j0)));
+    y = _mm512_mul_ps(y, _mm512_set1_ps(scale));
+    /* pair p's R scores are lanes [p*R, p*R + R): a masked store places them
+     * at s + p*bs + j0 (bs >= R, so the base stays inside s) */
+    for (int p = 0; p < P; p++)
+        _mm512_mask_storeu_ps(s + p * bs + j0 - p * R, (__mmask16)(((1u << R) - 1) << (p * R)), y);
 }
 
 AI vf vf_exp_neg(vf x) {
@@ -109,5 +143,14 @@ AI vq vq_load_k(const uint8_t *row, int c, int hd) {
 }
 AI vq vq_dot(vq acc, vq k, const int8_t *q8) { return _mm512_dpbusd_epi32(acc, k, _mm512_loadu_si512(q8)); }
 AI vf vq_to_f(vq v) { return _mm512_cvtepi32_ps(v); }
+/* The sum of n int8s (n % 64 == 0): byte sums of q + 128 by vpsadbw, less 128 n. */
+AI int32_t vq_sum_i8(const int8_t *q, size_t n) {
+    __m512i a = _mm512_setzero_si512();
+    for (size_t c = 0; c < n; c += 64)
+        a = _mm512_add_epi64(
+            a, _mm512_sad_epu8(_mm512_xor_si512(_mm512_loadu_si512(q + c), _mm512_set1_epi8((char)0x80)),
+                               _mm512_setzero_si512()));
+    return (int32_t)(_mm512_reduce_add_epi64(a) - 128 * (long long)n);
+}
 
 #include "kernels/x86/kvattn_body.h"

@@ -29,6 +29,9 @@
  *   vq_dot(acc, k, q8)   acc + the sums of 4 adjacent products k * q8 (64
  *                        int8s of the query), lane by lane
  *   vq_to_f(v)           the sums as floats
+ *   vq_sum_i8(q, n)      the sum of n int8s, n % 64 == 0
+ * A level may also define KV_SCORES_V and store_scores_v (store_scores for a
+ * whole group, R * P == VL, from the dot products' vectors: the same bits).
  * and is compiled with its own target flags, so the same source becomes both
  * kernels. Differences from the reference, all for speed:
  *  - work goes in tiles of up to KV_ATTN_TILE (query, head) pairs that read
@@ -108,6 +111,12 @@ AI void dot_rows(const uint8_t *K, size_t row_bytes, int j0, int hd, const float
             for (int p = 0; p < P; p++) d[r * P + p] = vf_fmadd(vf_load(q[p] + c), k, d[r * P + p]);
         }
     }
+#ifdef KV_SCORES_V
+    if (R * P == VL) {
+        store_scores_v(d, NULL, NULL, ks, scale, s, bs, j0, R, P);
+        return;
+    }
+#endif
     float x[VL];
     vf_hsum_n(d, R * P, x);
     store_scores(x, NULL, NULL, ks, scale, s, bs, j0, R, P);
@@ -137,6 +146,12 @@ AI void dot_rows_q8(const uint8_t *K, size_t row_bytes, int j0, int hd, const in
     vf f[VL];
 #pragma GCC unroll 16
     for (int i = 0; i < R * P; i++) f[i] = vq_to_f(d[i]);
+#ifdef KV_SCORES_V
+    if (R * P == VL) {
+        store_scores_v(f, qoff, qmul, ks, scale, s, bs, j0, R, P);
+        return;
+    }
+#endif
     float x[VL];
     vf_hsum_n(f, R * P, x);
     store_scores(x, qoff, qmul, ks, scale, s, bs, j0, R, P);
@@ -151,19 +166,25 @@ AI void query_q8(const float *qk, int hd, int8_t *q8, float *qmul, float *qoff) 
     const float m = vf_hmax(a);
     const vf inv = vf_set1(m > 0.0f ? 127.0f / m : 0.0f);
     for (int c = 0; c < hd; c += VL) vf_store_i8(q8 + c, vf_mul(vf_load(qk + c), inv));
-    int32_t sum = 0;
-    for (int c = 0; c < hd; c++) sum += q8[c];
     for (size_t c = (size_t)hd; c < KV_Q8_BYTES(hd); c++) q8[c] = 0;
+    const int32_t sum = vq_sum_i8(q8, KV_Q8_BYTES(hd));
     *qmul = m / 127.0f;
     *qoff = 128.0f * (float)sum;
 }
 #endif
 
+/* Asks for bytes [0, n) from p into the cache, a line at a time. */
+AI void prefetch_span(const uint8_t *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 /* acc[p*hd + c..] = acc * corr[p] + vs[c..] * sum_j w[p*bs + j] * V_j[c..] for
  * C chunks of VL dims from c (vs: the per-channel int8 scales; NULL means 1);
- * each (chunk, pair) is its own chain, rows in order. */
+ * each (chunk, pair) is its own chain, rows in order. pf: NULL, or rows read
+ * next (row_bytes apart) to ask the cache for, one per V row. */
 AI void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const float *corr, const float *w,
-                 int bs, float *acc, const float *vs, const int C, const int P, const tk_kv_type type) {
+                 int bs, float *acc, const float *vs, const uint8_t *pf, const int C, const int P,
+                 const tk_kv_type type) {
     vf a[VL];
 #pragma GCC unroll 16
     for (int u = 0; u < C; u++)
@@ -172,6 +193,7 @@ AI void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const
             a[u * P + p] = vs ? vf_zero() : vf_mul(vf_load(acc + p * hd + c + VL * u), vf_set1(corr[p]));
     for (int j = 0; j < n; j++) {
         const uint8_t *vr = V + (size_t)j * row_bytes;
+        if (pf) prefetch_span(pf + (size_t)j * row_bytes, row_bytes);
 #pragma GCC unroll 16
         for (int u = 0; u < C; u++) {
             const vf v = vf_load_kv(vr, c + VL * u, type);
@@ -199,11 +221,6 @@ typedef struct tile_state {
     float *qmul, *qoff; /* [P] their scales and 128 * their sums */
 } tile_state;
 
-/* Asks for bytes [0, n) from p into the cache, a line at a time. */
-AI void prefetch_span(const uint8_t *p, size_t n) {
-    for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
 /* Block b of the context (block id blk) for P pairs; n: the rows any pair
  * reads, n[p] = len[p] - b*bs clamped to [0, bs] each pair's own. */
 AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8_t *Vn, int kvh, int b, int n,
@@ -229,16 +246,16 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
 
     /* Rows in groups of R, so R*P dot products run as independent chains.
      * While a group's K rows are dotted, the same rows of this block's V
-     * (read next) and of the next block's K are asked for: blocks are
-     * scattered and a block's rows of one head span several pages, which the
-     * hardware prefetcher does not cross. */
+     * (read next) are asked for, and while V is summed, the next block's K:
+     * blocks are scattered and a block's rows of one head span several
+     * pages, which the hardware prefetcher does not cross, and asking in
+     * both phases keeps reads in flight through the whole block. */
     const float *ks_tok = per_tok ? ks : NULL;
     const int R = KV_ROWS(P);
     int j0 = 0;
 #define KV_PREFETCH(j, rows)                                                                                 \
     do {                                                                                                     \
         prefetch_span(V + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                                  \
-        if (Kn) prefetch_span(Kn + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                         \
         if (Vn) prefetch_span(Vn + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                         \
     } while (0)
 #ifdef KV_Q8
@@ -292,8 +309,9 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
     const int C = KV_ROWS(P);
     int c = 0;
     for (; c + VL * C <= hd; c += VL * C)
-        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, C, P, type);
-    for (; c < hd; c += VL) acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, 1, P, type);
+        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, c == 0 ? Kn : NULL, C, P, type);
+    for (; c < hd; c += VL)
+        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, c == 0 ? Kn : NULL, 1, P, type);
 }
 
 /* st's m, l and acc start afresh for P pairs. */
