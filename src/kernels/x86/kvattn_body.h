@@ -223,15 +223,20 @@ typedef struct tile_state {
 
 /* Block b of the context (block id blk) for P pairs; n: the rows any pair
  * reads, n[p] = len[p] - b*bs clamped to [0, bs] each pair's own. */
-AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8_t *Vn, int kvh, int b, int n,
-                   const tile_pairs *tp, float scale, const tile_state *st, const int P,
-                   const tk_kv_type type) {
+AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8_t *Vn, const float *KSn,
+                   int kvh, int b, int n, const tile_pairs *tp, float scale, const tile_state *st,
+                   const int P, const tk_kv_type type) {
     const int hd = g->head_dim, bs = g->block_size;
     const size_t row_bytes = (size_t)hd * kv_type_size(type);
     const bool per_tok = type == TK_KV_INT8 && g->scale == TK_KV_SCALE_TOKEN;
     const bool per_chan = type == TK_KV_INT8 && g->scale != TK_KV_SCALE_TOKEN;
     const uint8_t *K = kv_geom_k(g, blk, kvh), *V = kv_geom_v(g, blk, kvh);
     const float *ks = kv_geom_ks(g, blk, kvh), *vs = kv_geom_vs(g, blk, kvh);
+    /* the block's V scales are read after its K rows, the next block's K
+     * scales first thing: ask for both now (int8 only) */
+    const size_t sc_bytes = (size_t)kv_scales_per_head(g) * sizeof(float);
+    if (vs) prefetch_span((const uint8_t *)vs, sc_bytes);
+    if (KSn) prefetch_span((const uint8_t *)KSn, sc_bytes);
 
     /* Per-channel K scales: score = sum_c (q_c * ks_c) * k_c, so scale q once. */
     const float *qk[KV_ATTN_TILE];
@@ -336,12 +341,15 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
     const int end = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
     for (int b = k * KV_ATTN_PART / bs; b * bs < end; b++) {
         const int n = end - b * bs < bs ? end - b * bs : bs;
-        /* the K read next: the next block's, or after the part's last block
-         * the next kv head's first block of the part (the caller's next tile) */
-        const uint8_t *Kn = (b + 1) * bs < end       ? kv_geom_k(g, bt[b + 1], kvh)
-                            : kvh + 1 < g->n_head_kv ? kv_geom_k(g, bt[k * KV_ATTN_PART / bs], kvh + 1)
-                                                     : NULL;
-        tile_block(g, bt[b], Kn, NULL, kvh, b, n, tp, scale, st, P, type);
+        /* the K read next: the next block's (in the next part too), or
+         * after the context's last block the next kv head's first block (the
+         * caller's next tile) */
+        const bool more = (b + 1) * bs < len, next_head = !more && kvh + 1 < g->n_head_kv;
+        const int32_t nb = more ? bt[b + 1] : bt[0];
+        const int nh = more ? kvh : kvh + 1;
+        const uint8_t *Kn = more || next_head ? kv_geom_k(g, nb, nh) : NULL;
+        const float *KSn = more || next_head ? kv_geom_ks(g, nb, nh) : NULL;
+        tile_block(g, bt[b], Kn, NULL, KSn, kvh, b, n, tp, scale, st, P, type);
     }
 }
 
@@ -370,7 +378,7 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
         } else {
             const int b = (tp->len[0] - 1) / bs;
             tile_reset(&st, hd, P);
-            tile_block(g, bt[b], tp->kn, tp->vn, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
+            tile_block(g, bt[b], tp->kn, tp->vn, NULL, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
         }
         for (int p = 0; p < P; p++) {
             for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
