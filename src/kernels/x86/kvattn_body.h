@@ -353,6 +353,27 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
     }
 }
 
+/* kv_attn_fold and kv_attn_finish (attn_ref.c) VL elements at a time: the
+ * same operations on each element (a multiply, a multiply and an add, no
+ * fused multiply-add), so the same bits. */
+AI void fold_v(float *M, float *L, float *A, float m, float l, const float *acc, int hd, bool first) {
+    if (first) {
+        *M = m, *L = l;
+        for (int c = 0; c < hd; c += VL) vf_store(A + c, vf_load(acc + c));
+        return;
+    }
+    const float m_new = fmaxf(*M, m), a = expf(*M - m_new), b = expf(m - m_new);
+    *L = *L * a + l * b;
+    const vf av = vf_set1(a), bv = vf_set1(b);
+    for (int c = 0; c < hd; c += VL)
+        vf_store(A + c, vf_add(vf_mul(vf_load(A + c), av), vf_mul(vf_load(acc + c), bv)));
+    *M = m_new;
+}
+AI void finish_v(const float *A, float L, int hd, float *out) {
+    const vf inv = vf_set1(1.0f / L);
+    for (int c = 0; c < hd; c += VL) vf_store(out + c, vf_mul(vf_load(A + c), inv));
+}
+
 /* P pairs that read kv head kvh. part < 0: the context of each pair up to
  * len[p], part by part, folded (kv_attn_fold) with its own-block record
  * last when it has one, and normalized into out[p]; part >= 0: only that
@@ -394,13 +415,13 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
         tile_part(g, bt, kvh, tp, k, scale, &st, P, type);
         for (int p = 0; p < P; p++)
             if (tp->len[p] > k * KV_ATTN_PART)
-                kv_attn_fold(&M[p], &L[p], A + (size_t)p * hd, st.m[p], st.l[p], st.acc + (size_t)p * hd, hd,
-                             k == 0);
+                fold_v(&M[p], &L[p], A + (size_t)p * hd, st.m[p], st.l[p], st.acc + (size_t)p * hd, hd,
+                       k == 0);
     }
     for (int p = 0; p < P; p++) {
         const float *r = tp->own[p];
-        if (r) kv_attn_fold(&M[p], &L[p], A + (size_t)p * hd, r[hd], r[hd + 1], r, hd, tp->len[p] == 0);
-        kv_attn_finish(A + (size_t)p * hd, L[p], hd, tp->out[p]);
+        if (r) fold_v(&M[p], &L[p], A + (size_t)p * hd, r[hd], r[hd + 1], r, hd, tp->len[p] == 0);
+        finish_v(A + (size_t)p * hd, L[p], hd, tp->out[p]);
     }
 }
 
