@@ -38,10 +38,13 @@ AI float vf_hmax(vf v) {
  * other vector's sum. Lane 4H + k of the result holds the sum of d[2k + H]. */
 AI void vf_hsum_n(const vf *d, int n, float *out) {
     vf v[8], w[4], t[2];
+#pragma GCC unroll 16
     for (int i = 0; i < 8; i++) v[i] = i < n ? d[i] : _mm256_setzero_ps();
+#pragma GCC unroll 16
     for (int k = 0; k < 4; k++)
         w[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
                              _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
+#pragma GCC unroll 16
     for (int k = 0; k < 2; k++)
         t[k] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm256_shuffle_ps(w[2 * k], w[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));

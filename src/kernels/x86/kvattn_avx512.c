@@ -29,13 +29,17 @@ AI float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
  * vector's sum. Lane 4L + k of the result holds the sum of d[4k + L]. */
 AI vf vf_hsum_tree(const vf *d, int n) {
     vf v[16], w[8], u[4], t[2];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i++) v[i] = i < n ? d[i] : _mm512_setzero_ps();
+#pragma GCC unroll 16
     for (int k = 0; k < 8; k++)
         w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
                              _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+#pragma GCC unroll 16
     for (int k = 0; k < 4; k++)
         u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88),
                              _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
+#pragma GCC unroll 16
     for (int k = 0; k < 2; k++)
         t[k] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
