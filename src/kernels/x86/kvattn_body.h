@@ -95,6 +95,23 @@ AI void store_scores(const float *x, const float *off, const float *mul, const f
         }
 }
 
+/* store_scores from the group's R*P dot products as vectors d (each one's
+ * lanes sum to its dot): whole groups through the level's store_scores_v
+ * where it has one, else reduced by vf_hsum_n first. The same bits either
+ * way. */
+AI void put_scores(const vf *d, const float *off, const float *mul, const float *ks, float scale, float *s,
+                   int bs, int j0, const int R, const int P) {
+#ifdef KV_SCORES_V
+    if (R * P == VL) {
+        store_scores_v(d, off, mul, ks, scale, s, bs, j0, R, P);
+        return;
+    }
+#endif
+    float x[VL];
+    vf_hsum_n(d, R * P, x);
+    store_scores(x, off, mul, ks, scale, s, bs, j0, R, P);
+}
+
 /* Scores of rows [j0, j0+R) of a block for P pairs: s[p*bs + j]. ks: the
  * per-token int8 scales, NULL otherwise (per-channel scales are already in q).
  * Each (row, pair) is its own chain in the same order whatever R and P are. */
@@ -111,15 +128,7 @@ AI void dot_rows(const uint8_t *K, size_t row_bytes, int j0, int hd, const float
             for (int p = 0; p < P; p++) d[r * P + p] = vf_fmadd(vf_load(q[p] + c), k, d[r * P + p]);
         }
     }
-#ifdef KV_SCORES_V
-    if (R * P == VL) {
-        store_scores_v(d, NULL, NULL, ks, scale, s, bs, j0, R, P);
-        return;
-    }
-#endif
-    float x[VL];
-    vf_hsum_n(d, R * P, x);
-    store_scores(x, NULL, NULL, ks, scale, s, bs, j0, R, P);
+    put_scores(d, NULL, NULL, ks, scale, s, bs, j0, R, P);
 }
 
 #ifdef KV_Q8
@@ -146,15 +155,7 @@ AI void dot_rows_q8(const uint8_t *K, size_t row_bytes, int j0, int hd, const in
     vf f[VL];
 #pragma GCC unroll 16
     for (int i = 0; i < R * P; i++) f[i] = vq_to_f(d[i]);
-#ifdef KV_SCORES_V
-    if (R * P == VL) {
-        store_scores_v(f, qoff, qmul, ks, scale, s, bs, j0, R, P);
-        return;
-    }
-#endif
-    float x[VL];
-    vf_hsum_n(f, R * P, x);
-    store_scores(x, qoff, qmul, ks, scale, s, bs, j0, R, P);
+    put_scores(f, qoff, qmul, ks, scale, s, bs, j0, R, P);
 }
 
 /* The int8 query of pair p for one block (attn_ref.c's query_q8): qk rounded
@@ -344,11 +345,11 @@ AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs
         /* the K read next: the next block's (in the next part too), or
          * after the context's last block the next kv head's first block (the
          * caller's next tile) */
-        const bool more = (b + 1) * bs < len, next_head = !more && kvh + 1 < g->n_head_kv;
+        const bool more = (b + 1) * bs < len;
         const int32_t nb = more ? bt[b + 1] : bt[0];
-        const int nh = more ? kvh : kvh + 1;
-        const uint8_t *Kn = more || next_head ? kv_geom_k(g, nb, nh) : NULL;
-        const float *KSn = more || next_head ? kv_geom_ks(g, nb, nh) : NULL;
+        const int nh = more ? kvh : kvh + 1; /* past the last kv head: nothing next */
+        const uint8_t *Kn = nh < g->n_head_kv ? kv_geom_k(g, nb, nh) : NULL;
+        const float *KSn = nh < g->n_head_kv ? kv_geom_ks(g, nb, nh) : NULL;
         tile_block(g, bt[b], Kn, NULL, KSn, kvh, b, n, tp, scale, st, P, type);
     }
 }
