@@ -11,7 +11,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -343,8 +342,7 @@ static void *probe_main(void *arg) {
          * zero page. */
         /* Huge-page backed, as the model's weights are (model_make_resident),
          * so the roofline compares like with like. */
-        buf = tk_alloc_aligned(sh->bytes, (size_t)2 << 20);
-        if (buf) madvise(buf, sh->bytes, MADV_HUGEPAGE);
+        buf = tk_alloc_huge(sh->bytes, 0);
         if (buf)
             memset(buf, 0x5a + t->ith, sh->bytes);
         else
@@ -363,7 +361,7 @@ static void *probe_main(void *arg) {
                                               : compute_once(sh->kind, sh->isa, sh->iters);
         t->t1[r] = now_s();
     }
-    tk_free_aligned(buf);
+    tk_free_huge(buf, sh->bytes);
     return NULL;
 }
 

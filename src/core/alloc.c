@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* A process-wide counter is the one global we keep: it only observes, and an
  * atomic makes it safe for many engines. A 16-byte header records the size so
@@ -84,6 +85,52 @@ void tk_free_aligned(void *p) {
     memcpy(&total, base, sizeof total);
     atomic_fetch_sub(&live_bytes, total);
     free(base);
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static size_t huge_round(size_t n) { return (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE; }
+
+/* Under AddressSanitizer the heap keeps its redzones around the region. */
+#if defined(__SANITIZE_ADDRESS__)
+#define HUGE_ON_HEAP 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HUGE_ON_HEAP 1
+#endif
+#endif
+
+void *tk_alloc_huge(size_t n, int touch) {
+    if (n == 0 || n > SIZE_MAX - 2 * HUGE_PAGE) return NULL;
+#ifdef HUGE_ON_HEAP
+    (void)touch;
+    return tk_alloc_aligned(huge_round(n), HUGE_PAGE);
+#endif
+    size_t size = huge_round(n), map = size + HUGE_PAGE;
+    unsigned char *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    /* Trim to a huge-page-aligned region. */
+    size_t lead = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
+    if (lead) munmap(p, lead);
+    if (map - lead > size) munmap(p + lead + size, map - lead - size);
+    p += lead;
+    madvise(p, size, MADV_HUGEPAGE);
+    if (touch) /* one write per 4 KiB page, in case the kernel gives small pages */
+        for (size_t off = 0; off < size; off += 4096) ((volatile unsigned char *)p)[off] = 0;
+    atomic_fetch_add(&live_bytes, size);
+    return p;
+}
+
+void tk_free_huge(void *p, size_t n) {
+    if (!p) return;
+#ifdef HUGE_ON_HEAP
+    mprotect(p, huge_round(n), PROT_READ | PROT_WRITE); /* the caller may have made it read-only */
+    tk_free_aligned(p);
+    return;
+#endif
+    size_t size = huge_round(n);
+    munmap(p, size);
+    atomic_fetch_sub(&live_bytes, size);
 }
 
 uint64_t tk_alloc_live_bytes(void) { return atomic_load(&live_bytes); }

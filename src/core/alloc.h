@@ -18,6 +18,14 @@ void tk_free(void *p);
 void *tk_alloc_aligned(size_t n, size_t align);
 void tk_free_aligned(void *p);
 
+/* Zeroed, on 2 MiB boundaries, advised for transparent huge pages before any
+ * page is touched (advice given after the first touch leaves 4 KiB pages, whose
+ * TLB misses every pass over the memory pays). With touch, every page is
+ * faulted in now, so the memory is committed and no later pass takes a fault.
+ * n is rounded up to whole huge pages; free with tk_free_huge and the same n. */
+void *tk_alloc_huge(size_t n, int touch);
+void tk_free_huge(void *p, size_t n);
+
 /* Bytes currently held through the wrappers above (all threads). */
 uint64_t tk_alloc_live_bytes(void);
 

@@ -15,7 +15,8 @@
 
 struct tk_kv {
     tk_kv_opts o;
-    uint8_t *pool;                /* [n_layer][n_blocks][block_stride] bytes, 64-byte aligned */
+    uint8_t *pool; /* [n_layer][n_blocks][block_stride] bytes, on huge pages */
+    size_t pool_bytes;
     size_t block_stride;          /* bytes of one (layer, block) region, a multiple of 64 */
     size_t v_off, ks_off, vs_off; /* section offsets inside a region (see kv_geom) */
     int32_t *free_ids;            /* [n_blocks] stack of free block ids; top is free_ids[n_free-1] */
@@ -140,7 +141,7 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
         return tk_fail(TK_ERR_NOMEM,
                        "kv: pool size overflows (%d layers x %d blocks x %d heads x %d slots x %d dims)",
                        o->n_layer, o->n_blocks, o->n_head_kv, o->block_size, o->head_dim);
-    /* The pool is zeroed (touched) at init, so more than the machine's memory
+    /* The pool is touched at init, so more than the machine's memory
      * can never work; refuse it before the allocator (or the OOM killer) does. */
     size_t phys = phys_mem_bytes();
     if (total > phys)
@@ -155,7 +156,10 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     kv->v_off = L.sect;
     kv->ks_off = 2 * L.sect;
     kv->vs_off = 2 * L.sect + L.scales;
-    kv->pool = tk_alloc_aligned(total, 64);
+    /* On huge pages: attention reads every block of a sequence each step, and
+     * with 4 KiB pages each 4 KiB of it costs a TLB walk. */
+    kv->pool = tk_alloc_huge(total, 1);
+    kv->pool_bytes = total;
     kv->free_ids = tk_calloc((size_t)o->n_blocks, sizeof *kv->free_ids);
     kv->refs = tk_calloc((size_t)o->n_blocks, sizeof *kv->refs);
     if (!kv->pool || !kv->free_ids || !kv->refs) {
@@ -188,7 +192,7 @@ tk_status kv_init(const tk_kv_opts *o, tk_kv **out) {
 
 void kv_free(tk_kv *kv) {
     if (!kv) return;
-    tk_free_aligned(kv->pool);
+    tk_free_huge(kv->pool, kv->pool_bytes);
     tk_free(kv->free_ids);
     tk_free(kv->refs);
     tk_free(kv);

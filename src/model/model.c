@@ -59,7 +59,7 @@ void tk_model_free(tk_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) tk_free_aligned(m->owned[i]);
     tk_free(m->owned);
-    if (m->resident) munmap(m->resident, m->resident_size);
+    tk_free_huge(m->resident, m->resident_size);
     tk_free(m->layers);
     tk_free(m->name);
     tok_free(m->tok);
@@ -450,19 +450,13 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         tk_free(ts);
         return TK_OK;
     }
-    size_t size = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE, map = size + HUGE_PAGE;
-    unsigned char *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    size_t size = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    unsigned char *p = tk_alloc_huge(size, 0);
+    if (!p) {
         tk_free(ts);
         return tk_fail(TK_ERR_NOMEM, "model: cannot map %zu bytes for the weights (use_mmap avoids the copy)",
-                       map);
+                       size);
     }
-    /* Trim to a huge-page-aligned region. */
-    size_t lead = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
-    if (lead) munmap(p, lead);
-    if (map - lead > size) munmap(p + lead + size, map - lead - size);
-    p += lead;
-    madvise(p, size, MADV_HUGEPAGE);
     size_t off = 0;
     for (int i = 0; i < k; i++) {
         tk_tensor *t = sel[i];

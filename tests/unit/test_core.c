@@ -171,6 +171,28 @@ static void test_core_alloc_counts(void **state) {
     assert_null(tk_calloc(SIZE_MAX / 2, 4));
 }
 
+/* Huge-page regions: 2 MiB aligned, zeroed, writable to the rounded-up end,
+ * counted while held, with and without touching every page up front. */
+static void test_core_alloc_huge(void **state) {
+    (void)state;
+    const size_t mib2 = (size_t)2 << 20;
+    uint64_t before = tk_alloc_live_bytes();
+    for (int touch = 0; touch <= 1; touch++) {
+        size_t n = 3 * mib2 + 1000;
+        unsigned char *p = tk_alloc_huge(n, touch);
+        assert_non_null(p);
+        assert_true((uintptr_t)p % mib2 == 0);
+        assert_int_equal(tk_alloc_live_bytes(), before + 4 * mib2);
+        for (size_t i = 0; i < 4 * mib2; i += 4093) assert_int_equal(p[i], 0);
+        p[4 * mib2 - 1] = 7;
+        tk_free_huge(p, n);
+        assert_int_equal(tk_alloc_live_bytes(), before);
+    }
+    assert_null(tk_alloc_huge(0, 1));
+    assert_null(tk_alloc_huge(SIZE_MAX, 0));
+    tk_free_huge(NULL, 5);
+}
+
 static void test_core_error_message(void **state) {
     (void)state;
     assert_int_equal(tk_fail(TK_ERR_FORMAT, "field %s = %d", "x", 5), TK_ERR_FORMAT);
@@ -184,7 +206,7 @@ int main(void) {
         cmocka_unit_test(test_core_dtype_rows),    cmocka_unit_test(test_core_checked),
         cmocka_unit_test(test_core_pool_barrier),  cmocka_unit_test(test_core_split),
         cmocka_unit_test(test_core_pool_cpus),     cmocka_unit_test(test_core_alloc_counts),
-        cmocka_unit_test(test_core_error_message),
+        cmocka_unit_test(test_core_alloc_huge),    cmocka_unit_test(test_core_error_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
