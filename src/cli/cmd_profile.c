@@ -1,4 +1,4 @@
-/* tokamak profile: where a batched decode step spends its time. B sequences
+/* tokamak profile: where a batched decode step (or a prefill chunk) spends its time. B sequences
  * are built at context C (one prompt prefilled, its KV blocks copied to the
  * others, not timed), then N decode steps run with stage timing attached to
  * the forward pass. Per stage: the median over steps of its work (the longest
@@ -8,7 +8,10 @@
  * rest of a step (threads idle at barriers, the pool's start and end) is the
  * barrier_wait row; sampling the B rows of logits (on the backend's threads,
  * as the engine samples them; its cpu ms is the calling thread's) is timed
- * apart. */
+ * apart. With --prefill N each timed step is instead one sequence's chunk of
+ * N prompt tokens at positions C.. (the same positions every step: the
+ * chunk's KV is rewritten), which shows why prefill and decode differ: the
+ * same weights serve N tokens, and attention grows with N times C. */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -39,7 +42,7 @@
 #define PF_ROWS   (FWD_ST_COUNT + 1)
 
 typedef struct pf_args {
-    int batch, steps;
+    int batch, steps, prefill;
     double bw, peak_int8, peak_f32;
     const char *json;
 } pf_args;
@@ -52,6 +55,13 @@ static const cli_opt PF_ROWS_OPT[] = {
      .off = offsetof(pf_args, batch),
      .lo = 1,
      .hi = 1024},
+    {.name = "--prefill",
+     .arg = "N",
+     .help = "time N-token prefill chunks of one sequence at context --ctx instead of decode steps",
+     .kind = CLI_INT,
+     .off = offsetof(pf_args, prefill),
+     .lo = 1,
+     .hi = 65536},
     {.name = "--steps",
      .arg = "N",
      .help = "timed decode steps (default 16; 2 more warm up first)",
@@ -93,10 +103,13 @@ static const cli_opt PF_ROWS_OPT[] = {
 
 static const cli_cmd PF_CMD = {
     "profile",
-    "usage: tokamak profile -m MODEL [--batch B] [--ctx C] [--kv-type T] [--steps N] [--json FILE]",
+    "usage: tokamak profile -m MODEL [--batch B | --prefill N] [--ctx C] [--kv-type T] [--steps N] [--json "
+    "FILE]",
     CLI_G_MODEL | CLI_G_THREADS | CLI_G_PLACE | CLI_G_KV | CLI_G_SAMPLING,
     PF_ROWS_OPT,
     "--ctx is the context each sequence holds when the timed steps start (default 512).\n"
+    "--prefill N: each timed step is one sequence's N-token prompt chunk after --ctx tokens (a 2,048-token "
+    "prompt's last chunk: --prefill 512 --ctx 1536).\n"
     "--bw, --peak-int8 and --peak-f32 replace the probes (a quiet machine's figures when this one is "
     "loaded).\n"
     "Times the fused plan. Floors use the bandwidth and peaks probed at the start of the run.",
@@ -192,14 +205,24 @@ typedef struct pf_run {
     const char *weight_dtype;
     const char *kv_type;
     int batch, ctx, steps, threads;
+    int prefill; /* tokens of the timed chunk; 0: decode steps */
 } pf_run;
+
+/* Tokens a timed step processes. */
+static int run_tokens(const pf_run *ru) { return ru->prefill > 0 ? ru->prefill : ru->batch; }
 
 static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data *d, const pf_row *rows,
                            double step_ms, double fwd_ms, double off) {
     printf("# tokamak profile\n\n");
-    printf("- model %s (%s weights), %d threads, batch %d at context %d, KV %s, %d timed decode steps "
-           "(medians)\n",
-           ru->model, ru->weight_dtype, ru->threads, ru->batch, ru->ctx, ru->kv_type, ru->steps);
+    if (ru->prefill > 0)
+        printf("- model %s (%s weights), %d threads, a %d-token prefill chunk after %d tokens of context, KV "
+               "%s, "
+               "%d timed chunks (medians)\n",
+               ru->model, ru->weight_dtype, ru->threads, ru->prefill, ru->ctx, ru->kv_type, ru->steps);
+    else
+        printf("- model %s (%s weights), %d threads, batch %d at context %d, KV %s, %d timed decode steps "
+               "(medians)\n",
+               ru->model, ru->weight_dtype, ru->threads, ru->batch, ru->ctx, ru->kv_type, ru->steps);
     if (mc->bw.n > 0)
         printf("- probe (%d threads): read %.1f GB/s (best of %d passes; min %.1f, median %.1f), ",
                mc->threads, mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median);
@@ -241,8 +264,8 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
            step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
            step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
            floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0, floor_sum > 0 ? cpu_sum / floor_sum : 0);
-    printf("- forward %.3f ms + sampling %.3f ms; %.1f output tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
-           step_ms > 0 ? 1e3 * ru->batch / step_ms : 0);
+    printf("- forward %.3f ms + sampling %.3f ms; %.1f %s tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
+           step_ms > 0 ? 1e3 * run_tokens(ru) / step_ms : 0, ru->prefill > 0 ? "prefill" : "output");
     printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
     printf("- the threads were off the CPU %.1f%% of their busy time (median)%s\n", 100.0 * off,
            off > 0.02 ? ": the machine was loaded; a stage's cpu ms is its work without the waits for a core"
@@ -261,6 +284,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(root, "threads", ru->threads);
     cJSON_AddNumberToObject(root, "batch", ru->batch);
     cJSON_AddNumberToObject(root, "ctx", ru->ctx);
+    cJSON_AddNumberToObject(root, "prefill", ru->prefill);
     cJSON_AddNumberToObject(root, "steps", ru->steps);
     cJSON *pr = cJSON_AddObjectToObject(root, "probe");
     cJSON_AddNumberToObject(pr, "threads", mc->threads);
@@ -305,7 +329,8 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(sp, "floor_ms", floor_sum);
     cJSON_AddNumberToObject(sp, "x_floor", floor_sum > 0 ? step_ms / floor_sum : 0);
     cJSON_AddNumberToObject(sp, "barriers", d->n_steps ? (double)d->barriers / d->n_steps : 0);
-    cJSON_AddNumberToObject(sp, "output_tok_s", step_ms > 0 ? 1e3 * ru->batch / step_ms : 0);
+    cJSON_AddNumberToObject(sp, ru->prefill > 0 ? "prefill_tok_s" : "output_tok_s",
+                            step_ms > 0 ? 1e3 * run_tokens(ru) / step_ms : 0);
     return root;
 }
 
@@ -329,7 +354,8 @@ typedef struct pf_state {
     backend be;
     int32_t **bt; /* (batch) block tables */
     int32_t *tok, *n, *pos0, *n_logits;
-    float *logits; /* (batch, n_vocab) */
+    int32_t *chunk; /* (prefill) the timed chunk's tokens; NULL for decode */
+    float *logits;  /* (batch, n_vocab) */
     float *prompt_logits;
     tk_sampler **smp; /* (batch) */
     fwd_prof prof;
@@ -359,11 +385,19 @@ static void pf_free(pf_state *s, int batch) {
     tk_free(s->d.step_ns);
     tk_free(s->d.fwd_ns);
     tk_free(s->tmp);
+    tk_free(s->chunk);
     backend_free(&s->be); /* blocks go with the pool */
 }
 
 /* The prompt: sequence 0 prefilled in chunks of the step budget, then its
  * blocks copied to every other sequence (same KV, separate memory). */
+static void random_tokens(uint64_t *x, int32_t *t, int n, int n_vocab) {
+    for (int i = 0; i < n; i++) {
+        *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+        t[i] = (int32_t)(*x % (uint64_t)n_vocab);
+    }
+}
+
 static tk_status build_context(pf_state *s, int batch, int ctx, int nb_seq, int n_vocab) {
     const backend *be = &s->be;
     uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -372,10 +406,7 @@ static tk_status build_context(pf_state *s, int batch, int ctx, int nb_seq, int 
     tk_status st = TK_OK;
     for (int p = 0; p < ctx && st == TK_OK;) {
         int n = ctx - p < be->max_tokens ? ctx - p : be->max_tokens;
-        for (int i = 0; i < n; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            chunk[i] = (int32_t)(x % (uint64_t)n_vocab);
-        }
+        random_tokens(&x, chunk, n, n_vocab);
         int32_t nl = p + n == ctx;
         const int32_t *bt0 = s->bt[0];
         int32_t pos = p;
@@ -384,6 +415,7 @@ static tk_status build_context(pf_state *s, int batch, int ctx, int nb_seq, int 
         st = be->step(be->ctx, &b, nl ? s->prompt_logits : NULL);
         p += n;
     }
+    if (st == TK_OK && s->chunk) random_tokens(&x, s->chunk, be->max_tokens, n_vocab);
     tk_free(chunk);
     if (st != TK_OK) return st;
     for (int q = 1; q < batch; q++)
@@ -392,13 +424,18 @@ static tk_status build_context(pf_state *s, int batch, int ctx, int nb_seq, int 
 }
 
 static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch, int ctx, int steps,
-                          int *nb_seq) {
+                          int prefill, int *nb_seq) {
     const tk_engine_opts *e = &o->engine;
-    int total = ctx + PF_WARMUP + steps, bs = e->block_size;
-    int nbs = (total + bs - 1) / bs;
+    int64_t total = (int64_t)ctx + (prefill > 0 ? prefill : PF_WARMUP + steps);
+    int bs = e->block_size;
+    const int64_t nbs64 = (total + bs - 1) / bs;
+    if (nbs64 * batch > (1 << 30)) return tk_fail(TK_ERR_RANGE, "profile: too many KV blocks");
+    const int nbs = (int)nbs64;
     *nb_seq = nbs;
-    if ((int64_t)nbs * batch > (1 << 30)) return tk_fail(TK_ERR_RANGE, "profile: too many KV blocks");
     int max_tok = batch > 512 ? batch : 512;
+    if (prefill > max_tok) max_tok = prefill;
+    if (prefill > 0 && !(s->chunk = tk_calloc((size_t)max_tok, sizeof *s->chunk)))
+        return tk_fail(TK_ERR_NOMEM, "profile: out of memory");
     backend_cpu_opts bo = {.n_threads = e->n_threads,
                            .pin_threads = e->pin_threads,
                            .cpus = e->cpus,
@@ -459,18 +496,20 @@ static void pf_sample(void *arg, int q) {
     s->tok[q] = tok >= 0 ? tok : 0;
 }
 
-/* One decode step of every sequence at position pos; timed when i >= 0. */
-static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int pos, int i) {
+/* One decode step of every sequence at position pos, or with prefill > 0
+ * sequence 0's chunk of that many tokens from pos; timed when i >= 0. */
+static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill, int pos, int i) {
     const backend *be = &s->be;
     int V = be->n_vocab, nth = be->n_threads;
     for (int q = 0; q < batch; q++) {
-        s->n[q] = 1;
+        s->n[q] = prefill > 0 ? prefill : 1;
         s->pos0[q] = pos;
         s->n_logits[q] = 1;
     }
+    const int n_tok = prefill > 0 ? prefill : batch;
     tk_batch b = {.n_seq = batch,
-                  .n_tok = batch,
-                  .tokens = s->tok,
+                  .n_tok = n_tok,
+                  .tokens = prefill > 0 ? s->chunk : s->tok,
                   .n = s->n,
                   .pos0 = s->pos0,
                   .bt = (const int32_t *const *)s->bt,
@@ -517,10 +556,12 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int pos, int
     if (err > d->thread_sum_err) d->thread_sum_err = err;
     if (i == 0) {
         d->fwd_bytes = be->last_bytes ? be->last_bytes(be->ctx) : 0;
-        fwd_step_shape sh = {.n_tok = batch,
+        /* each token attends to the context before it and to itself */
+        const uint64_t per = (uint64_t)(prefill > 0 ? prefill : 1);
+        fwd_step_shape sh = {.n_tok = n_tok,
                              .n_out = batch,
-                             .kv_tokens = (uint64_t)batch * (uint64_t)(pos + 1),
-                             .attn_pairs = (uint64_t)batch * (uint64_t)(pos + 1)};
+                             .kv_tokens = (uint64_t)batch * ((uint64_t)pos + per),
+                             .attn_pairs = (uint64_t)batch * (per * (uint64_t)pos + per * (per + 1) / 2)};
         fwd_prof_costs(m, be->kv_bytes_per_token, be->kv_type == TK_KV_INT8, &sh, d->cost);
         d->cost[PF_SAMPLE] = (fwd_stage_cost){.bytes = (uint64_t)batch * (uint64_t)V * sizeof(float)};
     }
@@ -542,7 +583,11 @@ int cmd_profile(int argc, char **argv) {
         cli_error(&PF_CMD, "--kv-mem: profile sizes the KV pool to its batch and context itself");
         return 2;
     }
-    int batch = pa.batch, steps = pa.steps, ctx = o.engine.ctx;
+    if (pa.prefill > 0 && cli_opts_given(&o, "--batch")) {
+        cli_error(&PF_CMD, "--prefill times one sequence's chunks; --batch is for decode steps");
+        return 2;
+    }
+    int batch = pa.prefill > 0 ? 1 : pa.batch, steps = pa.steps, ctx = o.engine.ctx, prefill = pa.prefill;
     if (o.engine.n_threads == 0) {
         tk_cpu c;
         cpu_detect(&c);
@@ -566,10 +611,13 @@ int cmd_profile(int argc, char **argv) {
     pf_state s;
     memset(&s, 0, sizeof s);
     int nb_seq = 0, rc = 1;
-    tk_status st = pf_setup(&s, m, &o, batch, ctx, steps, &nb_seq);
-    for (int i = 0; st == TK_OK && i < PF_WARMUP; i++) st = pf_step(&s, m, batch, ctx + i, -1);
+    tk_status st = pf_setup(&s, m, &o, batch, ctx, steps, prefill, &nb_seq);
+    /* decode steps move on a position each; prefill chunks rewrite the same ones */
+    for (int i = 0; st == TK_OK && i < PF_WARMUP; i++)
+        st = pf_step(&s, m, batch, prefill, ctx + (prefill ? 0 : i), -1);
     if (st == TK_OK) st = backend_cpu_profile(&s.be, &s.prof);
-    for (int i = 0; st == TK_OK && i < steps; i++) st = pf_step(&s, m, batch, ctx + PF_WARMUP + i, i);
+    for (int i = 0; st == TK_OK && i < steps; i++)
+        st = pf_step(&s, m, batch, prefill, ctx + (prefill ? 0 : PF_WARMUP + i), i);
     if (st == TK_OK) {
         s.d.barriers = s.prof.barriers;
         backend_cpu_profile(&s.be, NULL);
@@ -586,7 +634,8 @@ int cmd_profile(int argc, char **argv) {
                      .batch = batch,
                      .ctx = ctx,
                      .steps = steps,
-                     .threads = s.be.n_threads};
+                     .threads = s.be.n_threads,
+                     .prefill = prefill};
         double off = median_of(s.d.offcpu, steps, s.tmp);
         print_markdown(&ru, &mc, &s.d, rows, step_ms, fwd_ms, off);
         rc = 0;

@@ -2,7 +2,8 @@
 # tokamak profile: the per-stage table and its JSON on a tiny model. The
 # stage times add up to the step time, thread 0's marks cover its forward
 # step, the stage bytes add up to the bytes the step reads (the model's
-# decode bytes and the KV at the context), barriers are counted, and bad
+# decode bytes and the KV at the context), barriers are counted, a prefill
+# chunk's attention counts every (token, position) pair it reads, and bad
 # options are refused with a message.
 set -euo pipefail
 : "${TK_CLI:?}" "${TK_TMP:?}" "${TK_PYTHON:=/usr/bin/python3}"
@@ -27,6 +28,11 @@ for b in 1 4; do
     grep -q '^- barriers per step: ' "$W/p$b.md" || fail "no barrier count (batch $b)"
 done
 cat "$W/p4.md"
+# a prefill chunk: 8 tokens after 24 of context
+"$TK_CLI" profile -m "$W/m.gguf" --prefill 8 --ctx 24 --steps 2 --kv-type int8 --block-size 128 --threads 2 \
+    --bw 20 --peak-int8 500 --peak-f32 100 --json "$W/pp.json" >"$W/pp.md" || fail "profile --prefill exited $?"
+grep -q "8-token prefill chunk after 24 tokens" "$W/pp.md" || fail "profile --prefill: no chunk line"
+grep -q " prefill tok/s" "$W/pp.md" || fail "profile --prefill: no prefill rate"
 
 "$TK_PYTHON" - "$W" <<'PY'
 import json, re, sys
@@ -68,6 +74,19 @@ for b in (1, 4):
     # bandwidth its floor uses: a faster one raises it
     for s in st:
         assert s["bytes"] < 1e6 or s["bw_pct"] <= 100.0 + 1e-6, s
+# the prefill chunk: its bytes are the step's, its weights read once for all
+# 8 tokens, and its attention pairs 8 x 24 + (1 + ... + 8) = 228 against the
+# decode step's 35 (batch 1 above)
+j, d = json.load(open(w + "/pp.json")), json.load(open(w + "/p1.json"))
+assert j["prefill"] == 8 and j["batch"] == 1 and j["ctx"] == 24 and d["prefill"] == 0
+st = {s["stage"]: s for s in j["stages"]}
+dst = {s["stage"]: s for s in d["stages"]}
+assert sum(s["bytes"] for s in j["stages"] if s["stage"] != "sampling") == j["step"]["bytes"]
+assert st["qkv"]["bytes"] == dst["qkv"]["bytes"] and st["qkv"]["ops"] == 8 * dst["qkv"]["ops"], st["qkv"]
+assert st["lm_head"]["ops"] == dst["lm_head"]["ops"], "one row of logits per chunk"
+r = st["attention"]["ops"] / dst["attention"]["ops"]
+assert abs(r - 228 / 35) < 1e-9, f"attention ops ratio {r}, want 228/35"
+assert j["step"]["prefill_tok_s"] > 0 and "output_tok_s" not in j["step"]
 print("ok: profile JSON")
 PY
 
@@ -78,7 +97,7 @@ PY
 grep -q '"threads":	2' "$W/pc.json" || fail "profile --cpus 0 --threads 2: not 2 threads"
 grep -q "numa" "$W/pc.err" || grep -q . "$W/pc.md" || fail "--numa: no output"
 
-for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--kv-mem 64" "--bogus"; do
+for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--prefill 0" "--prefill 4 --batch 2" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--kv-mem 64" "--bogus"; do
     set +e
     # shellcheck disable=SC2086
     "$TK_CLI" profile -m "$W/m.gguf" $args >/dev/null 2>"$W/err.txt"
