@@ -53,10 +53,21 @@ void kv_requant_chan_ref(int8_t *y, int n_rows, int n, const float *r) {
 }
 
 /* Row j of a block of the KV type as floats; int8 times its scales (one per
- * row with per-token scales, one per channel with per-head scales). */
-static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scales, int j, float *out) {
+ * row with per-token scales, one per channel with per-head scales). kt: the
+ * block's K of a float type, stored by columns (kv_k_index). */
+static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scales, int j, float *out,
+                       bool kt) {
     const int hd = g->head_dim;
     const size_t off = (size_t)j * (size_t)hd;
+    if (kt) {
+        for (int c = 0; c < hd; c++) {
+            const size_t i = kv_k_index(hd, j, c);
+            out[c] = g->type == TK_KV_F16    ? tk_f16_to_f32(((const tk_f16 *)rows)[i])
+                     : g->type == TK_KV_BF16 ? tk_bf16_to_f32(((const tk_bf16 *)rows)[i])
+                                             : ((const float *)rows)[i];
+        }
+        return;
+    }
     switch (g->type) {
     case TK_KV_F32:
         for (int c = 0; c < hd; c++) out[c] = ((const float *)rows)[off + c];
@@ -131,7 +142,7 @@ static void attn_range(const kv_geom *g, const int32_t *bt, int p0, int p1, int 
             scores_q8(g, (const int8_t *)K, ks, n, q, scale, s, row, (int8_t *)(row + hd));
         for (int j = 0; j < n; j++) {
             if (!(g->q8 && g->type == TK_KV_INT8)) {
-                row_to_f32(g, K, ks, j, row);
+                row_to_f32(g, K, ks, j, row, kv_k_cols(g->type, g->block_size));
                 float d = 0.0f;
                 for (int c = 0; c < hd; c++) d += q[c] * row[c];
                 s[j] = d * scale;
@@ -144,7 +155,7 @@ static void attn_range(const kv_geom *g, const int32_t *bt, int p0, int p1, int 
         for (int j = 0; j < n; j++) {
             const float p = expf(s[j] - m_new);
             l += p;
-            row_to_f32(g, V, vs, j, row);
+            row_to_f32(g, V, vs, j, row, false);
             for (int c = 0; c < hd; c++) acc[c] += p * row[c];
         }
         m = m_new;

@@ -30,7 +30,8 @@
 
 /* Where one layer's blocks live. A (layer, block) region is block_stride bytes
  * (a multiple of 64, so every region starts 64-byte aligned) laid out as
- *   K       [n_head_kv][block_size][head_dim]  elements of the KV type
+ *   K       [n_head_kv][block_size][head_dim]  elements of the KV type, or
+ *           [n_head_kv][block_size / KV_KT][head_dim][KV_KT] (kv_k_cols)
  *   V       [n_head_kv][block_size][head_dim]
  *   k_scale [n_head_kv][block_size] floats (int8 per token) or
  *           [n_head_kv][head_dim] (int8 per head: one per channel)
@@ -57,12 +58,31 @@ typedef struct kv_geom {
 /* Element size of a KV type in bytes (f32 4, f16/bf16 2, int8 1). */
 static inline size_t kv_type_size(tk_kv_type t) { return t == TK_KV_F32 ? 4 : t == TK_KV_INT8 ? 1 : 2; }
 
+/* K of a float KV type in blocks of KV_KT_BLOCK positions or more is stored
+ * transposed in groups of KV_KT positions: one channel of KV_KT consecutive
+ * positions is contiguous, so a vector load reads a channel of VL positions
+ * and scores come out VL positions at a time (each one a chain of
+ * multiply-adds over the channels in order), with no reduction across lanes.
+ * A decode tile has few pairs (a GQA group), so it needs many positions of a
+ * block at once to keep enough chains going: smaller blocks keep rows. Int8
+ * K keeps rows: its integer dot products are exact in any order. */
+#define KV_KT       16
+#define KV_KT_BLOCK 128
+static inline bool kv_k_cols(tk_kv_type t, int block_size) {
+    return t != TK_KV_INT8 && block_size >= KV_KT_BLOCK;
+}
+/* Element index of (slot j, channel c) in one head's K of a block stored by
+ * columns. */
+static inline size_t kv_k_index(int hd, int j, int c) {
+    return ((size_t)(j / KV_KT) * (size_t)hd + (size_t)c) * KV_KT + (size_t)(j % KV_KT);
+}
+
 /* Scale floats of one head in one block: block_size per token, head_dim per head. */
 static inline int kv_scales_per_head(const kv_geom *g) {
     return g->type != TK_KV_INT8 ? 0 : g->scale == TK_KV_SCALE_TOKEN ? g->block_size : g->head_dim;
 }
 
-/* Head kvh's K rows [block_size][head_dim] (bytes) in block b. */
+/* Head kvh's K (block_size x head_dim elements, laid out as above) in block b. */
 static inline const uint8_t *kv_geom_k(const kv_geom *g, int32_t b, int kvh) {
     return g->layer + (size_t)b * g->block_stride +
            (size_t)kvh * g->block_size * g->head_dim * kv_type_size(g->type);

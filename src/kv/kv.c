@@ -318,10 +318,24 @@ static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int sl
     (void)kv->quant_chan(x, scales, y, hd);
 }
 
-/* Converts one vector of head_dim floats into slot `slot` of a head's rows. */
-static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, const float *x) {
+/* Converts one vector of head_dim floats into slot `slot` of a head's rows;
+ * kt: K stored by columns (kv_k_cols), where the slot is a column (kv_k_index). */
+static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, const float *x, bool kt) {
     int hd = kv->o.head_dim;
     size_t off = (size_t)slot * (size_t)hd;
+    if (kt) {
+        const size_t i0 = kv_k_index(hd, slot, 0);
+        if (kv->o.type == TK_KV_F16) {
+            tk_f16 h[KV_MAX_HEAD_DIM]; /* kv_init checked hd */
+            kv->to_f16(x, h, hd);
+            for (int c = 0; c < hd; c++) ((tk_f16 *)rows)[i0 + (size_t)c * KV_KT] = h[c];
+        } else if (kv->o.type == TK_KV_BF16) {
+            for (int c = 0; c < hd; c++) ((tk_bf16 *)rows)[i0 + (size_t)c * KV_KT] = tk_f32_to_bf16(x[c]);
+        } else {
+            for (int c = 0; c < hd; c++) ((float *)rows)[i0 + (size_t)c * KV_KT] = x[c];
+        }
+        return;
+    }
     switch (kv->o.type) {
     case TK_KV_F32:
         memcpy((float *)rows + off, x, (size_t)hd * sizeof(float));
@@ -351,8 +365,9 @@ void kv_write_heads(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k
     for (int h = kvh0; h < kvh1; h++) {
         const float *kx = k + (size_t)h * kv->o.head_dim, *vx = v + (size_t)h * kv->o.head_dim;
         /* The geometry hands out const pointers for the kernels; the pool is ours to write. */
-        write_vec(kv, (uint8_t *)kv_geom_k(&g, b, h), (float *)kv_geom_ks(&g, b, h), slot, kx);
-        write_vec(kv, (uint8_t *)kv_geom_v(&g, b, h), (float *)kv_geom_vs(&g, b, h), slot, vx);
+        write_vec(kv, (uint8_t *)kv_geom_k(&g, b, h), (float *)kv_geom_ks(&g, b, h), slot, kx,
+                  kv_k_cols(kv->o.type, kv->o.block_size));
+        write_vec(kv, (uint8_t *)kv_geom_v(&g, b, h), (float *)kv_geom_vs(&g, b, h), slot, vx, false);
     }
 }
 
@@ -360,9 +375,19 @@ void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, cons
     kv_write_heads(kv, l, bt, pos, k, v, 0, kv->o.n_head_kv);
 }
 
-static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, int slot, float *x) {
+static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, int slot, float *x, bool kt) {
     int hd = kv->o.head_dim;
     size_t off = (size_t)slot * (size_t)hd;
+    if (kt) {
+        const size_t i0 = kv_k_index(hd, slot, 0);
+        for (int c = 0; c < hd; c++) {
+            const size_t i = i0 + (size_t)c * KV_KT;
+            x[c] = kv->o.type == TK_KV_F16    ? tk_f16_to_f32(((const tk_f16 *)rows)[i])
+                   : kv->o.type == TK_KV_BF16 ? tk_bf16_to_f32(((const tk_bf16 *)rows)[i])
+                                              : ((const float *)rows)[i];
+        }
+        return;
+    }
     switch (kv->o.type) {
     case TK_KV_F32:
         memcpy(x, (const float *)rows + off, (size_t)hd * sizeof(float));
@@ -387,8 +412,9 @@ void kv_read(const tk_kv *kv, int l, const int32_t *bt, int pos, float *k, float
     int32_t b = block_at(kv, bt, pos);
     int slot = pos % kv->o.block_size;
     for (int h = 0; h < kv->o.n_head_kv; h++) {
-        read_vec(kv, kv_geom_k(&g, b, h), kv_geom_ks(&g, b, h), slot, k + (size_t)h * kv->o.head_dim);
-        read_vec(kv, kv_geom_v(&g, b, h), kv_geom_vs(&g, b, h), slot, v + (size_t)h * kv->o.head_dim);
+        read_vec(kv, kv_geom_k(&g, b, h), kv_geom_ks(&g, b, h), slot, k + (size_t)h * kv->o.head_dim,
+                 kv_k_cols(kv->o.type, kv->o.block_size));
+        read_vec(kv, kv_geom_v(&g, b, h), kv_geom_vs(&g, b, h), slot, v + (size_t)h * kv->o.head_dim, false);
     }
 }
 
@@ -441,12 +467,15 @@ void kv_prefetch_write(const tk_kv *kv, int l, const int32_t *bt, int pos, int k
     const size_t row = (size_t)kv->o.head_dim * kv_type_size(kv->o.type);
     const int slot = pos % kv->o.block_size;
     const size_t sc = (size_t)kv_scales_per_head(&g) * sizeof(float);
+    /* a float type's K slot is a column through its group of KV_KT slots */
+    const bool kt = kv_k_cols(kv->o.type, kv->o.block_size);
+    const size_t k0 = kt ? (size_t)(slot / KV_KT) * KV_KT * row : (size_t)slot * row;
+    const size_t k1 = kt ? k0 + KV_KT * row : k0 + row;
     for (int h = kvh0; h < kvh1; h++) {
         const uint8_t *k = kv_geom_k(&g, b, h), *v = kv_geom_v(&g, b, h);
-        for (size_t o = (size_t)slot * row; o < (size_t)(slot + 1) * row; o += 64) {
-            __builtin_prefetch(k + o, 1, 3);
+        for (size_t o = k0; o < k1; o += 64) __builtin_prefetch(k + o, 1, 3);
+        for (size_t o = (size_t)slot * row; o < (size_t)(slot + 1) * row; o += 64)
             __builtin_prefetch(v + o, 1, 3);
-        }
         for (size_t o = 0; o < sc; o += 64) {
             __builtin_prefetch((const uint8_t *)kv_geom_ks(&g, b, h) + o, 1, 3);
             __builtin_prefetch((const uint8_t *)kv_geom_vs(&g, b, h) + o, 1, 3);

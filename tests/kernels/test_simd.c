@@ -564,7 +564,9 @@ static void test_simd_gemv_bf16_p16(void **state) {
  * runs kern_attn_for's kernel (the level's own, or the one below for a
  * head_dim it does not take); its output is compared with the reference
  * kernel's on the same pool, for every KV type, GQA ratios that fill and
- * split the head tiles, decode and prefill queries. */
+ * split the head tiles, decode and prefill queries, and blocks small enough
+ * for K rows and large enough for K columns (kv_k_cols: 128, a context past
+ * one part whose last block is ragged). */
 static void test_simd_attention(void **state) {
     const tk_kernels *K = level_of(state);
     static const struct {
@@ -576,79 +578,86 @@ static void test_simd_attention(void **state) {
                  {TK_KV_INT8, TK_KV_SCALE_TOKEN},
                  {TK_KV_INT8, TK_KV_SCALE_HEAD}};
     static const int shapes[][3] = {{8, 2, 64}, {6, 1, 128}, {5, 5, 16}, {6, 2, 40}, {4, 2, 20}, {12, 2, 72}};
+    static const int blocks[][2] = {{16, 53}, {KV_KT_BLOCK, KV_ATTN_PART + 93}}; /* size, context */
     kt_rng r = {4242};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
-            const int n_head = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2], bs = 16, len = 53,
-                      n_q = 4;
-            tk_kv_opts o = {.n_layer = 1,
-                            .n_head_kv = nkv,
-                            .head_dim = hd,
-                            .block_size = bs,
-                            .n_blocks = 4,
-                            .type = kinds[ki].t,
-                            .scale = kinds[ki].sc};
-            tk_kv *kv;
-            assert_int_equal(kv_init_isa(&o, K->isa, &kv), TK_OK);
-            tk_isa want_level;
-            const kv_attn_fn fn = kern_attn_for(K->isa, hd, &want_level);
-            assert_int_equal(kv_isa(kv), want_level);
-            assert_true(want_level <= K->isa);
-            if (hd % K->attn_lanes == 0) assert_true(fn == K->attn); /* the level's own (avxvnni: avx2's) */
-            int32_t bt[4];
-            for (int i = 0; i < 4; i++) bt[3 - i] = kv_block_alloc(kv); /* blocks out of order */
-            const size_t row = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
-            float *kx = malloc(row * 4), *vx = malloc(row * 4), *q = malloc(n_q * qrow * 4);
-            float *out = malloc(n_q * qrow * 4), *want = malloc(n_q * qrow * 4);
-            float *scratch = tk_malloc(kv_attn_scratch_floats(kv, len) * 4);
-            /* own-block records (INT8 per head): the query at p takes its
-             * own right after p is written, by the kernel and the reference */
-            const bool own = kv_attn_own_block(kv);
-            const size_t rec = (size_t)n_head * KV_PART_REC(hd);
-            float *own_k = own ? malloc(n_q * rec * 4) : NULL, *own_r = own ? malloc(n_q * rec * 4) : NULL;
-            const kv_attn_own_fn own_fn = kernels_get(want_level)->attn_own;
-            kt_fill(&r, q, (int64_t)(n_q * qrow), 1.0f);
-            const float scale = 1.0f / sqrtf((float)hd);
-            double vmax = 0;
-            for (int p = 0; p < len; p++) {
-                kt_fill(&r, kx, (int64_t)row, p % 9 ? 1.0f : 4.0f);
-                kt_fill(&r, vx, (int64_t)row, 1.0f);
-                for (size_t i = 0; i < row; i++) vmax = fmax(vmax, fabs(vx[i]));
-                kv_write(kv, 0, bt, p, kx, vx);
-                const int i = p - (len - n_q);
-                if (!own || i < 0) continue;
-                kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
-                kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_k + i * rec,
-                                 scratch, bt, p, 0);
-                kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
-                kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_r + i * rec,
-                                 scratch, NULL, 0, 0);
-                double e = 0;
-                for (size_t j = 0; j < rec; j++) {
-                    const size_t c = j % KV_PART_REC(hd);
-                    /* acc and l relative to the record's l (acc ~ l * V), m as is */
-                    const double d = fabs((double)own_k[i * rec + j] - own_r[i * rec + j]);
-                    const double l = own_r[i * rec + j - c + hd + 1];
-                    e = fmax(e, c == (size_t)hd ? d : c == (size_t)hd + 1 ? d / l : d / (l * vmax));
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+                const int n_head = shapes[s][0], nkv = shapes[s][1], hd = shapes[s][2], bs = blocks[bi][0],
+                          len = blocks[bi][1], n_q = 4, nb = (len + bs - 1) / bs;
+                tk_kv_opts o = {.n_layer = 1,
+                                .n_head_kv = nkv,
+                                .head_dim = hd,
+                                .block_size = bs,
+                                .n_blocks = nb,
+                                .type = kinds[ki].t,
+                                .scale = kinds[ki].sc};
+                tk_kv *kv;
+                assert_int_equal(kv_init_isa(&o, K->isa, &kv), TK_OK);
+                tk_isa want_level;
+                const kv_attn_fn fn = kern_attn_for(K->isa, hd, &want_level);
+                assert_int_equal(kv_isa(kv), want_level);
+                assert_true(want_level <= K->isa);
+                if (hd % K->attn_lanes == 0)
+                    assert_true(fn == K->attn); /* the level's own (avxvnni: avx2's) */
+                int32_t bt[8];
+                for (int i = 0; i < nb; i++) bt[nb - 1 - i] = kv_block_alloc(kv); /* blocks out of order */
+                const size_t row = (size_t)nkv * hd, qrow = (size_t)n_head * hd;
+                float *kx = malloc(row * 4), *vx = malloc(row * 4), *q = malloc(n_q * qrow * 4);
+                float *out = malloc(n_q * qrow * 4), *want = malloc(n_q * qrow * 4);
+                float *scratch = tk_malloc(kv_attn_scratch_floats(kv, len) * 4);
+                /* own-block records (INT8 per head): the query at p takes its
+                 * own right after p is written, by the kernel and the reference */
+                const bool own = kv_attn_own_block(kv);
+                const size_t rec = (size_t)n_head * KV_PART_REC(hd);
+                float *own_k = own ? malloc(n_q * rec * 4) : NULL,
+                      *own_r = own ? malloc(n_q * rec * 4) : NULL;
+                const kv_attn_own_fn own_fn = kernels_get(want_level)->attn_own;
+                kt_fill(&r, q, (int64_t)(n_q * qrow), 1.0f);
+                const float scale = 1.0f / sqrtf((float)hd);
+                double vmax = 0;
+                for (int p = 0; p < len; p++) {
+                    kt_fill(&r, kx, (int64_t)row, p % 9 ? 1.0f : 4.0f);
+                    kt_fill(&r, vx, (int64_t)row, 1.0f);
+                    for (size_t i = 0; i < row; i++) vmax = fmax(vmax, fabs(vx[i]));
+                    kv_write(kv, 0, bt, p, kx, vx);
+                    const int i = p - (len - n_q);
+                    if (!own || i < 0) continue;
+                    kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
+                    kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_k + i * rec,
+                                     scratch, bt, p, 0);
+                    kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
+                    kv_attention_own(kv, 0, bt, p, q + i * qrow, n_head, 0, n_head, scale, own_r + i * rec,
+                                     scratch, NULL, 0, 0);
+                    double e = 0;
+                    for (size_t j = 0; j < rec; j++) {
+                        const size_t c = j % KV_PART_REC(hd);
+                        /* acc and l relative to the record's l (acc ~ l * V), m as is */
+                        const double d = fabs((double)own_k[i * rec + j] - own_r[i * rec + j]);
+                        const double l = own_r[i * rec + j - c + hd + 1];
+                        e = fmax(e, c == (size_t)hd ? d : c == (size_t)hd + 1 ? d / l : d / (l * vmax));
+                    }
+                    if (!(e <= 1e-5))
+                        fail_msg("own-block record %s at %d: error %.3g", cpu_isa_name(K->isa), p, e);
                 }
-                if (!(e <= 1e-5))
-                    fail_msg("own-block record %s at %d: error %.3g", cpu_isa_name(K->isa), p, e);
+                kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
+                kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_k, out, scratch);
+                kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
+                kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_r, want, scratch);
+                double err = 0;
+                for (size_t i = 0; i < n_q * qrow; i++)
+                    err = fmax(err, fabs((double)out[i] - want[i]) / vmax);
+                if (!(err <= 1e-5))
+                    fail_msg("attention %s (kernel of %s) kv type %d heads %d/%d hd %d block %d: max error "
+                             "%.3g of "
+                             "max|V|",
+                             cpu_isa_name(K->isa), cpu_isa_name(want_level), (int)kinds[ki].t, n_head, nkv,
+                             hd, bs, err);
+                free(own_k), free(own_r);
+                free(kx), free(vx), free(q), free(out), free(want);
+                tk_free(scratch);
+                kv_free(kv);
             }
-            kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
-            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_k, out, scratch);
-            kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
-            kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_r, want, scratch);
-            double err = 0;
-            for (size_t i = 0; i < n_q * qrow; i++) err = fmax(err, fabs((double)out[i] - want[i]) / vmax);
-            if (!(err <= 1e-5))
-                fail_msg("attention %s (kernel of %s) kv type %d heads %d/%d hd %d: max error %.3g of max|V|",
-                         cpu_isa_name(K->isa), cpu_isa_name(want_level), (int)kinds[ki].t, n_head, nkv, hd,
-                         err);
-            free(own_k), free(own_r);
-            free(kx), free(vx), free(q), free(out), free(want);
-            tk_free(scratch);
-            kv_free(kv);
-        }
 }
 
 /* ---- the tables (no level argument) ------------------------------------------------ */

@@ -873,64 +873,70 @@ static void test_kv_attention_invariance(void **state) {
  * (the final view) differ, which shows the test can fail. */
 static void test_kv_attention_steps(void **state) {
     (void)state;
-    enum { NH = 4, NKV = 2, HD = 32, BS = 16, LEN = 75 };
+    enum { NH = 4, NKV = 2, HD = 32, LEN = 300 };
+    /* blocks of K rows, and of K columns for the float types (kv_k_cols) */
+    static const int cfg[][2] = {{16, 75}, {KV_KT_BLOCK, LEN}}; /* block size, context */
     const size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD, rec = (size_t)NH * KV_PART_REC(HD);
     float *kx = tk_malloc(LEN * row * 4), *vx = tk_malloc(LEN * row * 4), *q = tk_malloc(LEN * qrow * 4);
     float *one = tk_malloc(LEN * qrow * 4), *chunk = tk_malloc(LEN * qrow * 4),
           *fin = tk_malloc(LEN * qrow * 4);
     float *own = tk_malloc(LEN * rec * 4);
     uint64_t rng = 21;
-    /* magnitudes that grow now and then, so per-head scales rescale */
-    for (int p = 0; p < LEN; p++)
-        for (size_t i = 0; i < row; i++) {
-            const float g = 1.0f + (float)(p % BS) * (rng_next(&rng) % 5 == 0 ? 0.3f : 0.02f);
-            kx[p * row + i] = rng_unit(&rng) * g;
-            vx[p * row + i] = rng_unit(&rng) * g;
-        }
-    for (size_t i = 0; i < LEN * qrow; i++) q[i] = rng_unit(&rng) * 2.0f;
-    for (int isa = 0; isa < n_levels(); isa++)
-        for (int kind = 0; kind < N_KINDS; kind++) {
-            tk_kv *a, *b;
-            tk_kv_opts o = opts_make(1, NKV, HD, BS, LEN / BS + 1, KINDS[kind].t, KINDS[kind].sc);
-            assert_true(level_open(&o, isa, &a));
-            assert_true(level_open(&o, isa, &b));
-            const bool ob = kv_attn_own_block(a);
-            int32_t bt[LEN / BS + 1];
-            for (int i = 0; i <= LEN / BS; i++) assert_int_equal(kv_block_alloc(a), i);
-            for (int i = 0; i <= LEN / BS; i++) assert_int_equal(kv_block_alloc(b), i), bt[i] = i;
-            float *scratch = tk_malloc(kv_attn_scratch_floats(a, LEN) * 4);
-            for (int p = 0; p < LEN; p++) { /* one token per step */
-                kv_write(a, 0, bt, p, kx + p * row, vx + p * row);
-                if (ob)
-                    kv_attention_own(a, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own, scratch, NULL, 0, 0);
-                kv_attention(a, 0, bt, p, 1, q + p * qrow, NH, 0, NH, 0.2f, ob ? own : NULL, one + p * qrow,
-                             scratch);
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        const int BS = cfg[ci][0], len = cfg[ci][1], nb = len / BS + 1;
+        /* magnitudes that grow now and then, so per-head scales rescale */
+        for (int p = 0; p < len; p++)
+            for (size_t i = 0; i < row; i++) {
+                const float g = 1.0f + (float)(p % BS) * (rng_next(&rng) % 5 == 0 ? 0.3f : 0.02f);
+                kx[p * row + i] = rng_unit(&rng) * g;
+                vx[p * row + i] = rng_unit(&rng) * g;
             }
-            bool final_differs = false;
-            for (int p0 = 0; p0 < LEN;) { /* random chunks */
-                int n = 1 + (int)(rng_next(&rng) % 23);
-                if (n > LEN - p0) n = LEN - p0;
-                for (int i = 0; i < n; i++) {
-                    const int p = p0 + i;
-                    kv_write(b, 0, bt, p, kx + p * row, vx + p * row);
+        for (size_t i = 0; i < (size_t)len * qrow; i++) q[i] = rng_unit(&rng) * 2.0f;
+        for (int isa = 0; isa < n_levels(); isa++)
+            for (int kind = 0; kind < N_KINDS; kind++) {
+                tk_kv *a, *b;
+                tk_kv_opts o = opts_make(1, NKV, HD, BS, nb, KINDS[kind].t, KINDS[kind].sc);
+                assert_true(level_open(&o, isa, &a));
+                assert_true(level_open(&o, isa, &b));
+                const bool ob = kv_attn_own_block(a);
+                int32_t bt[LEN / 16 + 1];
+                for (int i = 0; i < nb; i++) assert_int_equal(kv_block_alloc(a), i);
+                for (int i = 0; i < nb; i++) assert_int_equal(kv_block_alloc(b), i), bt[i] = i;
+                float *scratch = tk_malloc(kv_attn_scratch_floats(a, len) * 4);
+                for (int p = 0; p < len; p++) { /* one token per step */
+                    kv_write(a, 0, bt, p, kx + p * row, vx + p * row);
                     if (ob)
-                        kv_attention_own(b, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own + i * rec, scratch,
-                                         i + 1 < n ? bt : NULL, p + 1,
-                                         0); /* the prefetch hint changes no bit */
+                        kv_attention_own(a, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own, scratch, NULL, 0,
+                                         0);
+                    kv_attention(a, 0, bt, p, 1, q + p * qrow, NH, 0, NH, 0.2f, ob ? own : NULL,
+                                 one + p * qrow, scratch);
                 }
-                kv_attention(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, ob ? own : NULL,
-                             chunk + p0 * qrow, scratch);
-                attend(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, fin + p0 * qrow, scratch);
-                final_differs |= memcmp(fin + p0 * qrow, chunk + p0 * qrow, (size_t)n * qrow * 4) != 0;
-                p0 += n;
+                bool final_differs = false;
+                for (int p0 = 0; p0 < len;) { /* random chunks */
+                    int n = 1 + (int)(rng_next(&rng) % 23);
+                    if (n > len - p0) n = len - p0;
+                    for (int i = 0; i < n; i++) {
+                        const int p = p0 + i;
+                        kv_write(b, 0, bt, p, kx + p * row, vx + p * row);
+                        if (ob)
+                            kv_attention_own(b, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own + i * rec,
+                                             scratch, i + 1 < n ? bt : NULL, p + 1,
+                                             0); /* the prefetch hint changes no bit */
+                    }
+                    kv_attention(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, ob ? own : NULL,
+                                 chunk + p0 * qrow, scratch);
+                    attend(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, fin + p0 * qrow, scratch);
+                    final_differs |= memcmp(fin + p0 * qrow, chunk + p0 * qrow, (size_t)n * qrow * 4) != 0;
+                    p0 += n;
+                }
+                if (memcmp(one, chunk, (size_t)len * qrow * 4))
+                    fail_msg("steps %s level %d block %d: chunked attention differs from token by token",
+                             KINDS[kind].name, isa, BS);
+                if (ob) assert_true(final_differs);
+                tk_free(scratch);
+                kv_free(a), kv_free(b);
             }
-            if (memcmp(one, chunk, LEN * qrow * 4))
-                fail_msg("steps %s level %d: chunked attention differs from token by token", KINDS[kind].name,
-                         isa);
-            if (ob) assert_true(final_differs);
-            tk_free(scratch);
-            kv_free(a), kv_free(b);
-        }
+    }
     tk_free(kx), tk_free(vx), tk_free(q), tk_free(one), tk_free(chunk), tk_free(fin), tk_free(own);
 }
 

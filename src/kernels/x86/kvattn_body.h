@@ -131,6 +131,45 @@ AI void dot_rows(const uint8_t *K, size_t row_bytes, int j0, int hd, const float
     put_scores(d, NULL, NULL, ks, scale, s, bs, j0, R, P);
 }
 
+/* Scores of positions [j0, j0 + U*VL) of a float type's K (stored by
+ * columns: kv_k_index) for P pairs, s[p*bs + j]: per channel c, one load of
+ * VL positions and P multiply-adds with the pairs' queries qt[c*P + p]
+ * (transposed, so one pointer reads them all). Each score is one chain over
+ * the channels in order, whatever U and P are, and nothing is reduced across
+ * lanes. j0 % VL == 0; positions past the block's rows in use are computed
+ * from whatever the slots hold and masked by the caller. pf, pf_bytes: a span
+ * to ask the cache for, spread over the channels (NULL: none). */
+AI void dot_cols(const uint8_t *K, int j0, int hd, const float *qt, float scale, float *s, int bs,
+                 const uint8_t *pf, size_t pf_bytes, const int U, const int P, const tk_kv_type type) {
+    const size_t es = kv_type_size(type);
+    const uint8_t *col[VL];
+#pragma GCC unroll 16
+    for (int u = 0; u < U; u++) {
+        const int j = j0 + u * VL;
+        col[u] = K + kv_k_index(hd, j, 0) * es;
+    }
+    vf d[VL];
+#pragma GCC unroll 16
+    for (int i = 0; i < U * P; i++) d[i] = vf_zero();
+    /* line li of the span is asked for by channel c once li * hd < lines * (c + 1) */
+    const size_t lines = pf ? (pf_bytes + 63) / 64 : 0;
+    size_t li = 0;
+    for (int c = 0; c < hd; c++) {
+        for (; li * (size_t)hd < lines * (size_t)(c + 1); li++) __builtin_prefetch(pf + 64 * li, 0, 3);
+#pragma GCC unroll 16
+        for (int u = 0; u < U; u++) {
+            const vf k = vf_load_kv(col[u] + (size_t)c * KV_KT * es, 0, type);
+#pragma GCC unroll 8
+            for (int p = 0; p < P; p++) d[u * P + p] = vf_fmadd(vf_set1(qt[c * P + p]), k, d[u * P + p]);
+        }
+    }
+    const vf sc = vf_set1(scale);
+#pragma GCC unroll 16
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 8
+        for (int p = 0; p < P; p++) vf_store(s + p * bs + j0 + u * VL, vf_mul(d[u * P + p], sc));
+}
+
 #ifdef KV_Q8
 /* Scores of rows [j0, j0+R) of an int8 block against P int8 queries (q8: P
  * rows of KV_Q8_BYTES(hd), scales qmul[p], and 128 * their sums qoff[p],
@@ -276,6 +315,24 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
             dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, 1, P);
     }
 #endif
+    if (kv_k_cols(type, bs)) {
+        /* U vectors of VL positions at a time, so U*P chains run at once; the
+         * same positions of V (and of the next block's V) asked for as they go */
+        const int U = KV_ROWS(P), nv = (n + VL - 1) / VL * VL;
+        const float *qt = st->qs; /* tile_run's transposed queries */
+#define KV_COLS(u)                                                                                           \
+    for (; j0 + (u)*VL <= nv; j0 += (u)*VL)                                                                  \
+    dot_cols(K, j0, hd, qt, scale, st->s, bs, V + (size_t)j0 * row_bytes, (size_t)(u)*VL * row_bytes, u, P,  \
+             type)
+        KV_COLS(U);
+        /* a short block's rest in fewer vectors at once */
+        if (U > 8) KV_COLS(8);
+        if (U > 4) KV_COLS(4);
+        if (U > 2) KV_COLS(2);
+        if (U > 1) KV_COLS(1);
+#undef KV_COLS
+        j0 = n;
+    }
     for (; j0 + R <= n; j0 += R) {
         KV_PREFETCH(j0, R);
         dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, R, P, type);
@@ -394,6 +451,11 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
     st.qmul = A + (size_t)KV_ATTN_TILE * hd;
     st.qoff = st.qmul + KV_ATTN_TILE;
     st.q8 = (int8_t *)(st.qoff + KV_ATTN_TILE);
+    /* a float type's scores read the queries transposed (dot_cols), once per
+     * tile: qs is free for them (only int8 per head scales queries per block) */
+    if (kv_k_cols(type, bs))
+        for (int p = 0; p < P; p++)
+            for (int c = 0; c < hd; c++) st.qs[c * P + p] = tp->q[p][c];
     if (part >= 0 || part == KV_PART_OWN) {
         if (part >= 0) {
             tile_part(g, bt, kvh, tp, part, scale, &st, P, type);
