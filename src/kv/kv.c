@@ -15,8 +15,8 @@
 
 struct tk_kv {
     tk_kv_opts o;
-    uint8_t *pool; /* [n_layer][n_blocks][block_stride] bytes, on huge pages */
-    size_t pool_bytes;
+    uint8_t *pool;                /* [n_layer][n_blocks][block_stride] bytes, on huge pages */
+    size_t pool_bytes;            /* its size, for tk_free_huge */
     size_t block_stride;          /* bytes of one (layer, block) region, a multiple of 64 */
     size_t v_off, ks_off, vs_off; /* section offsets inside a region (see kv_geom) */
     int32_t *free_ids;            /* [n_blocks] stack of free block ids; top is free_ids[n_free-1] */

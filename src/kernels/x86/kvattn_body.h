@@ -317,7 +317,7 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
 #endif
     if (kv_k_cols(type, bs)) {
         /* U vectors of VL positions at a time, so U*P chains run at once; the
-         * same positions of V (and of the next block's V) asked for as they go */
+         * same positions of V asked for as they go */
         const int U = KV_ROWS(P), nv = (n + VL - 1) / VL * VL;
         const float *qt = st->qs; /* tile_run's transposed queries */
 #define KV_COLS(u)                                                                                           \
