@@ -105,7 +105,7 @@ void *tk_alloc_huge(size_t n, int touch) {
 #ifdef HUGE_ON_HEAP
     (void)touch;
     return tk_alloc_aligned(huge_round(n), HUGE_PAGE);
-#endif
+#else
     size_t size = huge_round(n), map = size + HUGE_PAGE;
     unsigned char *p = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
@@ -119,6 +119,7 @@ void *tk_alloc_huge(size_t n, int touch) {
         for (size_t off = 0; off < size; off += 4096) ((volatile unsigned char *)p)[off] = 0;
     atomic_fetch_add(&live_bytes, size);
     return p;
+#endif
 }
 
 void tk_free_huge(void *p, size_t n) {
@@ -126,11 +127,11 @@ void tk_free_huge(void *p, size_t n) {
 #ifdef HUGE_ON_HEAP
     mprotect(p, huge_round(n), PROT_READ | PROT_WRITE); /* the caller may have made it read-only */
     tk_free_aligned(p);
-    return;
-#endif
+#else
     size_t size = huge_round(n);
     munmap(p, size);
     atomic_fetch_sub(&live_bytes, size);
+#endif
 }
 
 uint64_t tk_alloc_live_bytes(void) { return atomic_load(&live_bytes); }

@@ -60,12 +60,7 @@ static void row_to_f32(const kv_geom *g, const uint8_t *rows, const float *scale
     const int hd = g->head_dim;
     const size_t off = (size_t)j * (size_t)hd;
     if (kt) {
-        for (int c = 0; c < hd; c++) {
-            const size_t i = kv_k_index(hd, j, c);
-            out[c] = g->type == TK_KV_F16    ? tk_f16_to_f32(((const tk_f16 *)rows)[i])
-                     : g->type == TK_KV_BF16 ? tk_bf16_to_f32(((const tk_bf16 *)rows)[i])
-                                             : ((const float *)rows)[i];
-        }
+        for (int c = 0; c < hd; c++) out[c] = kv_float_at(g->type, rows, kv_k_index(hd, j, c));
         return;
     }
     switch (g->type) {

@@ -77,6 +77,13 @@ static inline size_t kv_k_index(int hd, int j, int c) {
     return ((size_t)(j / KV_KT) * (size_t)hd + (size_t)c) * KV_KT + (size_t)(j % KV_KT);
 }
 
+/* Element i of a float KV type's data as a float. */
+static inline float kv_float_at(tk_kv_type t, const uint8_t *p, size_t i) {
+    return t == TK_KV_F16    ? tk_f16_to_f32(((const tk_f16 *)p)[i])
+           : t == TK_KV_BF16 ? tk_bf16_to_f32(((const tk_bf16 *)p)[i])
+                             : ((const float *)p)[i];
+}
+
 /* Scale floats of one head in one block: block_size per token, head_dim per head. */
 static inline int kv_scales_per_head(const kv_geom *g) {
     return g->type != TK_KV_INT8 ? 0 : g->scale == TK_KV_SCALE_TOKEN ? g->block_size : g->head_dim;

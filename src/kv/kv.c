@@ -380,12 +380,7 @@ static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, 
     size_t off = (size_t)slot * (size_t)hd;
     if (kt) {
         const size_t i0 = kv_k_index(hd, slot, 0);
-        for (int c = 0; c < hd; c++) {
-            const size_t i = i0 + (size_t)c * KV_KT;
-            x[c] = kv->o.type == TK_KV_F16    ? tk_f16_to_f32(((const tk_f16 *)rows)[i])
-                   : kv->o.type == TK_KV_BF16 ? tk_bf16_to_f32(((const tk_bf16 *)rows)[i])
-                                              : ((const float *)rows)[i];
-        }
+        for (int c = 0; c < hd; c++) x[c] = kv_float_at(kv->o.type, rows, i0 + (size_t)c * KV_KT);
         return;
     }
     switch (kv->o.type) {
