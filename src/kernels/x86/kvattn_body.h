@@ -386,31 +386,6 @@ AI void tile_reset(const tile_state *st, int hd, const int P) {
     }
 }
 
-/* Part k of the context for P pairs that read kv head kvh: st's m, l and acc
- * start afresh and take the part's blocks. A pair whose context ends before
- * the part gets nothing meaningful (callers skip it). */
-AI void tile_part(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs *tp, int k, float scale,
-                  const tile_state *st, const int P, const tk_kv_type type) {
-    const int bs = g->block_size;
-    int len = 0;
-    tile_reset(st, g->head_dim, P);
-    for (int p = 0; p < P; p++)
-        if (tp->len[p] > len) len = tp->len[p];
-    const int end = (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
-    for (int b = k * KV_ATTN_PART / bs; b * bs < end; b++) {
-        const int n = end - b * bs < bs ? end - b * bs : bs;
-        /* the K read next: the next block's (in the next part too), or
-         * after the context's last block the next kv head's first block (the
-         * caller's next tile) */
-        const bool more = (b + 1) * bs < len;
-        const int32_t nb = more ? bt[b + 1] : bt[0];
-        const int nh = more ? kvh : kvh + 1; /* past the last kv head: nothing next */
-        const uint8_t *Kn = nh < g->n_head_kv ? kv_geom_k(g, nb, nh) : NULL;
-        const float *KSn = nh < g->n_head_kv ? kv_geom_ks(g, nb, nh) : NULL;
-        tile_block(g, bt[b], Kn, NULL, KSn, kvh, b, n, tp, scale, st, P, type);
-    }
-}
-
 /* kv_attn_fold and kv_attn_finish (attn_ref.c) VL elements at a time: the
  * same operations on each element (a multiply, a multiply and an add, no
  * fused multiply-add), so the same bits. */
@@ -456,26 +431,46 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
     if (kv_k_cols(type, bs))
         for (int p = 0; p < P; p++)
             for (int c = 0; c < hd; c++) st.qs[c * P + p] = tp->q[p][c];
-    if (part >= 0 || part == KV_PART_OWN) {
-        if (part >= 0) {
-            tile_part(g, bt, kvh, tp, part, scale, &st, P, type);
-        } else {
-            const int b = (tp->len[0] - 1) / bs;
-            tile_reset(&st, hd, P);
-            tile_block(g, bt[b], tp->kn, tp->vn, NULL, kvh, b, tp->len[0] - b * bs, tp, scale, &st, P, type);
-        }
-        for (int p = 0; p < P; p++) {
-            for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
-            tp->out[p][hd] = st.m[p];
-            tp->out[p][hd + 1] = st.l[p];
-        }
-        return;
-    }
     int len = 0;
     for (int p = 0; p < P; p++)
         if (tp->len[p] > len) len = tp->len[p];
-    for (int k = 0; k * KV_ATTN_PART < len; k++) {
-        tile_part(g, bt, kvh, tp, k, scale, &st, P, type);
+    /* the parts [k0, k1) to run: the one asked for, the own block as one
+     * part, or all of them; tile_block is called from one place, so each
+     * instance compiles it once */
+    const bool own = part == KV_PART_OWN;
+    const int k0 = part >= 0 ? part : 0;
+    const int k1 = part >= 0 ? part + 1 : own ? 1 : (len + KV_ATTN_PART - 1) / KV_ATTN_PART;
+    for (int k = k0; k < k1; k++) {
+        /* blocks [b0, b1), positions up to end */
+        const int end = own ? tp->len[0] : (k + 1) * KV_ATTN_PART < len ? (k + 1) * KV_ATTN_PART : len;
+        const int b0 = own ? (end - 1) / bs : k * KV_ATTN_PART / bs, b1 = own ? b0 + 1 : (end + bs - 1) / bs;
+        tile_reset(&st, hd, P);
+        for (int b = b0; b < b1; b++) {
+            const int n = end - b * bs < bs ? end - b * bs : bs;
+            /* the K read next: the own block's caller's hint; else the next
+             * block's (in the next part too), or after the context's last
+             * block the next kv head's first block (the caller's next tile) */
+            const uint8_t *Kn = tp->kn, *Vn = tp->vn;
+            const float *KSn = NULL;
+            if (!own) {
+                const bool more = (b + 1) * bs < len;
+                const int32_t nb = more ? bt[b + 1] : bt[0];
+                const int nh = more ? kvh : kvh + 1; /* past the last kv head: nothing next */
+                Kn = nh < g->n_head_kv ? kv_geom_k(g, nb, nh) : NULL;
+                Vn = NULL;
+                KSn = nh < g->n_head_kv ? kv_geom_ks(g, nb, nh) : NULL;
+            }
+            tile_block(g, bt[b], Kn, Vn, KSn, kvh, b, n, tp, scale, &st, P, type);
+        }
+        if (part != -1) {
+            /* one part's (or the own block's) record */
+            for (int p = 0; p < P; p++) {
+                for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
+                tp->out[p][hd] = st.m[p];
+                tp->out[p][hd + 1] = st.l[p];
+            }
+            return;
+        }
         for (int p = 0; p < P; p++)
             if (tp->len[p] > k * KV_ATTN_PART)
                 fold_v(&M[p], &L[p], A + (size_t)p * hd, st.m[p], st.l[p], st.acc + (size_t)p * hd, hd,
