@@ -120,12 +120,13 @@ static const cli_cmd PF_CMD = {
 /* Per step, per row: ns of work; plus the step's wall time and barriers. */
 typedef struct pf_data {
     int n_steps;
-    double *ns[PF_ROWS];   /* (n_steps) */
-    double *step_ns;       /* forward + sampling */
-    double *fwd_ns;        /* the forward step alone */
-    double *cpu[PF_ROWS];  /* (n_steps) the largest CPU time of any thread in the stage */
-    double *offcpu;        /* (n_steps) share of the threads' busy time off the CPU (preempted) */
-    double thread_sum_err; /* largest |thread 0's marks - fwd wall| / fwd wall */
+    double *ns[PF_ROWS];     /* (n_steps) */
+    double *step_ns;         /* forward + sampling */
+    double *fwd_ns;          /* the forward step alone */
+    double *cpu[PF_ROWS];    /* (n_steps) the largest CPU time of any thread in the stage */
+    double *uneven[PF_ROWS]; /* (n_steps) the longest busy time minus the threads' mean */
+    double *offcpu;          /* (n_steps) share of the threads' busy time off the CPU (preempted) */
+    double thread_sum_err;   /* largest |thread 0's marks - fwd wall| / fwd wall */
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
     uint64_t fwd_bytes; /* backend last_bytes of a timed step */
@@ -156,7 +157,7 @@ typedef struct pf_machine {
 /* One stage's summary row. */
 typedef struct pf_row {
     const char *name;
-    double ms, mean_ms, cpu_ms, mb, gbs, bw_pct, gop, gops, peak_pct, floor_ms, x_floor;
+    double ms, mean_ms, cpu_ms, uneven_ms, mb, gbs, bw_pct, gop, gops, peak_pct, floor_ms, x_floor;
     bool int8;
 } pf_row;
 
@@ -166,6 +167,7 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
     o.ms = median_of(d->ns[r], d->n_steps, tmp) / 1e6;
     o.mean_ms = stats_mean(d->ns[r], (size_t)d->n_steps) / 1e6;
     o.cpu_ms = median_of(d->cpu[r], d->n_steps, tmp) / 1e6;
+    o.uneven_ms = median_of(d->uneven[r], d->n_steps, tmp) / 1e6;
     o.mb = (double)c->bytes / 1e6;
     o.gop = c->ops / 1e9;
     o.int8 = c->int8;
@@ -237,8 +239,8 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
             mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
     printf("| stage | ms | cpu ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | "
            "floor ms | "
-           "x floor | cpu x floor |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "x floor | cpu x floor | uneven ms |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double floor_sum = 0, cpu_sum = 0;
     for (int r = 0; r < PF_ROWS; r++) {
         const pf_row *o = &rows[r];
@@ -255,15 +257,19 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         else
             printf("- | - | - | ");
         if (o->floor_ms > 0)
-            printf("%.3f | %.1f | %.1f |\n", o->floor_ms, o->x_floor, o->cpu_ms / o->floor_ms);
+            printf("%.3f | %.1f | %.1f | ", o->floor_ms, o->x_floor, o->cpu_ms / o->floor_ms);
         else
-            printf("- | - | - |\n");
+            printf("- | - | - | ");
+        if (r < FWD_ST_COUNT && r != FWD_ST_WAIT && ru->threads > 1)
+            printf("%.3f |\n", o->uneven_ms);
+        else
+            printf("- |\n");
     }
-    printf("| **step** | **%.3f** | %.3f | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** | %.1f |\n\n",
-           step_ms, cpu_sum, (double)d->fwd_bytes / 1e6,
-           step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
-           step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
-           floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0, floor_sum > 0 ? cpu_sum / floor_sum : 0);
+    printf(
+        "| **step** | **%.3f** | %.3f | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** | %.1f | |\n\n",
+        step_ms, cpu_sum, (double)d->fwd_bytes / 1e6, step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
+        step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
+        floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0, floor_sum > 0 ? cpu_sum / floor_sum : 0);
     printf("- forward %.3f ms + sampling %.3f ms; %.1f %s tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
            step_ms > 0 ? 1e3 * run_tokens(ru) / step_ms : 0, ru->prefill > 0 ? "prefill" : "output");
     printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
@@ -272,6 +278,9 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
                       : "");
     printf("- a stage's ms is the longest busy time of any thread; barrier_wait is the rest of the forward "
            "step (threads idle at barriers, the pool's start and end)\n");
+    if (ru->threads > 1)
+        printf("- uneven ms: a stage's longest busy time minus the threads' mean, what its split leaves the "
+               "others waiting (stages between the same two barriers may offset each other)\n");
 }
 
 static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, const pf_row *rows,
@@ -305,6 +314,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddNumberToObject(j, "ms", o->ms);
         cJSON_AddNumberToObject(j, "mean_ms", o->mean_ms);
         cJSON_AddNumberToObject(j, "cpu_ms", o->cpu_ms);
+        cJSON_AddNumberToObject(j, "uneven_ms", o->uneven_ms);
         cJSON_AddNumberToObject(j, "bytes", (double)d->cost[r].bytes);
         cJSON_AddNumberToObject(j, "ops", d->cost[r].ops);
         cJSON_AddStringToObject(j, "peak", o->int8 ? "int8" : "fp32");
@@ -380,6 +390,7 @@ static void pf_free(pf_state *s, int batch) {
     for (int r = 0; r < PF_ROWS; r++) {
         tk_free(s->d.ns[r]);
         tk_free(s->d.cpu[r]);
+        tk_free(s->d.uneven[r]);
     }
     tk_free(s->d.offcpu);
     tk_free(s->d.step_ns);
@@ -464,6 +475,7 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
     for (int r = 0; r < PF_ROWS; r++) {
         s->d.ns[r] = tk_calloc((size_t)steps, sizeof(double));
         s->d.cpu[r] = tk_calloc((size_t)steps, sizeof(double));
+        s->d.uneven[r] = tk_calloc((size_t)steps, sizeof(double));
     }
     s->d.offcpu = tk_calloc((size_t)steps, sizeof(double));
     s->d.step_ns = tk_calloc((size_t)steps, sizeof(double));
@@ -471,7 +483,7 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
     s->tmp = tk_calloc((size_t)steps, sizeof(double));
     bool ok = s->bt && s->smp && s->tok && s->n && s->pos0 && s->n_logits && s->logits && s->prompt_logits &&
               s->prof.rows && s->d.step_ns && s->d.fwd_ns && s->tmp;
-    for (int r = 0; r < PF_ROWS; r++) ok &= s->d.ns[r] && s->d.cpu[r];
+    for (int r = 0; r < PF_ROWS; r++) ok &= s->d.ns[r] && s->d.cpu[r] && s->d.uneven[r];
     ok &= s->d.offcpu != NULL;
     for (int q = 0; ok && q < batch; q++) ok = (s->bt[q] = tk_calloc((size_t)nbs, sizeof(int32_t))) != NULL;
     if (!ok) return tk_fail(TK_ERR_NOMEM, "profile: out of memory for a batch of %d", batch);
@@ -529,8 +541,10 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     double work = 0, th0 = 0, wall_all = 0, cpu_all = 0;
     for (int r = 0; r < FWD_ST_COUNT; r++) {
         uint64_t mx = 0, mc = 0;
+        double sum = 0;
         for (int t = 0; t < nth; t++) {
             const fwd_prof_thread *row = &s->prof.rows[t];
+            sum += (double)row->ns[r];
             if (row->ns[r] > mx) mx = row->ns[r];
             if (row->cpu_ns[r] > mc) mc = row->cpu_ns[r];
             if (r != FWD_ST_WAIT) { /* a barrier's wait may yield its core on purpose */
@@ -540,6 +554,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
         }
         th0 += (double)s->prof.rows[0].ns[r];
         d->cpu[r][i] = (double)mc;
+        d->uneven[r][i] = (double)mx - sum / nth;
         if (r != FWD_ST_WAIT) {
             d->ns[r][i] = (double)mx;
             work += (double)mx;

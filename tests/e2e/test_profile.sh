@@ -26,6 +26,7 @@ for b in 1 4; do
     grep -q '^| attention | ' "$W/p$b.md" || fail "no attention row (batch $b)"
     grep -q '^| \*\*step\*\* | ' "$W/p$b.md" || fail "no step row (batch $b)"
     grep -q '^- barriers per step: ' "$W/p$b.md" || fail "no barrier count (batch $b)"
+    grep -q '| uneven ms |$' "$W/p$b.md" || fail "no uneven ms column (batch $b)"
 done
 cat "$W/p4.md"
 # a prefill chunk: 8 tokens after 24 of context
@@ -56,6 +57,9 @@ for b in (1, 4):
     assert step["thread0_mark_error"] < 0.05, f"thread 0's marks off its step by {step['thread0_mark_error']}"
     for s in st:
         assert s["ms"] >= 0 and s["bytes"] >= 0 and s["ops"] >= 0 and s["cpu_ms"] >= 0, s
+        # a stage's longest thread minus the threads' mean: between 0 and the longest
+        if s["stage"] not in ("barrier_wait", "sampling"):
+            assert 0 <= s["uneven_ms"] <= s["ms"] + 1e-9, s
     assert 0 <= step["off_cpu"] <= 1
     # bytes: the forward stages read what the step reads
     fwd = sum(s["bytes"] for s in st if s["stage"] != "sampling")
