@@ -23,6 +23,8 @@
 #include "model/forward.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -58,8 +60,9 @@ typedef struct act_slot {
  * the arithmetic, so outputs do not depend on the plan. */
 typedef struct attn_unit {
     int32_t seq, h0, h1, part;
-    float *rec;   /* part >= 0: this part's records for heads [h0, h1) */
-    int64_t cost; /* positions x heads attended, for the split over threads */
+    int32_t i0, i1; /* the sequence's query tokens [i0, i1) of the step (part < 0) */
+    float *rec;     /* part >= 0: this part's records for heads [h0, h1) */
+    int64_t cost;   /* positions x heads attended, for the split over threads */
 } attn_unit;
 
 typedef struct attn_merge {
@@ -70,6 +73,11 @@ typedef struct attn_merge {
 /* Part records kept for split decode contexts per step (each part holds
  * n_head records): 256 parts are 128k positions of split context. */
 #define ATTN_SPLIT_PARTS 256
+/* A prefill chunk's queries go to units of at most this many tokens (a
+ * multiple of every tile's token count), so its attention spreads over the
+ * threads in pieces small enough to even out cores that run at different
+ * speeds. */
+#define ATTN_SLICE 64
 
 struct fwd_ctx {
     const tk_model *m;
@@ -117,8 +125,8 @@ struct fwd_ctx {
     attn_unit *units; /* (max_units) in (sequence, head chunk, part) order */
     int n_units;
     int max_units;
-    int32_t *unit_from; /* (nth + 1) thread i runs units [unit_from[i], unit_from[i+1]) */
-    attn_merge *merges; /* (max_seqs * chunks) split (sequence, head chunk)s to fold */
+    atomic_int *unit_next; /* (n_layer) the next unit of the layer's attention to hand out */
+    attn_merge *merges;    /* (max_seqs * chunks) split (sequence, head chunk)s to fold */
     int n_merges;
     float *part_recs; /* (ATTN_SPLIT_PARTS, n_head, KV_PART_REC(head_dim)) part records */
     int attn_chunk;   /* heads per attention unit: whole quantization blocks and GQA groups */
@@ -268,11 +276,24 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
     }
 }
 
-/* Splits the step's attention into units (see attn_unit) and the units over
- * threads by cost. A decode token's context is split into its parts when its
- * units would otherwise be more than a share of a thread's work (one long
- * sequence, or few heads), so every thread gets some; the parts are the same
- * whatever the split, so the outputs are too. Runs before pool_run. */
+/* Larger cost first; ties in plan order (seq, heads, tokens, part). */
+static int unit_cmp(const void *pa, const void *pb) {
+    const attn_unit *a = pa, *b = pb;
+    if (a->cost != b->cost) return a->cost > b->cost ? -1 : 1;
+    if (a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
+    if (a->h0 != b->h0) return a->h0 < b->h0 ? -1 : 1;
+    if (a->i0 != b->i0) return a->i0 < b->i0 ? -1 : 1;
+    return (a->part > b->part) - (a->part < b->part);
+}
+
+/* Splits the step's attention into units (see attn_unit), largest first:
+ * threads take them as they go (grab_units), so a core that runs slower (a
+ * shared machine's) takes fewer. A decode token's context is split into its
+ * parts when its units would otherwise be more than a share of a thread's
+ * work (one long sequence, or few heads), so every thread gets some; a
+ * prefill chunk's queries into slices of ATTN_SLICE tokens. Parts and slices
+ * are the same whatever the threads, and each query's arithmetic does not
+ * depend on who runs it, so neither do the outputs. Runs before pool_run. */
 static void attn_plan(fwd_ctx *f) {
     const tk_batch *b = f->b;
     const int U = f->attn_chunk, nh = f->hp->n_head, nth = f->nth;
@@ -292,11 +313,16 @@ static void attn_plan(fwd_ctx *f) {
         float *base = sp ? f->part_recs + (size_t)recs * part_stride : NULL;
         for (int h = 0; h < nh; h += U) {
             if (!sp) {
-                f->units[n++] = (attn_unit){.seq = s,
-                                            .h0 = h,
-                                            .h1 = h + U,
-                                            .part = -1,
-                                            .cost = (int64_t)U * b->n[s] * (b->pos0[s] + (b->n[s] + 1) / 2)};
+                for (int i0 = 0; i0 < b->n[s]; i0 += ATTN_SLICE) {
+                    const int i1 = i0 + ATTN_SLICE < b->n[s] ? i0 + ATTN_SLICE : b->n[s], ni = i1 - i0;
+                    f->units[n++] = (attn_unit){.seq = s,
+                                                .h0 = h,
+                                                .h1 = h + U,
+                                                .part = -1,
+                                                .i0 = i0,
+                                                .i1 = i1,
+                                                .cost = (int64_t)U * ni * (b->pos0[s] + i0 + (ni + 1) / 2)};
+                }
                 continue;
             }
             for (int k = 0; k < parts; k++) {
@@ -318,17 +344,26 @@ static void attn_plan(fwd_ctx *f) {
         if (sp) recs += parts;
     }
     f->n_units = n;
-    /* Thread i takes the units whose cost midpoint falls in its share. */
-    int64_t sum = 0, all = 0;
-    for (int u = 0; u < n; u++) all += f->units[u].cost;
-    int t = 0;
-    f->unit_from[0] = 0;
-    for (int u = 0; u < n; u++) {
-        const int64_t mid = sum + f->units[u].cost / 2;
-        while (t + 1 < nth && mid * nth >= all * (t + 1)) f->unit_from[++t] = u;
-        sum += f->units[u].cost;
+    qsort(f->units, (size_t)n, sizeof *f->units, unit_cmp);
+    for (int l = 0; l < f->hp->n_layer; l++) atomic_store_explicit(&f->unit_next[l], 0, memory_order_relaxed);
+}
+
+/* The next units [u0, u1) of a layer's n for the calling thread: what is left
+ * over 2 x nth at a time, at least one, so the large units go first in large
+ * pieces and the small ones last even the threads out. false: none left. */
+static bool grab_units(atomic_int *next, int n, int nth, int *u0, int *u1) {
+    int cur = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= n) return false;
+        int take = (n - cur) / (2 * nth);
+        if (take < 1) take = 1;
+        if (atomic_compare_exchange_weak_explicit(next, &cur, cur + take, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *u0 = cur;
+            *u1 = cur + take;
+            return true;
+        }
     }
-    while (t < nth) f->unit_from[++t] = n;
 }
 
 /* Attention over the plan's units; with quant, each thread also quantizes
@@ -339,19 +374,23 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
     const int hd = f->hp->head_dim, nh = f->hp->n_head;
     float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int u = f->unit_from[ith]; u < f->unit_from[ith + 1]; u++) {
-        const attn_unit *w = &f->units[u];
-        const int s = w->seq, t0 = f->seq_tok0[s], n = b->n[s];
-        if (w->part >= 0) {
-            kv_attention_part(f->kv, l, b->bt[s], kv_attn_end(f->kv, b->pos0[s]), w->part,
-                              f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale, w->rec, scratch);
-            continue;
+    int u0, u1;
+    while (grab_units(&f->unit_next[l], f->n_units, nth, &u0, &u1))
+        for (int u = u0; u < u1; u++) {
+            const attn_unit *w = &f->units[u];
+            const int s = w->seq;
+            if (w->part >= 0) {
+                const int t0 = f->seq_tok0[s];
+                kv_attention_part(f->kv, l, b->bt[s], kv_attn_end(f->kv, b->pos0[s]), w->part,
+                                  f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale, w->rec, scratch);
+                continue;
+            }
+            const int t0 = f->seq_tok0[s] + w->i0, n = w->i1 - w->i0;
+            kv_attention(f->kv, l, b->bt[s], b->pos0[s] + w->i0, n, f->q + (size_t)t0 * f->q_dim, nh, w->h0,
+                         w->h1, scale, f->own ? f->own + (size_t)t0 * nh * KV_PART_REC(hd) : NULL,
+                         f->att + (size_t)t0 * f->q_dim, scratch);
+            if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
         }
-        kv_attention(f->kv, l, b->bt[s], b->pos0[s], n, f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale,
-                     f->own ? f->own + (size_t)t0 * nh * KV_PART_REC(hd) : NULL,
-                     f->att + (size_t)t0 * f->q_dim, scratch);
-        if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
-    }
     if (f->n_merges == 0) return;
     pool_barrier(f->pool);
     long m0, m1;
@@ -606,7 +645,7 @@ void fwd_free(fwd_ctx *f) {
     tk_free(f->seq_tok0);
     tk_free(f->out_tok);
     tk_free(f->units);
-    tk_free(f->unit_from);
+    tk_free(f->unit_next);
     tk_free(f->merges);
     tk_free_aligned(f->part_recs);
     tk_free(f);
@@ -744,12 +783,13 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
         return st;
     }
     int chunks = hp->n_head / f->attn_chunk;
-    f->max_units = (o->max_seqs + ATTN_SPLIT_PARTS) * chunks;
+    /* a sequence's slices: one more than its tokens / ATTN_SLICE at most */
+    f->max_units = (o->max_seqs + o->max_tokens / ATTN_SLICE + ATTN_SPLIT_PARTS) * chunks;
     f->units = tk_calloc((size_t)f->max_units, sizeof *f->units);
-    f->unit_from = tk_calloc((size_t)f->nth + 1, sizeof *f->unit_from);
+    f->unit_next = tk_calloc((size_t)hp->n_layer, sizeof *f->unit_next);
     f->merges = tk_calloc((size_t)o->max_seqs * (size_t)chunks, sizeof *f->merges);
     f->part_recs = alloc_f32(ATTN_SPLIT_PARTS, (int64_t)hp->n_head * (int64_t)KV_PART_REC(hp->head_dim));
-    if (!f->units || !f->unit_from || !f->merges || !f->part_recs) {
+    if (!f->units || !f->unit_next || !f->merges || !f->part_recs) {
         fwd_free(f);
         return tk_fail(TK_ERR_NOMEM, "forward: out of memory for the attention plan");
     }

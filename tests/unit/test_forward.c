@@ -14,7 +14,7 @@
 #include "test_model_fixture.h"
 
 #define BS      16
-#define MAX_POS 64
+#define MAX_POS 256
 
 /* A harness: one model, one KV pool, one thread pool, one forward context. */
 typedef struct harness {
@@ -38,7 +38,7 @@ static void h_init(harness *h, tk_model *m, int nth, bool unfused, tk_kv_type kv
                      .scale = TK_KV_SCALE_HEAD};
     assert_int_equal(kv_init(&ko, &h->kv), TK_OK);
     assert_int_equal(pool_init(nth, false, &h->pool), TK_OK);
-    fwd_opts fo = {.max_tokens = 64, .max_seqs = 8, .max_ctx = MAX_POS, .unfused = unfused};
+    fwd_opts fo = {.max_tokens = 160, .max_seqs = 8, .max_ctx = MAX_POS, .unfused = unfused};
     assert_int_equal(fwd_init(m, h->kv, h->pool, &fo, &h->f), TK_OK);
     for (int s = 0; s < 8; s++)
         for (int b = 0; b < MAX_POS / BS; b++) h->bt[s][b] = kv_block_alloc(h->kv);
@@ -327,14 +327,16 @@ static void test_forward_chunked_prefill(void **state) {
 
 /* Splitting a prompt into chunks changes no bit of the logits, for every
  * KV type: INT8 per-head scales included, whose blocks a chunk's later
- * tokens rescale (the own-block records, kv.h). */
+ * tokens rescale (the own-block records, kv.h). The whole prompt in one step
+ * is longer than an attention slice (forward.c's ATTN_SLICE), so its
+ * attention runs as several units taken by either thread. */
 static void check_chunked_prefill_bits(tk_dtype wt) {
     fx_model fx;
     fx_build(&fx, TK_ARCH_QWEN3, wt, TK_NAMING_HF);
     tk_model *m;
     assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
-    const int V = m->hp.n_vocab, n = 40;
-    int32_t toks[40];
+    const int V = m->hp.n_vocab, n = 150;
+    int32_t toks[150];
     for (int i = 0; i < n; i++) toks[i] = PROMPT[i % 14] * 7 % V;
     float *whole = malloc(2 * (size_t)V * sizeof(float)), *got = malloc(2 * (size_t)V * sizeof(float));
     const tk_kv_type types[] = {TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8};
@@ -346,7 +348,7 @@ static void check_chunked_prefill_bits(tk_dtype wt) {
         for (int p = 0; p < n; p++) h_step(&h, 1, &s, &one, toks + p, whole); /* token by token */
         h_step(&h, 1, &s, &one, &next, whole + V);
         h_free(&h);
-        const int chunks[3] = {5, 17, 40};
+        const int chunks[3] = {5, 17, 150};
         for (int c = 0; c < 3; c++) {
             h_init(&h, m, 2, false, types[ti]);
             for (int p = 0; p < n; p += chunks[c]) {
