@@ -53,8 +53,9 @@ typedef struct act_slot {
     int64_t align; /* columns a partial quantization must start on (1, 32, 256) */
 } act_slot;
 
-/* Attention work of a step: one unit is the heads [h0, h1) of a sequence over
- * its whole context (part < 0), or, for a decode token whose context is split
+/* Attention work of a step: one unit is the heads [h0, h1) of a sequence's
+ * query tokens [i0, i1) over their whole context (part < 0), or, for a
+ * decode token whose context is split
  * (flash-decoding), one part of it, whose records go to rec and are folded
  * after a barrier (attn_merge). Units differ only in who runs them, never in
  * the arithmetic, so outputs do not depend on the plan. */
@@ -62,7 +63,7 @@ typedef struct attn_unit {
     int32_t seq, h0, h1, part;
     int32_t i0, i1; /* the sequence's query tokens [i0, i1) of the step (part < 0) */
     float *rec;     /* part >= 0: this part's records for heads [h0, h1) */
-    int64_t cost;   /* positions x heads attended, for the split over threads */
+    int64_t cost;   /* positions x heads attended: larger units are handed out first */
 } attn_unit;
 
 typedef struct attn_merge {
@@ -122,7 +123,7 @@ struct fwd_ctx {
     fwd_prof *prof; /* stage timing (fwd_set_profile); NULL: off */
 
     /* the attention plan of the current step (attn_plan) */
-    attn_unit *units; /* (max_units) in (sequence, head chunk, part) order */
+    attn_unit *units; /* (max_units) largest cost first (attn_plan) */
     int n_units;
     int max_units;
     atomic_int *unit_next; /* (n_layer) the next unit of the layer's attention to hand out */
