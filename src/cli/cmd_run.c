@@ -81,7 +81,10 @@ int cmd_run(int argc, char **argv) {
     run_state s;
     memset(&s, 0, sizeof s);
     double probe = 0;
-    if (!a.no_probe) probe = probe_read_bw(o.engine.n_threads); /* before our pool pins anything */
+    if (a.bw > 0)
+        probe = a.bw;
+    else if (!a.no_probe)
+        probe = probe_read_bw(o.engine.n_threads); /* before our pool pins anything */
 
     if (tk_model_open(o.model_path, &o.model, &s.m) != TK_OK) return fail(&s, "cannot load the model");
     cli_opts_fit_model(&o, s.m);
@@ -212,7 +215,14 @@ int cmd_run(int argc, char **argv) {
     if (n_decode && tpot > 0) {
         double gbs = (double)decode_bytes / n_decode / tpot / 1e9;
         fprintf(stderr, " | %.2f GB/s", gbs);
-        if (probe > 0) fprintf(stderr, " = %.1f%% of %.1f GB/s probe", 100.0 * gbs / probe, probe);
+        /* A decode that read faster than the probe shows what the probe
+         * missed, not an efficiency above 100%. */
+        const char *what = a.bw > 0 ? "given" : "probe";
+        if (probe > 0 && gbs > probe)
+            fprintf(stderr, " > the %.2f GB/s %s (%s)", probe, what,
+                    a.bw > 0 ? "the decode read faster" : "a probe shortfall: the decode read faster");
+        else if (probe > 0)
+            fprintf(stderr, " = %.1f%% of %.2f GB/s %s", 100.0 * gbs / probe, probe, what);
     }
     fprintf(stderr, " | %d threads, kv %s, weights %s\n", s.be.n_threads,
             names_str(&NAMES_KV_TYPE, (int)o.engine.kv_type), s.be.weight_dtype);

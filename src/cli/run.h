@@ -30,6 +30,7 @@ typedef struct run_args {
     const char *system;  /* --system TEXT (chat) */
     int parallel;        /* --parallel N (0: not given) */
     int n;               /* -n: tokens to generate at most; 0: until the context is full */
+    double bw;           /* --bw GB/s for the timing line's % (0: probed) */
     run_stops stop;      /* --stop */
     bool ignore_eos, no_probe, quiet, no_special, chat, no_think;
 } run_args;

@@ -90,6 +90,13 @@ static const cli_opt RUN_ROWS[] = {
      .help = "one prompt: skip the bandwidth probe (no % of peak in the timing line)",
      .kind = CLI_FLAG,
      .off = offsetof(run_args, no_probe)},
+    {.name = "--bw",
+     .arg = "GBPS",
+     .help = "one prompt: the read bandwidth the timing line's % is of (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(run_args, bw),
+     .lo = 0,
+     .hi = 1e6},
     {0},
 };
 
@@ -150,9 +157,11 @@ int run_parse(int argc, char **argv, cli_opts *o, run_args *a) {
         return 2;
     }
     if (run_is_many(a)) {
-        if (a->dump || a->no_probe) {
+        if (a->dump || a->no_probe || a->bw > 0) {
             cli_error(c, "%s is for one prompt, not --prompts or --parallel",
-                      a->dump ? "--dump-logits" : "--no-probe");
+                      a->dump       ? "--dump-logits"
+                      : a->no_probe ? "--no-probe"
+                                    : "--bw");
             return 2;
         }
     } else {

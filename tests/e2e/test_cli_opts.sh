@@ -94,6 +94,11 @@ grep -q "| $cores threads," "$W/err.txt" || fail "run did not use $cores threads
 
 # -n 0: until the context is full, for one prompt and for many ("decode N tok" counts all but the first)
 expect 0 "decode 8 tok" "$TK_CLI" run -m "$M" --tokens 1,2,3,4 -n 0 --ctx 12 --ignore-eos --threads 1 --no-probe
+# the timing line's % is of the bandwidth given; a decode faster than it is
+# said to be faster, never a % above 100
+expect 0 "GB/s = [0-9.]*% of 100000.00 GB/s given" "$TK_CLI" run -m "$M" --tokens 1,2 -n 2 --ignore-eos --threads 1 --bw 100000
+expect 0 "GB/s > the 0.00 GB/s given (the decode read faster)" "$TK_CLI" run -m "$M" --tokens 1,2 -n 2 --ignore-eos --threads 1 --bw 0.001
+expect 2 "--bw is for one prompt" "$TK_CLI" run -m "$M" --parallel 2 --tokens 1,2 -n 2 --bw 10
 "$TK_CLI" run -m "$M" --tokens 1,2,3,4 --parallel 2 -n 0 --ctx 12 --ignore-eos --threads 1 >"$W/out.txt" \
     2>"$W/err.txt" || fail "run --parallel -n 0 exited $?"
 [ "$(grep -c '^[01]  *4  *9 .* length' "$W/err.txt")" -eq 2 ] || { cat "$W/err.txt"; fail "--parallel -n 0 --ctx 12: not 9 tokens each"; }
