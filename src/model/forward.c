@@ -91,6 +91,7 @@ struct fwd_ctx {
     int64_t q_dim, kv_dim; /* n_head*head_dim, n_head_kv*head_dim */
     int heads_per_group;   /* attention unit: whole quantization blocks of the output */
     int64_t ff_align;      /* gate/up row split unit */
+    bool ff_floats;        /* silu(gate)*up is read as floats (a float down weight, the observer) */
     size_t kv_bytes_tok;   /* KV bytes per token of context (all layers) */
     uint64_t emb_row_bytes;
 
@@ -158,20 +159,31 @@ static const void *act_rows(const fwd_ctx *f, int s, tk_dtype wtype, size_t *str
     return sl->q[a];
 }
 
-/* Quantize columns [c0, c1) of tokens [t0, t1) of slot s into every format it
- * feeds. Blocks are independent, so a thread may quantize the columns it owns. */
-static void quant_cols(const fwd_ctx *f, int s, int t0, int t1, int64_t c0, int64_t c1) {
-    const act_slot *sl = &f->slot[s];
-    if (c0 >= c1) return;
+/* A thread that works on columns of token rows reads pieces of a page or
+ * less, each on its own page, where the hardware prefetcher stops: it asks
+ * for the next token's piece (n floats from p) as it starts a token. */
+static void next_piece(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64 / sizeof(float)) __builtin_prefetch(p + i, 1, 3);
+}
+
+/* Quantize n floats x, columns [c0, c0 + n) of token t of slot sl, into every
+ * format the slot feeds. */
+static void quant_piece(const fwd_ctx *f, const act_slot *sl, const float *x, int t, int64_t c0, int64_t n) {
     for (int a = 0; a < ACT_COUNT; a++) {
         if (!sl->q[a]) continue;
         tk_quant_act_fn fn = a == ACT_Q8_0 ? f->K->quant_q8_0 : f->K->quant_q8_k;
         int64_t qk = a == ACT_Q8_0 ? TK_QK8_0 : TK_QK_K;
         size_t bb = a == ACT_Q8_0 ? sizeof(tk_block_q8_0) : sizeof(tk_block_q8_k);
-        for (int t = t0; t < t1; t++)
-            fn(sl->f + (size_t)t * sl->k + c0,
-               sl->q[a] + (size_t)t * sl->q_stride[a] + (size_t)(c0 / qk) * bb, c1 - c0);
+        fn(x, sl->q[a] + (size_t)t * sl->q_stride[a] + (size_t)(c0 / qk) * bb, n);
     }
+}
+
+/* Quantize columns [c0, c1) of tokens [t0, t1) of slot s into every format it
+ * feeds. Blocks are independent, so a thread may quantize the columns it owns. */
+static void quant_cols(const fwd_ctx *f, int s, int t0, int t1, int64_t c0, int64_t c1) {
+    const act_slot *sl = &f->slot[s];
+    if (c0 >= c1) return;
+    for (int t = t0; t < t1; t++) quant_piece(f, sl, sl->f + (size_t)t * sl->k + c0, t, c0, c1 - c0);
 }
 
 /* Tokens a gemv is called with. Batch invariance needs each token's dot
@@ -223,9 +235,11 @@ static void rmsnorm_tokens(fwd_ctx *f, const float *w, int t0, int t1) {
 static void heads_bias_norm_rope(fwd_ctx *f, float *base, int64_t width, const float *bias, const float *norm,
                                  bool rope, int h0, int h1, int t0, int t1) {
     int hd = f->hp->head_dim;
-    if (h0 >= h1) return;
+    if (h0 >= h1 || (!bias && !norm && !rope)) return;
     for (int t = t0; t < t1; t++) {
         float *row = base + (size_t)t * width;
+        if (t + 1 < t1 && h1 - h0 < width / hd)
+            next_piece(row + width + (size_t)h0 * hd, (int64_t)(h1 - h0) * hd);
         for (int h = h0; h < h1; h++) {
             float *x = row + (size_t)h * hd;
             if (bias) f->K->add(x, bias + (size_t)h * hd, hd);
@@ -253,6 +267,10 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
         if (t + 1 < f->b->n_tok && f->tok_seq[t + 1] != f->tok_seq[t])
             kv_prefetch_write(f->kv, l, f->b->bt[f->tok_seq[t + 1]], f->tok_pos[t + 1], (int)g0, (int)g1);
         const float *k = f->k + (size_t)t * f->kv_dim, *v = f->v + (size_t)t * f->kv_dim;
+        if (t + 1 < f->b->n_tok && g1 - g0 < f->hp->n_head_kv) {
+            next_piece(k + f->kv_dim + g0 * hd, (g1 - g0) * hd);
+            next_piece(v + f->kv_dim + g0 * hd, (g1 - g0) * hd);
+        }
         if (!f->own) {
             kv_write_heads(f->kv, l, bt, f->tok_pos[t], k, v, (int)g0, (int)g1);
             continue;
@@ -409,7 +427,13 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
 static void add_rows(fwd_ctx *f, int64_t r0, int64_t r1) {
     int64_t d = f->hp->n_embd;
     if (r0 >= r1) return;
-    for (int t = 0; t < f->b->n_tok; t++) f->K->add(f->x + t * d + r0, f->y + t * d + r0, r1 - r0);
+    for (int t = 0; t < f->b->n_tok; t++) {
+        if (t + 1 < f->b->n_tok && r1 - r0 < d) {
+            next_piece(f->x + (t + 1) * d + r0, r1 - r0);
+            next_piece(f->y + (t + 1) * d + r0, r1 - r0);
+        }
+        f->K->add(f->x + t * d + r0, f->y + t * d + r0, r1 - r0);
+    }
 }
 
 /* ---- the fused plan ------------------------------------------------------------------- */
@@ -425,17 +449,31 @@ static void attn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
     quant_cols(f, SLOT_EMBD, t0, t1, 0, f->hp->n_embd);
 }
 
-/* Heads are the split unit (q heads, then k heads, then v heads), so the thread
- * that computes a head's rows also normalizes and rotates it. */
+/* Whether the threads split the QKV projection by GQA group (kv head g with
+ * its query heads): each thread then normalizes and rotates as many q and k
+ * heads as the others, and owns the kv heads kv_store gives it (the same
+ * pool_split of the kv heads), so it stores them without a barrier between. */
+static bool qkv_by_group(const fwd_ctx *f, int nth) { return f->hp->n_head_kv % nth == 0; }
+
+/* Heads are the split unit, by GQA group (qkv_by_group) or else q heads, then
+ * k heads, then v heads, so the thread that computes a head's rows also
+ * normalizes and rotates it. */
 static void attn_qkv_rope(fwd_ctx *f, int l, int ith, int nth) {
     const tk_layer *L = &f->m->layers[l];
     int nh = f->hp->n_head, nkv = f->hp->n_head_kv, hd = f->hp->head_dim, n_tok = f->b->n_tok;
+    int q0, q1, k0, k1, v0, v1;
     long u0, u1;
-    pool_split(nh + 2 * nkv, ith, nth, 1, &u0, &u1);
-    int q0 = (int)(u0 < nh ? u0 : nh), q1 = (int)(u1 < nh ? u1 : nh);
-    int k0 = (int)(u0 - nh < 0 ? 0 : u0 - nh > nkv ? nkv : u0 - nh);
-    int k1 = (int)(u1 - nh < 0 ? 0 : u1 - nh > nkv ? nkv : u1 - nh);
-    int v0 = (int)(u0 - nh - nkv < 0 ? 0 : u0 - nh - nkv), v1 = (int)(u1 - nh - nkv < 0 ? 0 : u1 - nh - nkv);
+    if (qkv_by_group(f, nth)) {
+        pool_split(nkv, ith, nth, 1, &u0, &u1);
+        q0 = (int)u0 * (nh / nkv), q1 = (int)u1 * (nh / nkv);
+        k0 = v0 = (int)u0, k1 = v1 = (int)u1;
+    } else {
+        pool_split(nh + 2 * nkv, ith, nth, 1, &u0, &u1);
+        q0 = (int)(u0 < nh ? u0 : nh), q1 = (int)(u1 < nh ? u1 : nh);
+        k0 = (int)(u0 - nh < 0 ? 0 : u0 - nh > nkv ? nkv : u0 - nh);
+        k1 = (int)(u1 - nh < 0 ? 0 : u1 - nh > nkv ? nkv : u1 - nh);
+        v0 = (int)(u0 - nh - nkv < 0 ? 0 : u0 - nh - nkv), v1 = (int)(u1 - nh - nkv < 0 ? 0 : u1 - nh - nkv);
+    }
     matmul_rows(f, &L->wq, SLOT_EMBD, n_tok, (int64_t)q0 * hd, (int64_t)q1 * hd, f->q, f->q_dim);
     matmul_rows(f, &L->wk, SLOT_EMBD, n_tok, (int64_t)k0 * hd, (int64_t)k1 * hd, f->k, f->kv_dim);
     matmul_rows(f, &L->wv, SLOT_EMBD, n_tok, (int64_t)v0 * hd, (int64_t)v1 * hd, f->v, f->kv_dim);
@@ -460,6 +498,29 @@ static void ffn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
     quant_cols(f, SLOT_EMBD, t0, t1, 0, f->hp->n_embd);
 }
 
+/* silu(gate) * up of columns [c0, c1) of every token, quantized into the FF
+ * slot through an L1 buffer of FF_PIECE columns instead of written back over
+ * the gate rows and read again: the same elementwise kernel on whole vectors
+ * (c0, c1 and FF_PIECE are multiples of the slot's block) and the same
+ * blocks, so the same bits. Only when no one reads the floats (ff_floats). */
+#define FF_PIECE 256
+static void silu_mul_quant_l1(const fwd_ctx *f, int n_tok, int64_t c0, int64_t c1) {
+    const act_slot *sl = &f->slot[SLOT_FF];
+    const int64_t ff = f->hp->n_ff;
+    _Alignas(64) float buf[FF_PIECE];
+    for (int t = 0; t < n_tok; t++) {
+        if (t + 1 < n_tok && c1 - c0 < ff) {
+            next_piece(f->gate + (t + 1) * ff + c0, c1 - c0);
+            next_piece(f->up + (t + 1) * ff + c0, c1 - c0);
+        }
+        for (int64_t c = c0; c < c1; c += FF_PIECE) {
+            const int64_t n = c1 - c < FF_PIECE ? c1 - c : FF_PIECE;
+            f->K->silu_mul(buf, f->gate + t * ff + c, f->up + t * ff + c, n);
+            quant_piece(f, sl, buf, t, c, n);
+        }
+    }
+}
+
 static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
     const tk_layer *L = &f->m->layers[l];
     int64_t ff = f->hp->n_ff;
@@ -470,6 +531,10 @@ static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
     matmul_rows(f, &L->w_gate, SLOT_EMBD, n_tok, r0, r1, f->gate, ff);
     matmul_rows(f, &L->w_up, SLOT_EMBD, n_tok, r0, r1, f->up, ff);
     MARK(f, ith, FWD_ST_GATE_UP);
+    if (!f->ff_floats) {
+        silu_mul_quant_l1(f, n_tok, r0, r1);
+        return;
+    }
     for (int t = 0; t < n_tok; t++)
         f->K->silu_mul(f->gate + t * ff + r0, f->gate + t * ff + r0, f->up + t * ff + r0, r1 - r0);
     quant_cols(f, SLOT_FF, 0, n_tok, r0, r1);
@@ -527,7 +592,10 @@ static void forward_fused(fwd_ctx *f, int ith, int nth) {
         stage_end(f, ith, FWD_ST_NORM);
         if (obs) observe(f, ith, l, BACKEND_SITE_ATTN_IN, f->xn, f->hp->n_embd);
         attn_qkv_rope(f, l, ith, nth);
-        stage_end(f, ith, FWD_ST_ROPE);
+        if (qkv_by_group(f, nth))
+            MARK(f, ith, FWD_ST_ROPE);
+        else
+            stage_end(f, ith, FWD_ST_ROPE);
         kv_store(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_KV_STORE);
         attention_units(f, l, ith, nth, true);
@@ -678,7 +746,9 @@ static tk_status slots_init(fwd_ctx *f) {
         slot_need(need, SLOT_EMBD, &L->w_up);
         slot_need(need, SLOT_ATT, &L->wo);
         slot_need(need, SLOT_FF, &L->w_down);
+        if (act_of(L->w_down.type) < 0) f->ff_floats = true;
     }
+    if (f->o.observe) f->ff_floats = true;
     slot_need(need, SLOT_EMBD, &m->output);
     float *fbuf[SLOT_COUNT] = {f->xn, f->att, f->gate};
     int64_t width[SLOT_COUNT] = {f->hp->n_embd, f->q_dim, f->hp->n_ff};

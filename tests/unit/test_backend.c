@@ -43,11 +43,13 @@ typedef struct fixture {
     int V;
 } fixture;
 
-static void fix_init(fixture *f) {
-    fx_build(&f->fx, TK_ARCH_QWEN3, TK_DTYPE_F32, TK_NAMING_HF);
+static void fix_init_type(fixture *f, tk_dtype wtype) {
+    fx_build(&f->fx, TK_ARCH_QWEN3, wtype, TK_NAMING_HF);
     assert_int_equal(fx_open(&f->fx, NULL, &f->m), TK_OK);
     f->V = f->m->hp.n_vocab;
 }
+
+static void fix_init(fixture *f) { fix_init_type(f, TK_DTYPE_F32); }
 
 static void fix_free(fixture *f) {
     tk_model_free(f->m);
@@ -528,11 +530,12 @@ static void obs_fn(void *ctx, int layer, backend_site site, const float *x, int 
 
 /* An observed backend gives the same logits bit for bit, and shows each layer's
  * four matmul inputs once per step, in layer order, with the step's rows:
- * layer 0's q/k/v input is rmsnorm(embedding) x attn_norm. */
-static void test_backend_observe(void **state) {
-    (void)state;
+ * layer 0's q/k/v input is rmsnorm(embedding) x attn_norm. With Q8_0 weights
+ * the plain backend quantizes silu(gate)*up without writing the floats back
+ * (nothing reads them), the observed one writes them for the observer. */
+static void observe_case(tk_dtype wtype) {
     fixture f;
-    fix_init(&f);
+    fix_init_type(&f, wtype);
     const tk_hparams *hp = &f.m->hp;
     assert_true(hp->n_layer <= 8 && hp->n_embd <= 512);
     float *a = malloc((size_t)f.V * sizeof(float)), *b = malloc((size_t)f.V * sizeof(float));
@@ -576,6 +579,12 @@ static void test_backend_observe(void **state) {
     free(a);
     free(b);
     fix_free(&f);
+}
+
+static void test_backend_observe(void **state) {
+    (void)state;
+    observe_case(TK_DTYPE_F32);
+    observe_case(TK_DTYPE_Q8_0);
 }
 
 int main(void) {
