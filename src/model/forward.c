@@ -8,16 +8,23 @@
  * whatever the split or the number of tokens, so a sequence's logits do not
  * depend on what else is in the batch.
  *
- * Fused plan per layer (8 barriers; 9 when a decode context is split into parts):
+ * Fused plan per layer (7 barriers when the threads divide the kv heads, else 8;
+ * one more when a decode context is split into parts):
  *   attn_norm_quant         tokens  rmsnorm, quantize activations (embed first in layer 0)
- *   attn_qkv_rope           heads   q,k,v projections (+bias), QK-norm, RoPE
- *   kv_store                tokens  write the new K and V into the paged cache
+ *   attn_qkv_rope           heads   q,k,v projections (+bias), QK-norm, RoPE; by GQA
+ *                                   group when the threads divide the kv heads, and then
+ *                                   without a barrier before kv_store (qkv_by_group)
+ *   kv_store                kv heads  write the new K and V into the paged cache
  *   attention_quant         GQA groups x sequences (x parts; attn_plan): attention, quantize own columns
  *   attn_out_residual       rows    output projection, x += ...
  *   ffn_norm_quant          tokens  rmsnorm, quantize
  *   ffn_gate_up_silu_quant  rows    gate and up projections, silu(g)*u, quantize own columns
  *   ffn_down_residual       rows    down projection, x += ...
- * then output_norm_quant (wanted tokens) and output_logits (vocabulary rows).
+ * In the last layer, when some tokens want no logits, attention and everything
+ * after it run for the wanted tokens alone (trim_last: their outputs feed only
+ * the logits, and the layer's K and V are stored for all tokens before), moved
+ * to rows [0, n_out) by trim_rows after one more barrier. Then
+ * output_norm_quant (wanted tokens) and output_logits (vocabulary rows).
  * The unfused plan (fwd_opts.unfused) runs one op per stage with a barrier after
  * each; it computes the same values with more synchronisation (the ablation). */
 #include "model/forward.h"
@@ -120,6 +127,14 @@ struct fwd_ctx {
     int32_t *seq_tok0; /* (max_seqs) first token of each sequence */
     int32_t *out_tok;  /* (max_tokens) tokens whose logits are wanted, in order */
     int n_out;
+    /* The last layer's attention, output projection and FFN feed only the
+     * logits: with trim_last they run for the wanted tokens alone, moved to
+     * rows [0, n_out) after attention (trim_rows); not in the unfused plan,
+     * nor with an observer (calibration reads every token's activations).
+     * rows: the token rows the stages after attention run on, n_tok until
+     * then. */
+    bool trim_last;
+    int rows;
     uint64_t last_bytes;
     fwd_prof *prof; /* stage timing (fwd_set_profile); NULL: off */
 
@@ -393,19 +408,23 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
     const int hd = f->hp->head_dim, nh = f->hp->n_head;
     float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
     const float scale = 1.0f / sqrtf((float)hd);
+    const bool trim = f->trim_last && l == f->hp->n_layer - 1;
     int u0, u1;
     while (grab_units(&f->unit_next[l], f->n_units, nth, &u0, &u1))
         for (int u = u0; u < u1; u++) {
             const attn_unit *w = &f->units[u];
             const int s = w->seq;
+            /* trimmed: a sequence's wanted tokens are its last n_logits */
+            const int i0 = trim && w->i0 < b->n[s] - b->n_logits[s] ? b->n[s] - b->n_logits[s] : w->i0;
+            if (trim && (w->part >= 0 ? b->n_logits[s] == 0 : i0 >= w->i1)) continue;
             if (w->part >= 0) {
                 const int t0 = f->seq_tok0[s];
                 kv_attention_part(f->kv, l, b->bt[s], kv_attn_end(f->kv, b->pos0[s]), w->part,
                                   f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale, w->rec, scratch);
                 continue;
             }
-            const int t0 = f->seq_tok0[s] + w->i0, n = w->i1 - w->i0;
-            kv_attention(f->kv, l, b->bt[s], b->pos0[s] + w->i0, n, f->q + (size_t)t0 * f->q_dim, nh, w->h0,
+            const int t0 = f->seq_tok0[s] + i0, n = w->i1 - i0;
+            kv_attention(f->kv, l, b->bt[s], b->pos0[s] + i0, n, f->q + (size_t)t0 * f->q_dim, nh, w->h0,
                          w->h1, scale, f->own ? f->own + (size_t)t0 * nh * KV_PART_REC(hd) : NULL,
                          f->att + (size_t)t0 * f->q_dim, scratch);
             if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
@@ -416,6 +435,7 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
     pool_split(f->n_merges, ith, nth, 1, &m0, &m1);
     for (long i = m0; i < m1; i++) {
         const attn_merge *m = &f->merges[i];
+        if (trim && b->n_logits[m->seq] == 0) continue;
         const int t0 = f->seq_tok0[m->seq];
         kv_attention_merge(f->kv, m->recs, m->n_parts, (size_t)nh * KV_PART_REC(hd), m->h1 - m->h0,
                            f->own ? f->own + ((size_t)t0 * nh + (size_t)m->h0) * KV_PART_REC(hd) : NULL,
@@ -427,8 +447,8 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
 static void add_rows(fwd_ctx *f, int64_t r0, int64_t r1) {
     int64_t d = f->hp->n_embd;
     if (r0 >= r1) return;
-    for (int t = 0; t < f->b->n_tok; t++) {
-        if (t + 1 < f->b->n_tok && r1 - r0 < d) {
+    for (int t = 0; t < f->rows; t++) {
+        if (t + 1 < f->rows && r1 - r0 < d) {
             next_piece(f->x + (t + 1) * d + r0, r1 - r0);
             next_piece(f->y + (t + 1) * d + r0, r1 - r0);
         }
@@ -437,6 +457,29 @@ static void add_rows(fwd_ctx *f, int64_t r0, int64_t r1) {
 }
 
 /* ---- the fused plan ------------------------------------------------------------------- */
+
+/* The wanted tokens' residual rows and attention outputs (floats and each
+ * activation format) moved to rows [0, n_out), in order (out_tok ascends, so
+ * no row is overwritten before it is moved); out_tok then names those rows.
+ * Thread 0 alone, between barriers: a few rows. */
+static void trim_rows(fwd_ctx *f) {
+    const act_slot *sl = &f->slot[SLOT_ATT];
+    const int64_t d = f->hp->n_embd;
+    for (int i = 0; i < f->n_out; i++) {
+        const int t = f->out_tok[i];
+        if (t != i) {
+            memcpy(f->x + (size_t)i * d, f->x + (size_t)t * d, (size_t)d * sizeof(float));
+            memcpy(f->att + (size_t)i * f->q_dim, f->att + (size_t)t * f->q_dim,
+                   (size_t)f->q_dim * sizeof(float));
+            for (int a = 0; a < ACT_COUNT; a++)
+                if (sl->q[a])
+                    memcpy(sl->q[a] + (size_t)i * sl->q_stride[a], sl->q[a] + (size_t)t * sl->q_stride[a],
+                           sl->q_stride[a]);
+        }
+        f->out_tok[i] = i;
+    }
+    f->rows = f->n_out;
+}
 
 static void attn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
     int t0, t1;
@@ -486,14 +529,14 @@ static void attn_qkv_rope(fwd_ctx *f, int l, int ith, int nth) {
 static void attn_out_residual(fwd_ctx *f, int l, int ith, int nth) {
     long r0, r1;
     pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(f, &f->m->layers[l].wo, SLOT_ATT, f->b->n_tok, r0, r1, f->y, f->hp->n_embd);
+    matmul_rows(f, &f->m->layers[l].wo, SLOT_ATT, f->rows, r0, r1, f->y, f->hp->n_embd);
     MARK(f, ith, FWD_ST_O);
     add_rows(f, r0, r1);
 }
 
 static void ffn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
     int t0, t1;
-    split_tokens(f->b->n_tok, ith, nth, &t0, &t1);
+    split_tokens(f->rows, ith, nth, &t0, &t1);
     rmsnorm_tokens(f, f->m->layers[l].ffn_norm, t0, t1);
     quant_cols(f, SLOT_EMBD, t0, t1, 0, f->hp->n_embd);
 }
@@ -524,7 +567,7 @@ static void silu_mul_quant_l1(const fwd_ctx *f, int n_tok, int64_t c0, int64_t c
 static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
     const tk_layer *L = &f->m->layers[l];
     int64_t ff = f->hp->n_ff;
-    int n_tok = f->b->n_tok;
+    int n_tok = f->rows;
     long r0, r1;
     pool_split(ff, ith, nth, f->ff_align, &r0, &r1);
     if (r0 >= r1) return;
@@ -543,7 +586,7 @@ static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
 static void ffn_down_residual(fwd_ctx *f, int l, int ith, int nth) {
     long r0, r1;
     pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(f, &f->m->layers[l].w_down, SLOT_FF, f->b->n_tok, r0, r1, f->y, f->hp->n_embd);
+    matmul_rows(f, &f->m->layers[l].w_down, SLOT_FF, f->rows, r0, r1, f->y, f->hp->n_embd);
     MARK(f, ith, FWD_ST_DOWN);
     add_rows(f, r0, r1);
 }
@@ -600,6 +643,10 @@ static void forward_fused(fwd_ctx *f, int ith, int nth) {
         stage_end(f, ith, FWD_ST_KV_STORE);
         attention_units(f, l, ith, nth, true);
         stage_end(f, ith, FWD_ST_ATTN);
+        if (f->trim_last && l == f->hp->n_layer - 1) {
+            if (ith == 0) trim_rows(f);
+            stage_end(f, ith, FWD_ST_ATTN);
+        }
         if (obs) observe(f, ith, l, BACKEND_SITE_ATTN_OUT, f->att, f->q_dim);
         attn_out_residual(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_RESID);
@@ -918,6 +965,8 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     }
     if (n_out > 0 && !logits) return tk_fail(TK_ERR_INVALID, "forward: logits wanted but no output buffer");
     f->n_out = n_out;
+    f->trim_last = n_out < b->n_tok && !f->o.unfused && !f->o.observe;
+    f->rows = b->n_tok;
     f->b = b;
     f->logits = logits;
     /* Weights read once per step: every layer, one embedding row per token, and

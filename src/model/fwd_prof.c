@@ -26,15 +26,18 @@ void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8,
     const tk_hparams *hp = &m->hp;
     for (int s = 0; s < FWD_ST_COUNT; s++) out[s] = (fwd_stage_cost){0, 0, false};
     int n = sh->n_tok;
+    /* the last layer after attention: the wanted tokens (forward.c trims) */
+    const bool trim = sh->n_out < n;
     for (int l = 0; l < hp->n_layer; l++) {
         const tk_layer *L = &m->layers[l];
+        const int nr = trim && l == hp->n_layer - 1 ? sh->n_out : n;
         add_matmul(&out[FWD_ST_QKV], &L->wq, n);
         add_matmul(&out[FWD_ST_QKV], &L->wk, n);
         add_matmul(&out[FWD_ST_QKV], &L->wv, n);
-        add_matmul(&out[FWD_ST_O], &L->wo, n);
-        add_matmul(&out[FWD_ST_GATE_UP], &L->w_gate, n);
-        add_matmul(&out[FWD_ST_GATE_UP], &L->w_up, n);
-        add_matmul(&out[FWD_ST_DOWN], &L->w_down, n);
+        add_matmul(&out[FWD_ST_O], &L->wo, nr);
+        add_matmul(&out[FWD_ST_GATE_UP], &L->w_gate, nr);
+        add_matmul(&out[FWD_ST_GATE_UP], &L->w_up, nr);
+        add_matmul(&out[FWD_ST_DOWN], &L->w_down, nr);
         /* the layer's vectors, as decode_bytes counts them */
         out[FWD_ST_NORM].bytes += 2 * (uint64_t)hp->n_embd * sizeof(float);
         int64_t qkd = (int64_t)hp->n_head * hp->head_dim + 2 * (int64_t)hp->n_head_kv * hp->head_dim;
@@ -46,6 +49,8 @@ void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8,
     if (sh->n_out > 0) add_matmul(&out[FWD_ST_LM_HEAD], &m->output, sh->n_out);
     /* Every layer reads the context's K and V; per pair and head, q.k and p.v. */
     out[FWD_ST_ATTN].bytes = sh->kv_tokens * kv_bytes_tok;
-    out[FWD_ST_ATTN].ops = 4.0 * (double)sh->attn_pairs * hp->n_head * hp->head_dim * hp->n_layer;
+    const double pairs =
+        (double)sh->attn_pairs * (hp->n_layer - 1) + (double)(trim ? sh->attn_pairs_out : sh->attn_pairs);
+    out[FWD_ST_ATTN].ops = 4.0 * pairs * hp->n_head * hp->head_dim;
     out[FWD_ST_ATTN].int8 = kv_int8;
 }

@@ -60,9 +60,13 @@ typedef struct fwd_stage_cost {
 /* The shape of a step: n_tok tokens, n_out logits rows, kv_tokens positions
  * of context read (the sum over sequences of pos0 + n) and attn_pairs
  * (query, key) pairs attended (the sum over tokens of their position + 1). */
+/* n_tok tokens, n_out of them wanted (the last layer's attention, output
+ * projection and FFN run for those alone), attn_pairs (query, position)
+ * pairs of one layer's attention and attn_pairs_out those of the wanted
+ * tokens. */
 typedef struct fwd_step_shape {
     int n_tok, n_out;
-    uint64_t kv_tokens, attn_pairs;
+    uint64_t kv_tokens, attn_pairs, attn_pairs_out;
 } fwd_step_shape;
 
 struct tk_model;

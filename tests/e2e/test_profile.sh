@@ -3,7 +3,8 @@
 # stage times add up to the step time, thread 0's marks cover its forward
 # step, the stage bytes add up to the bytes the step reads (the model's
 # decode bytes and the KV at the context), barriers are counted, a prefill
-# chunk's attention counts every (token, position) pair it reads, and bad
+# chunk's attention counts every (token, position) pair it reads (its last
+# layer past attention the wanted token's alone), and bad
 # options are refused with a message.
 set -euo pipefail
 : "${TK_CLI:?}" "${TK_TMP:?}" "${TK_PYTHON:=/usr/bin/python3}"
@@ -80,7 +81,9 @@ for b in (1, 4):
         assert s["bytes"] < 1e6 or s["bw_pct"] <= 100.0 + 1e-6, s
 # the prefill chunk: its bytes are the step's, its weights read once for all
 # 8 tokens, and its attention pairs 8 x 24 + (1 + ... + 8) = 228 against the
-# decode step's 35 (batch 1 above)
+# decode step's 35 (batch 1 above) in the first of the model's two layers;
+# the last layer's attention, output projection and FFN run for the wanted
+# token alone (32 pairs, 1 token)
 j, d = json.load(open(w + "/pp.json")), json.load(open(w + "/p1.json"))
 assert j["prefill"] == 8 and j["batch"] == 1 and j["ctx"] == 24 and d["prefill"] == 0
 st = {s["stage"]: s for s in j["stages"]}
@@ -89,7 +92,10 @@ assert sum(s["bytes"] for s in j["stages"] if s["stage"] != "sampling") == j["st
 assert st["qkv"]["bytes"] == dst["qkv"]["bytes"] and st["qkv"]["ops"] == 8 * dst["qkv"]["ops"], st["qkv"]
 assert st["lm_head"]["ops"] == dst["lm_head"]["ops"], "one row of logits per chunk"
 r = st["attention"]["ops"] / dst["attention"]["ops"]
-assert abs(r - 228 / 35) < 1e-9, f"attention ops ratio {r}, want 228/35"
+assert abs(r - (228 + 32) / (2 * 35)) < 1e-9, f"attention ops ratio {r}, want (228 + 32)/70"
+for name in ("o_proj", "gate_up", "down"):
+    r = st[name]["ops"] / dst[name]["ops"]
+    assert abs(r - (8 + 1) / 2) < 1e-9, f"{name} ops ratio {r}, want 9/2"
 assert j["step"]["prefill_tok_s"] > 0 and "output_tok_s" not in j["step"]
 print("ok: profile JSON")
 PY
