@@ -679,8 +679,11 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
         if (ro->n_bg > 0 && ro->bg_in + ro->bg_out + 1 > ro->engine.ctx)
             ro->engine.ctx = ro->bg_in + ro->bg_out + 1;
     }
-    if (!ro->engine_max_batch_set && ro->n_rates == 0 && max_level(ro) > ro->engine.max_batch)
-        ro->engine.max_batch = max_level(ro);
+    /* Closed-loop levels never run more than the largest at once: the KV
+     * pool (max-batch x ctx by default) is sized for that, not for the
+     * engine's default 32 (at --in 2048 that was 7.5 GB of F16 KV for one
+     * sequence, and seconds of page faults before the first request). */
+    if (!ro->engine_max_batch_set && ro->n_rates == 0) ro->engine.max_batch = max_level(ro);
     /* The background streams run beside the foreground: room for both (16
      * foreground slots in rate mode, where arrivals bound nothing). */
     if (!ro->engine_max_batch_set && ro->n_bg > 0) {

@@ -62,6 +62,8 @@ metrics = ["ttft_mean_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_me
            "decode_read_gb_s", "roofline_pct", "duration_s"]
 (s,) = r["series"]
 assert s["engine"]["n_threads"] == 1, s["engine"]
+# the engine (and its KV pool) sized for the largest level, not the default 32
+assert s["engine"]["max_batch"] == 3, s["engine"]
 assert [p["concurrency"] for p in s["points"]] == [1, 3]
 for p in s["points"]:
     assert len(p["runs"]) == 2
