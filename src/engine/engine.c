@@ -215,9 +215,15 @@ static void req_finish(tk_engine *e, eng_req *q, tk_finish reason, const char *m
     }
     req_free(q);
     /* Counted after the callback returned: a reader that sees the count also
-     * sees everything the callback did. */
+     * sees everything the callback did, and the blocks the request held back
+     * (the step's own publish comes later). */
+    sched_counts c;
+    sched_counts_get(e->sc, &c);
     pthread_mutex_lock(&e->stats_mu);
     e->stats.requests_finished++;
+    e->stats.running = c.running;
+    e->stats.waiting = c.waiting;
+    e->stats.kv_blocks_used = c.blocks_used;
     pthread_mutex_unlock(&e->stats_mu);
 }
 
