@@ -95,7 +95,8 @@ static float query_q8(const float *qk, int hd, int8_t *q8) {
     return a / 127.0f;
 }
 
-/* Scores of a block's n rows of int8 K against int8 queries (kv_geom.q8):
+/* Scores of a block's n rows of int8 K (by rows, or by columns: kv_k_cols)
+ * against int8 queries (kv_geom.q8):
  * the dot product exact in integers, times the query's scale, the row's K
  * scale (per token) and the attention scale. qs: head_dim floats, q8:
  * head_dim bytes. */
@@ -109,9 +110,11 @@ static void scores_q8(const kv_geom *g, const int8_t *K, const float *ks, int n,
         qk = qs;
     }
     const float qsc = query_q8(qk, hd, q8);
+    const bool kt = kv_k_cols(g->type, g->q8, g->block_size);
     for (int j = 0; j < n; j++) {
         int32_t d = 0;
-        for (int c = 0; c < hd; c++) d += (int32_t)K[(size_t)j * (size_t)hd + (size_t)c] * (int32_t)q8[c];
+        for (int c = 0; c < hd; c++)
+            d += (int32_t)K[kt ? kv_k8_index(hd, j, c) : (size_t)j * (size_t)hd + (size_t)c] * (int32_t)q8[c];
         float y = (float)d * qsc;
         if (per_tok) y *= ks[j];
         s[j] = y * scale;
@@ -137,7 +140,7 @@ static void attn_range(const kv_geom *g, const int32_t *bt, int p0, int p1, int 
             scores_q8(g, (const int8_t *)K, ks, n, q, scale, s, row, (int8_t *)(row + hd));
         for (int j = 0; j < n; j++) {
             if (!(g->q8 && g->type == TK_KV_INT8)) {
-                row_to_f32(g, K, ks, j, row, kv_k_cols(g->type, g->block_size));
+                row_to_f32(g, K, ks, j, row, kv_k_cols(g->type, g->q8, g->block_size));
                 float d = 0.0f;
                 for (int c = 0; c < hd; c++) d += q[c] * row[c];
                 s[j] = d * scale;

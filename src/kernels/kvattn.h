@@ -31,7 +31,9 @@
 /* Where one layer's blocks live. A (layer, block) region is block_stride bytes
  * (a multiple of 64, so every region starts 64-byte aligned) laid out as
  *   K       [n_head_kv][block_size][head_dim]  elements of the KV type, or
- *           [n_head_kv][block_size / KV_KT][head_dim][KV_KT] (kv_k_cols)
+ *           [n_head_kv][block_size / KV_KT][head_dim][KV_KT] (kv_k_cols, a
+ *           float type) or [..][block_size / KV_KT][head_dim / 4][KV_KT][4]
+ *           (kv_k_cols, int8)
  *   V       [n_head_kv][block_size][head_dim]
  *   k_scale [n_head_kv][block_size] floats (int8 per token) or
  *           [n_head_kv][head_dim] (int8 per head: one per channel)
@@ -47,7 +49,8 @@ typedef struct kv_geom {
     /* int8 only: K is dotted against int8-quantised queries (kv_attn_ref
      * defines it: per query, head and block, q times the block's per-channel
      * K scales is rounded to int8 at max|.| / 127; the dot is exact in
-     * integers). Set only for levels whose table says attn_q8. */
+     * integers). Set only for levels whose table says attn_q8, fixed for
+     * the pool's life (it decides int8 K's layout: kv_k_cols). */
     bool q8;
 } kv_geom;
 
@@ -58,23 +61,32 @@ typedef struct kv_geom {
 /* Element size of a KV type in bytes (f32 4, f16/bf16 2, int8 1). */
 static inline size_t kv_type_size(tk_kv_type t) { return t == TK_KV_F32 ? 4 : t == TK_KV_INT8 ? 1 : 2; }
 
-/* K of a float KV type in blocks of KV_KT_BLOCK positions or more is stored
- * transposed in groups of KV_KT positions: one channel of KV_KT consecutive
- * positions is contiguous, so a vector load reads a channel of VL positions
- * and scores come out VL positions at a time (each one a chain of
- * multiply-adds over the channels in order), with no reduction across lanes.
+/* K in blocks of KV_KT_BLOCK positions or more is stored transposed in
+ * groups of KV_KT positions, so scores come out VL positions at a time (each
+ * one a chain over the channels in order) with no reduction across lanes:
+ *  - a float type: one channel of KV_KT consecutive positions is contiguous
+ *    (kv_k_index), a vector load reads a channel of VL positions;
+ *  - int8 with int8 queries (kv_geom.q8): 4 channels of one position are
+ *    contiguous, then the next position's (kv_k8_index), so 64 bytes hold 4
+ *    channels of 16 positions and one vpdpbusd against 4 bytes of the query
+ *    adds them into 16 positions' integer dots (exact in any order).
  * A decode tile has few pairs (a GQA group), so it needs many positions of a
- * block at once to keep enough chains going: smaller blocks keep rows. Int8
- * K keeps rows: its integer dot products are exact in any order. */
+ * block at once to keep enough chains going: smaller blocks keep rows, and
+ * so does int8 K dotted in floats. */
 #define KV_KT       16
 #define KV_KT_BLOCK 128
-static inline bool kv_k_cols(tk_kv_type t, int block_size) {
-    return t != TK_KV_INT8 && block_size >= KV_KT_BLOCK;
+static inline bool kv_k_cols(tk_kv_type t, bool q8, int block_size) {
+    return block_size >= KV_KT_BLOCK && (t != TK_KV_INT8 || q8);
 }
 /* Element index of (slot j, channel c) in one head's K of a block stored by
- * columns. */
+ * columns, a float type. */
 static inline size_t kv_k_index(int hd, int j, int c) {
     return ((size_t)(j / KV_KT) * (size_t)hd + (size_t)c) * KV_KT + (size_t)(j % KV_KT);
+}
+/* The same for int8 (head_dim % 4 == 0). */
+static inline size_t kv_k8_index(int hd, int j, int c) {
+    return (size_t)(j / KV_KT) * KV_KT * (size_t)hd + (size_t)(c / 4) * (4 * KV_KT) +
+           (size_t)(j % KV_KT) * 4 + (size_t)(c % 4);
 }
 
 /* Element i of a float KV type's data as a float. */

@@ -24,6 +24,7 @@ struct tk_kv {
     int32_t *refs; /* [n_blocks] holders of each block; 0 while free (catches double frees) */
     tk_isa isa;    /* level of the attention kernel in use */
     bool q8;       /* int8 K against int8-quantised queries (kv_geom.q8) */
+    bool used;     /* a block was handed out (q8 is fixed from then on) */
     kv_attn_fn attn;
     kv_attn_part_fn attn_part;
     kv_attn_own_fn attn_own;
@@ -206,13 +207,17 @@ void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn, kv_attn_own_
     kv->attn_own = own_fn;
 }
 bool kv_query_int8(const tk_kv *kv) { return kv->q8; }
-void kv_set_query_int8(tk_kv *kv, bool on) { kv->q8 = on && kv->o.type == TK_KV_INT8; }
+void kv_set_query_int8(tk_kv *kv, bool on) {
+    TK_ASSERT(!kv->used && (!on || kv->o.head_dim % 4 == 0)); /* it decides int8 K's layout (kv_k_cols) */
+    kv->q8 = on && kv->o.type == TK_KV_INT8;
+}
 
 int kv_block_alloc(tk_kv *kv) {
     if (kv->n_free == 0) return -1;
     int b = kv->free_ids[--kv->n_free];
     TK_ASSERT(kv->refs[b] == 0);
     kv->refs[b] = 1;
+    kv->used = true;
     return b;
 }
 
@@ -273,6 +278,27 @@ static int32_t block_at(const tk_kv *kv, const int32_t *bt, int pos) {
     return b;
 }
 
+/* Slot `slot` of int8 K stored by columns (kv_k8_index): 4 channels at a time. */
+static void put_k8(int8_t *rows, int slot, int hd, const int8_t *y) {
+    int8_t *d = rows + kv_k8_index(hd, slot, 0);
+    for (int c = 0; c < hd; c += 4, d += 4 * KV_KT) memcpy(d, y + c, 4);
+}
+
+/* kv_requant_chan over slots [0, slot) of int8 K stored by columns: each 64
+ * bytes of a group of KV_KT slots hold 4 channels, so the factors of those
+ * channels, repeated, rescale them in every group up to slot's. Slot's own
+ * group's later slots are rescaled too, and written over when their turn
+ * comes. */
+static void requant_cols(const tk_kv *kv, int8_t *rows, int slot, int hd, const float *r) {
+    float r64[4 * KV_KT];
+    for (int c = 0; c < hd; c += 4) {
+        if (r[c] == 1.0f && r[c + 1] == 1.0f && r[c + 2] == 1.0f && r[c + 3] == 1.0f) continue;
+        for (int i = 0; i < 4 * KV_KT; i++) r64[i] = r[c + i % 4];
+        for (int g = 0; g * KV_KT < slot; g++)
+            kv->requant_chan(rows + kv_k8_index(hd, g * KV_KT, c), 1, 4 * KV_KT, r64);
+    }
+}
+
 /* Per-head int8: one scale per (block, head, channel), which only grows. The
  * first vector of a block (slot 0) starts it afresh, which also forgets a
  * reused block's old scales; so a block's slots must be written in order from
@@ -297,33 +323,41 @@ static int32_t block_at(const tk_kv *kv, const int32_t *bt, int pos) {
  * Random data rescales a channel only on new maxima, and mostly by more than
  * 1.125, so it costs nothing there, unlike headroom added to every new scale
  * (1.25 of headroom: +20% error at 16 slots). */
-static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int slot, int hd, const float *x) {
+static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int slot, int hd, const float *x,
+                            bool kt) {
     if (slot == 0)
         for (int c = 0; c < hd; c++) scales[c] = 0.0f;
-    int8_t *y = rows + (size_t)slot * (size_t)hd;
+    int8_t tmp[KV_MAX_HEAD_DIM]; /* kv_init checked hd */
+    int8_t *y = kt ? tmp : rows + (size_t)slot * (size_t)hd;
     /* Rescales are rare (a channel's new maximum): quantize first, and only
      * when some channel does not fit, grow those scales and quantize again. */
-    if (kv->quant_chan(x, scales, y, hd)) return;
-    float r[KV_MAX_HEAD_DIM]; /* kv_init checked hd */
-    for (int c = 0; c < hd; c++) {
-        const float a = fabsf(x[c]), s = scales[c];
-        r[c] = 1.0f;
-        if (!(a > s * 127.0f)) continue;
-        const float s_new = fmaxf(a / 127.0f, s * KV_INT8_MIN_GROWTH);
-        if (s > 0.0f) r[c] = s / s_new; /* scale 0: the channel's values are 0 */
-        scales[c] = s_new;
+    if (!kv->quant_chan(x, scales, y, hd)) {
+        float r[KV_MAX_HEAD_DIM];
+        for (int c = 0; c < hd; c++) {
+            const float a = fabsf(x[c]), s = scales[c];
+            r[c] = 1.0f;
+            if (!(a > s * 127.0f)) continue;
+            const float s_new = fmaxf(a / 127.0f, s * KV_INT8_MIN_GROWTH);
+            if (s > 0.0f) r[c] = s / s_new; /* scale 0: the channel's values are 0 */
+            scales[c] = s_new;
+        }
+        if (kt)
+            requant_cols(kv, rows, slot, hd, r);
+        else
+            kv->requant_chan(rows, slot, hd, r);
+        /* scale 0: the channel is 0 so far (or x[c] is NaN, which stores 0) */
+        (void)kv->quant_chan(x, scales, y, hd);
     }
-    kv->requant_chan(rows, slot, hd, r);
-    /* scale 0: the channel is 0 so far (or x[c] is NaN, which stores 0) */
-    (void)kv->quant_chan(x, scales, y, hd);
+    if (kt) put_k8(rows, slot, hd, tmp);
 }
 
 /* Converts one vector of head_dim floats into slot `slot` of a head's rows;
- * kt: K stored by columns (kv_k_cols), where the slot is a column (kv_k_index). */
+ * kt: K stored by columns (kv_k_cols), where the slot is a column (kv_k_index,
+ * kv_k8_index). */
 static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, const float *x, bool kt) {
     int hd = kv->o.head_dim;
     size_t off = (size_t)slot * (size_t)hd;
-    if (kt) {
+    if (kt && kv->o.type != TK_KV_INT8) {
         const size_t i0 = kv_k_index(hd, slot, 0);
         if (kv->o.type == TK_KV_F16) {
             tk_f16 h[KV_MAX_HEAD_DIM]; /* kv_init checked hd */
@@ -347,10 +381,13 @@ static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, c
         for (int i = 0; i < hd; i++) ((tk_bf16 *)rows)[off + i] = tk_f32_to_bf16(x[i]);
         break;
     case TK_KV_INT8:
-        if (kv->o.scale == TK_KV_SCALE_TOKEN)
-            scales[slot] = kv->quant_token(x, (int8_t *)rows + off, hd);
-        else
-            write_int8_chan(kv, (int8_t *)rows, scales, slot, hd, x);
+        if (kv->o.scale == TK_KV_SCALE_TOKEN) {
+            int8_t tmp[KV_MAX_HEAD_DIM];
+            scales[slot] = kv->quant_token(x, kt ? tmp : (int8_t *)rows + off, hd);
+            if (kt) put_k8((int8_t *)rows, slot, hd, tmp);
+        } else {
+            write_int8_chan(kv, (int8_t *)rows, scales, slot, hd, x, kt);
+        }
         break;
     }
 }
@@ -366,7 +403,7 @@ void kv_write_heads(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k
         const float *kx = k + (size_t)h * kv->o.head_dim, *vx = v + (size_t)h * kv->o.head_dim;
         /* The geometry hands out const pointers for the kernels; the pool is ours to write. */
         write_vec(kv, (uint8_t *)kv_geom_k(&g, b, h), (float *)kv_geom_ks(&g, b, h), slot, kx,
-                  kv_k_cols(kv->o.type, kv->o.block_size));
+                  kv_k_cols(kv->o.type, kv->q8, kv->o.block_size));
         write_vec(kv, (uint8_t *)kv_geom_v(&g, b, h), (float *)kv_geom_vs(&g, b, h), slot, vx, false);
     }
 }
@@ -378,6 +415,13 @@ void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, cons
 static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, int slot, float *x, bool kt) {
     int hd = kv->o.head_dim;
     size_t off = (size_t)slot * (size_t)hd;
+    if (kt && kv->o.type == TK_KV_INT8) {
+        const bool per_tok = kv->o.scale == TK_KV_SCALE_TOKEN;
+        for (int c = 0; c < hd; c++)
+            x[c] = (float)((const int8_t *)rows)[kv_k8_index(hd, slot, c)] *
+                   (per_tok ? scales[slot] : scales[c]);
+        return;
+    }
     if (kt) {
         const size_t i0 = kv_k_index(hd, slot, 0);
         for (int c = 0; c < hd; c++) x[c] = kv_float_at(kv->o.type, rows, i0 + (size_t)c * KV_KT);
@@ -408,7 +452,7 @@ void kv_read(const tk_kv *kv, int l, const int32_t *bt, int pos, float *k, float
     int slot = pos % kv->o.block_size;
     for (int h = 0; h < kv->o.n_head_kv; h++) {
         read_vec(kv, kv_geom_k(&g, b, h), kv_geom_ks(&g, b, h), slot, k + (size_t)h * kv->o.head_dim,
-                 kv_k_cols(kv->o.type, kv->o.block_size));
+                 kv_k_cols(kv->o.type, kv->q8, kv->o.block_size));
         read_vec(kv, kv_geom_v(&g, b, h), kv_geom_vs(&g, b, h), slot, v + (size_t)h * kv->o.head_dim, false);
     }
 }
@@ -463,7 +507,7 @@ void kv_prefetch_write(const tk_kv *kv, int l, const int32_t *bt, int pos, int k
     const int slot = pos % kv->o.block_size;
     const size_t sc = (size_t)kv_scales_per_head(&g) * sizeof(float);
     /* a float type's K slot is a column through its group of KV_KT slots */
-    const bool kt = kv_k_cols(kv->o.type, kv->o.block_size);
+    const bool kt = kv_k_cols(kv->o.type, kv->q8, kv->o.block_size);
     const size_t k0 = kt ? (size_t)(slot / KV_KT) * KV_KT * row : (size_t)slot * row;
     const size_t k1 = kt ? k0 + KV_KT * row : k0 + row;
     for (int h = kvh0; h < kvh1; h++) {

@@ -43,7 +43,8 @@ void kv_set_attn(tk_kv *kv, kv_attn_fn fn, kv_attn_part_fn part_fn, kv_attn_own_
  * (kv_geom.q8: int8 KV at a level whose table says attn_q8). */
 bool kv_query_int8(const tk_kv *kv);
 /* Tests only: turn that on (int8 KV only) or off, for the reference level or
- * a level that implements it (attn_q8). */
+ * a level that implements it (attn_q8), before the pool hands out its first
+ * block (it decides int8 K's layout); head_dim % 4 == 0. */
 void kv_set_query_int8(tk_kv *kv, bool on);
 
 #endif

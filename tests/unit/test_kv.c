@@ -874,7 +874,8 @@ static void test_kv_attention_invariance(void **state) {
 static void test_kv_attention_steps(void **state) {
     (void)state;
     enum { NH = 4, NKV = 2, HD = 32, LEN = 300 };
-    /* blocks of K rows, and of K columns for the float types (kv_k_cols) */
+    /* blocks of K rows, and of K columns (kv_k_cols: the float types, and int8
+     * at a level with int8 queries) */
     static const int cfg[][2] = {{16, 75}, {KV_KT_BLOCK, LEN}}; /* block size, context */
     const size_t row = (size_t)NKV * HD, qrow = (size_t)NH * HD, rec = (size_t)NH * KV_PART_REC(HD);
     float *kx = tk_malloc(LEN * row * 4), *vx = tk_malloc(LEN * row * 4), *q = tk_malloc(LEN * qrow * 4);

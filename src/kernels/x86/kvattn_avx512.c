@@ -3,6 +3,7 @@
  * Compiled with the AVX-512 flags, so the compiler also gets 32 vector
  * registers. */
 #include <immintrin.h>
+#include <string.h>
 
 #include "kernels/kernels_ref.h"
 
@@ -147,6 +148,14 @@ AI vq vq_load_k(const uint8_t *row, int c, int hd) {
 }
 AI vq vq_dot(vq acc, vq k, const int8_t *q8) { return _mm512_dpbusd_epi32(acc, k, _mm512_loadu_si512(q8)); }
 AI vf vq_to_f(vq v) { return _mm512_cvtepi32_ps(v); }
+AI vq vq_load_k4(const uint8_t *p) {
+    return _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_set1_epi8((char)0x80));
+}
+AI vq vq_dot4(vq acc, vq k, const int8_t *q4) {
+    int32_t x;
+    memcpy(&x, q4, sizeof x);
+    return _mm512_dpbusd_epi32(acc, k, _mm512_set1_epi32(x));
+}
 /* The sum of n int8s (n % 64 == 0): byte sums of q + 128 by vpsadbw, less 128 n. */
 AI int32_t vq_sum_i8(const int8_t *q, size_t n) {
     __m512i a = _mm512_setzero_si512();

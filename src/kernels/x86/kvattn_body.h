@@ -30,6 +30,9 @@
  *                        int8s of the query), lane by lane
  *   vq_to_f(v)           the sums as floats
  *   vq_sum_i8(q, n)      the sum of n int8s, n % 64 == 0
+ *   vq_load_k4(p)        the 4 * VL int8s at p as unsigned (+128)
+ *   vq_dot4(acc, k, q4)  acc + the sums of 4 adjacent products k * the 4
+ *                        int8s at q4 (the same 4 in every lane), lane by lane
  * A level may also define KV_SCORES_V and store_scores_v (store_scores for a
  * whole group, R * P == VL, from the dot products' vectors: the same bits).
  * and is compiled with its own target flags, so the same source becomes both
@@ -197,6 +200,45 @@ AI void dot_rows_q8(const uint8_t *K, size_t row_bytes, int j0, int hd, const in
     put_scores(f, qoff, qmul, ks, scale, s, bs, j0, R, P);
 }
 
+/* dot_cols for int8 K stored by columns (kv_k8_index) against P int8
+ * queries (as dot_rows_q8): per 4 channels, one load of VL positions' 4
+ * bytes each and P vq_dot4 with the pairs' 4 query bytes. The integer dots
+ * are exact, and each score then takes the same float operations as
+ * store_scores', so the scores are dot_rows_q8's (the reference's) bits. j0
+ * % VL == 0; positions past the block's rows in use are masked by the
+ * caller. pf, pf_bytes: as dot_cols. */
+AI void dot_cols_q8(const uint8_t *K, int j0, int hd, const int8_t *q8, const float *qmul, const float *qoff,
+                    const float *ks, float scale, float *s, int bs, const uint8_t *pf, size_t pf_bytes,
+                    const int U, const int P) {
+    const size_t qb = KV_Q8_BYTES(hd);
+    const uint8_t *col[VL];
+#pragma GCC unroll 16
+    for (int u = 0; u < U; u++) col[u] = K + kv_k8_index(hd, j0 + u * VL, 0);
+    vq d[VL];
+#pragma GCC unroll 16
+    for (int i = 0; i < U * P; i++) d[i] = vq_zero();
+    const size_t lines = pf ? (pf_bytes + 63) / 64 : 0;
+    size_t li = 0;
+    for (int c = 0; c < hd; c += 4) {
+        for (; li * (size_t)hd < lines * (size_t)(c + 4); li++) __builtin_prefetch(pf + 64 * li, 0, 3);
+#pragma GCC unroll 16
+        for (int u = 0; u < U; u++) {
+            const vq k = vq_load_k4(col[u] + (size_t)c * KV_KT);
+#pragma GCC unroll 8
+            for (int p = 0; p < P; p++) d[u * P + p] = vq_dot4(d[u * P + p], k, q8 + (size_t)p * qb + c);
+        }
+    }
+    const vf sc = vf_set1(scale);
+#pragma GCC unroll 16
+    for (int u = 0; u < U; u++)
+#pragma GCC unroll 8
+        for (int p = 0; p < P; p++) {
+            vf y = vf_mul(vf_sub(vq_to_f(d[u * P + p]), vf_set1(qoff[p])), vf_set1(qmul[p]));
+            if (ks) y = vf_mul(y, vf_load(ks + j0 + u * VL));
+            vf_store(s + p * bs + j0 + u * VL, vf_mul(y, sc));
+        }
+}
+
 /* The int8 query of pair p for one block (attn_ref.c's query_q8): qk rounded
  * at max|qk| / 127 into q8 (zeros up to KV_Q8_BYTES), its scale and 128 *
  * its sum. */
@@ -307,6 +349,21 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
     if (type == TK_KV_INT8 && g->q8) {
         for (int p = 0; p < P; p++)
             query_q8(qk[p], hd, st->q8 + (size_t)p * KV_Q8_BYTES(hd), &st->qmul[p], &st->qoff[p]);
+        if (kv_k_cols(type, true, bs)) {
+            /* as the float types' columns below */
+            const int U = KV_ROWS(P), nv = (n + VL - 1) / VL * VL;
+#define KV_COLS8(u)                                                                                          \
+    for (; j0 + (u)*VL <= nv; j0 += (u)*VL)                                                                  \
+    dot_cols_q8(K, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, V + (size_t)j0 * row_bytes, \
+                (size_t)(u)*VL * row_bytes, u, P)
+            KV_COLS8(U);
+            if (U > 8) KV_COLS8(8);
+            if (U > 4) KV_COLS8(4);
+            if (U > 2) KV_COLS8(2);
+            if (U > 1) KV_COLS8(1);
+#undef KV_COLS8
+            j0 = n;
+        }
         for (; j0 + R <= n; j0 += R) {
             KV_PREFETCH(j0, R);
             dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, R, P);
@@ -315,7 +372,7 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
             dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, 1, P);
     }
 #endif
-    if (kv_k_cols(type, bs)) {
+    if (type != TK_KV_INT8 && kv_k_cols(type, false, bs)) {
         /* U vectors of VL positions at a time, so U*P chains run at once; the
          * same positions of V asked for as they go */
         const int U = KV_ROWS(P), nv = (n + VL - 1) / VL * VL;
@@ -428,7 +485,7 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
     st.q8 = (int8_t *)(st.qoff + KV_ATTN_TILE);
     /* a float type's scores read the queries transposed (dot_cols), once per
      * tile: qs is free for them (only int8 per head scales queries per block) */
-    if (kv_k_cols(type, bs))
+    if (type != TK_KV_INT8 && kv_k_cols(type, false, bs))
         for (int p = 0; p < P; p++)
             for (int c = 0; c < hd; c++) st.qs[c * P + p] = tp->q[p][c];
     int len = 0;
