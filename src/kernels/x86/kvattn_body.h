@@ -345,6 +345,16 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
         prefetch_span(V + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                                  \
         if (Vn) prefetch_span(Vn + (size_t)(j)*row_bytes, (size_t)(rows)*row_bytes);                         \
     } while (0)
+/* Columns of U vectors of VL positions at a time (COLS(u): a loop over the
+ * block's positions u * VL at a time), then a short block's rest in fewer. */
+#define KV_COLS_FROM(U, COLS)                                                                                \
+    do {                                                                                                     \
+        COLS(U);                                                                                             \
+        if ((U) > 8) COLS(8);                                                                                \
+        if ((U) > 4) COLS(4);                                                                                \
+        if ((U) > 2) COLS(2);                                                                                \
+        if ((U) > 1) COLS(1);                                                                                \
+    } while (0)
 #ifdef KV_Q8
     if (type == TK_KV_INT8 && g->q8) {
         for (int p = 0; p < P; p++)
@@ -356,11 +366,7 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
     for (; j0 + (u)*VL <= nv; j0 += (u)*VL)                                                                  \
     dot_cols_q8(K, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, V + (size_t)j0 * row_bytes, \
                 (size_t)(u)*VL * row_bytes, u, P)
-            KV_COLS8(U);
-            if (U > 8) KV_COLS8(8);
-            if (U > 4) KV_COLS8(4);
-            if (U > 2) KV_COLS8(2);
-            if (U > 1) KV_COLS8(1);
+            KV_COLS_FROM(U, KV_COLS8);
 #undef KV_COLS8
             j0 = n;
         }
@@ -381,12 +387,7 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
     for (; j0 + (u)*VL <= nv; j0 += (u)*VL)                                                                  \
     dot_cols(K, j0, hd, qt, scale, st->s, bs, V + (size_t)j0 * row_bytes, (size_t)(u)*VL * row_bytes, u, P,  \
              type)
-        KV_COLS(U);
-        /* a short block's rest in fewer vectors at once */
-        if (U > 8) KV_COLS(8);
-        if (U > 4) KV_COLS(4);
-        if (U > 2) KV_COLS(2);
-        if (U > 1) KV_COLS(1);
+        KV_COLS_FROM(U, KV_COLS);
 #undef KV_COLS
         j0 = n;
     }
@@ -395,6 +396,7 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
         dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, R, P, type);
     }
 #undef KV_PREFETCH
+#undef KV_COLS_FROM
     for (; j0 < n; j0++) dot_rows(K, row_bytes, j0, hd, qk, ks_tok, scale, st->s, bs, 1, P, type);
     /* Mask each pair's rows past its context and pad to whole vectors with
      * -inf: exp gives 0 and max ignores them. */
