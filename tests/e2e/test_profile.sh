@@ -73,8 +73,15 @@ for b in (1, 4):
     pr = j["probe"]
     assert pr["read_gbs"] > 0 and pr["read_gbs_min"] <= pr["read_gbs_median"] <= pr["read_gbs"]
     assert pr["floor_gbs"] >= pr["read_gbs"]
+    # the floors again at the probe's median pass (raised, as the best, by any
+    # stage that read faster): never below the best pass's
+    assert pr["read_gbs_median"] <= pr["floor_gbs_median"] <= pr["floor_gbs"], pr
+    assert step["floor_ms_median_read"] >= step["floor_ms"] * (1 - 1e-9), step
+    assert abs(step["x_floor_median_read"] * step["floor_ms_median_read"] - step["x_floor"] * step["floor_ms"]) <= 1e-6 * step["x_floor"] * step["floor_ms"], step
     if b == 4:
         assert pr["read_gbs"] == 20 and pr["read_passes"] == 0 and pr["peak_gops_int8"] == 500
+        # a given bandwidth has no spread: one floor
+        assert step["floor_ms_median_read"] == step["floor_ms"], step
     # no stage reading a megabyte or more (from memory, not cache) beats the
     # bandwidth its floor uses: a faster one raises it
     for s in st:
