@@ -322,13 +322,14 @@ static void requant_cols(const tk_kv *kv, int8_t *rows, int slot, int hd, const 
  * carry at s/2 * (1 + 1/1.125 + 1/1.125^2 + ...) = 4.5 s (s the final scale).
  * Random data rescales a channel only on new maxima, and mostly by more than
  * 1.125, so it costs nothing there, unlike headroom added to every new scale
- * (1.25 of headroom: +20% error at 16 slots). */
+ * (1.25 of headroom: +20% error at 16 slots).
+ *
+ * x goes to y (slot's row, or with kt, K by columns, a buffer the caller puts
+ * in place); the rescales apply to the slots already in rows. */
 static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int slot, int hd, const float *x,
-                            bool kt) {
+                            int8_t *y, bool kt) {
     if (slot == 0)
         for (int c = 0; c < hd; c++) scales[c] = 0.0f;
-    int8_t tmp[KV_MAX_HEAD_DIM]; /* kv_init checked hd */
-    int8_t *y = kt ? tmp : rows + (size_t)slot * (size_t)hd;
     /* Rescales are rare (a channel's new maximum): quantize first, and only
      * when some channel does not fit, grow those scales and quantize again. */
     if (!kv->quant_chan(x, scales, y, hd)) {
@@ -348,7 +349,6 @@ static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int sl
         /* scale 0: the channel is 0 so far (or x[c] is NaN, which stores 0) */
         (void)kv->quant_chan(x, scales, y, hd);
     }
-    if (kt) put_k8(rows, slot, hd, tmp);
 }
 
 /* Converts one vector of head_dim floats into slot `slot` of a head's rows;
@@ -380,15 +380,17 @@ static void write_vec(const tk_kv *kv, uint8_t *rows, float *scales, int slot, c
     case TK_KV_BF16:
         for (int i = 0; i < hd; i++) ((tk_bf16 *)rows)[off + i] = tk_f32_to_bf16(x[i]);
         break;
-    case TK_KV_INT8:
-        if (kv->o.scale == TK_KV_SCALE_TOKEN) {
-            int8_t tmp[KV_MAX_HEAD_DIM];
-            scales[slot] = kv->quant_token(x, kt ? tmp : (int8_t *)rows + off, hd);
-            if (kt) put_k8((int8_t *)rows, slot, hd, tmp);
-        } else {
-            write_int8_chan(kv, (int8_t *)rows, scales, slot, hd, x, kt);
-        }
+    case TK_KV_INT8: {
+        /* K by columns: quantized here, then put in place */
+        int8_t tmp[KV_MAX_HEAD_DIM]; /* kv_init checked hd */
+        int8_t *y = kt ? tmp : (int8_t *)rows + off;
+        if (kv->o.scale == TK_KV_SCALE_TOKEN)
+            scales[slot] = kv->quant_token(x, y, hd);
+        else
+            write_int8_chan(kv, (int8_t *)rows, scales, slot, hd, x, y, kt);
+        if (kt) put_k8((int8_t *)rows, slot, hd, tmp);
         break;
+    }
     }
 }
 
@@ -415,14 +417,7 @@ void kv_write(tk_kv *kv, int l, const int32_t *bt, int pos, const float *k, cons
 static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, int slot, float *x, bool kt) {
     int hd = kv->o.head_dim;
     size_t off = (size_t)slot * (size_t)hd;
-    if (kt && kv->o.type == TK_KV_INT8) {
-        const bool per_tok = kv->o.scale == TK_KV_SCALE_TOKEN;
-        for (int c = 0; c < hd; c++)
-            x[c] = (float)((const int8_t *)rows)[kv_k8_index(hd, slot, c)] *
-                   (per_tok ? scales[slot] : scales[c]);
-        return;
-    }
-    if (kt) {
+    if (kt && kv->o.type != TK_KV_INT8) {
         const size_t i0 = kv_k_index(hd, slot, 0);
         for (int c = 0; c < hd; c++) x[c] = kv_float_at(kv->o.type, rows, i0 + (size_t)c * KV_KT);
         return;
@@ -437,9 +432,9 @@ static void read_vec(const tk_kv *kv, const uint8_t *rows, const float *scales, 
     case TK_KV_BF16:
         for (int i = 0; i < hd; i++) x[i] = tk_bf16_to_f32(((const tk_bf16 *)rows)[off + i]);
         break;
-    case TK_KV_INT8:
+    case TK_KV_INT8: /* K by columns: kv_k8_index */
         for (int i = 0; i < hd; i++)
-            x[i] = (float)((const int8_t *)rows)[off + i] *
+            x[i] = (float)((const int8_t *)rows)[kt ? kv_k8_index(hd, slot, i) : off + (size_t)i] *
                    (kv->o.scale == TK_KV_SCALE_TOKEN ? scales[slot] : scales[i]);
         break;
     }

@@ -378,7 +378,7 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
             dot_rows_q8(K, row_bytes, j0, hd, st->q8, st->qmul, st->qoff, ks_tok, scale, st->s, bs, 1, P);
     }
 #endif
-    if (type != TK_KV_INT8 && kv_k_cols(type, false, bs)) {
+    if (kv_k_cols(type, false, bs)) {
         /* U vectors of VL positions at a time, so U*P chains run at once; the
          * same positions of V asked for as they go */
         const int U = KV_ROWS(P), nv = (n + VL - 1) / VL * VL;
@@ -487,7 +487,7 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
     st.q8 = (int8_t *)(st.qoff + KV_ATTN_TILE);
     /* a float type's scores read the queries transposed (dot_cols), once per
      * tile: qs is free for them (only int8 per head scales queries per block) */
-    if (type != TK_KV_INT8 && kv_k_cols(type, false, bs))
+    if (kv_k_cols(type, false, bs))
         for (int p = 0; p < P; p++)
             for (int c = 0; c < hd; c++) st.qs[c * P + p] = tp->q[p][c];
     int len = 0;
