@@ -166,6 +166,15 @@ typedef struct pf_row {
     bool int8;
 } pf_row;
 
+/* A stage's floor in ms, max(bytes / bandwidth at gbs, ops / its peak); 0
+ * under a microsecond, where no floor is worth a ratio. */
+static double stage_floor_ms(const fwd_stage_cost *c, const pf_machine *mc, double gbs) {
+    const double peak = c->int8 ? mc->gops_int8 : mc->gflops_f32;
+    const double fb = gbs > 0 ? (double)c->bytes / (gbs * 1e9) : 0, fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
+    const double f = 1e3 * (fb > fo ? fb : fo);
+    return f < 1e-3 ? 0 : f;
+}
+
 static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp) {
     pf_row o = {.name = r == PF_SAMPLE ? "sampling" : fwd_stage_name((fwd_stage)r)};
     const fwd_stage_cost *c = &d->cost[r];
@@ -181,10 +190,7 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
     o.gops = s > 0 ? o.gop / s : 0;
     o.bw_pct = mc->ceil_gbs > 0 ? 100.0 * o.gbs / mc->ceil_gbs : 0;
     o.peak_pct = peak > 0 ? 100.0 * o.gops / peak : 0;
-    double fb = mc->ceil_gbs > 0 ? (double)c->bytes / (mc->ceil_gbs * 1e9) : 0;
-    double fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
-    o.floor_ms = 1e3 * (fb > fo ? fb : fo);
-    if (o.floor_ms < 1e-3) o.floor_ms = 0; /* under a microsecond: no floor worth a ratio */
+    o.floor_ms = stage_floor_ms(c, mc, mc->ceil_gbs);
     o.x_floor = o.floor_ms > 0 ? o.ms / o.floor_ms : 0;
     return o;
 }
@@ -212,14 +218,7 @@ static void set_ceiling(const pf_data *d, pf_machine *mc, double *tmp) {
 /* The step's floor (the stages' floors summed) with the bandwidth at gbs. */
 static double floor_at(const pf_data *d, const pf_machine *mc, double gbs) {
     double sum = 0;
-    for (int r = 0; r < PF_ROWS; r++) {
-        const fwd_stage_cost *c = &d->cost[r];
-        const double peak = c->int8 ? mc->gops_int8 : mc->gflops_f32;
-        const double fb = gbs > 0 ? (double)c->bytes / (gbs * 1e9) : 0,
-                     fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
-        const double f = 1e3 * (fb > fo ? fb : fo);
-        sum += f < 1e-3 ? 0 : f; /* as row_of */
-    }
+    for (int r = 0; r < PF_ROWS; r++) sum += stage_floor_ms(&d->cost[r], mc, gbs);
     return sum;
 }
 
