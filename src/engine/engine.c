@@ -190,6 +190,25 @@ static size_t req_flush_text(tk_engine *e, eng_req *q, char *buf) {
     return out;
 }
 
+/* The scheduler's counts into the stats (the caller holds stats_mu): at the
+ * end of each step, and when a request finishes, with its count, so a reader
+ * that sees it finished also sees the blocks it gave back. */
+static void stats_put_counts(tk_engine_stats *s, const sched_counts *c) {
+    s->preemptions = c->preemptions;
+    s->running = c->running;
+    s->waiting = c->waiting;
+    s->waiting_no_blocks = c->waiting_no_blocks;
+    s->waiting_behind_prefill = c->waiting_behind_prefill;
+    s->waiting_preempted = c->waiting_preempted;
+    s->kv_blocks_total = c->blocks_total;
+    s->kv_blocks_used = c->blocks_used;
+    s->kv_blocks_peak = c->blocks_peak;
+    s->prefix_cache_query_tokens = c->prefix_query_tokens;
+    s->prefix_cache_hit_tokens = c->prefix_hit_tokens;
+    s->prefix_cache_blocks = c->prefix_blocks;
+    s->prefix_cache_evictions = c->prefix_evictions;
+}
+
 /* The one place a request ends: blocks back, live list left, one callback. */
 static void req_finish(tk_engine *e, eng_req *q, tk_finish reason, const char *message) {
     if (q->in_sched) sched_remove(e->sc, &q->seq);
@@ -221,9 +240,7 @@ static void req_finish(tk_engine *e, eng_req *q, tk_finish reason, const char *m
     sched_counts_get(e->sc, &c);
     pthread_mutex_lock(&e->stats_mu);
     e->stats.requests_finished++;
-    e->stats.running = c.running;
-    e->stats.waiting = c.waiting;
-    e->stats.kv_blocks_used = c.blocks_used;
+    stats_put_counts(&e->stats, &c);
     pthread_mutex_unlock(&e->stats_mu);
 }
 
@@ -617,19 +634,7 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
     s->prefill_ms_per_token = c.cost.pre_s * 1e3;
     s->prompt_tokens += prompt_tok;
     s->output_tokens += out_tok;
-    s->preemptions = c.preemptions;
-    s->running = c.running;
-    s->waiting = c.waiting;
-    s->waiting_no_blocks = c.waiting_no_blocks;
-    s->waiting_behind_prefill = c.waiting_behind_prefill;
-    s->waiting_preempted = c.waiting_preempted;
-    s->kv_blocks_total = c.blocks_total;
-    s->kv_blocks_used = c.blocks_used;
-    s->kv_blocks_peak = c.blocks_peak;
-    s->prefix_cache_query_tokens = c.prefix_query_tokens;
-    s->prefix_cache_hit_tokens = c.prefix_hit_tokens;
-    s->prefix_cache_blocks = c.prefix_blocks;
-    s->prefix_cache_evictions = c.prefix_evictions;
+    stats_put_counts(s, &c);
     s->spec_decodes = e->sp_decodes;
     s->spec_verifies = e->sp_verifies;
     s->spec_drafted = e->sp_drafted;
