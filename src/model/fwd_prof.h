@@ -57,12 +57,11 @@ typedef struct fwd_stage_cost {
     bool int8;
 } fwd_stage_cost;
 
-/* The shape of a step: n_tok tokens, n_out logits rows, kv_tokens positions
- * of context read (the sum over sequences of pos0 + n) and attn_pairs
- * (query, key) pairs attended (the sum over tokens of their position + 1). */
-/* n_tok tokens, n_out of them wanted (the last layer's attention, output
- * projection and FFN run for those alone), attn_pairs (query, position)
- * pairs of one layer's attention and attn_pairs_out those of the wanted
+/* The shape of a step: n_tok tokens, n_out of them wanted (their logits; the
+ * last layer's attention, output projection and FFN run for those alone),
+ * kv_tokens positions of context read (the sum over sequences of pos0 + n),
+ * attn_pairs (query, position) pairs of one layer's attention (the sum over
+ * tokens of their position + 1) and attn_pairs_out those of the wanted
  * tokens. */
 typedef struct fwd_step_shape {
     int n_tok, n_out;
