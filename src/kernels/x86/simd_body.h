@@ -17,7 +17,7 @@
  *                        AVX-512)
  * and optionally dot_u8s8_acc(a, u, x) (a + dot_u8s8, one op with VNNI) and
  * X16_FLIP (dot_u8s8 takes u up to 255: Q8_0 X16 by unsigned weights, as the
- * 512-bit kernel; kernels_avxvnni.c),
+ * 512-bit kernel; kernels_avxvnni.c; without it Q8_0 X16 uses dot_s8),
  * and is compiled with its own target flags, so the same source becomes two
  * binaries: the AVX2 one is what the tests run here, the AVX-512 one differs
  * only in those definitions (VNNI dots) and in the wider register file the
@@ -378,11 +378,9 @@ void KFN(gemv_q4_0)(int64_t k, const void *w, int64_t r0, int64_t r1, const void
  * partial sums in the eight int32 lanes: no horizontal sums, one sequential
  * stream of weights, and a block's integer dot is exact before its one scale
  * multiply. A (row, token) result is one chain over the blocks whatever the
- * tile, so it does not depend on the batch. R is the layout's group (8 for
- * X8, 16 for X16, kernels_ref.h), h the 8-row half of it this tile reads. */
-AI void x8_tile(int R, int h, int64_t nb, const unsigned char *g, const void *x, size_t xs, float *y,
-                int64_t ldy, int nt) {
-    const size_t bb = (size_t)R * 34;
+ * tile, so it does not depend on the batch. */
+AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, float *y, int64_t ldy, int nt) {
+    const size_t bb = 8 * 34;
     const tk_block_q8_0 *xt[KNT_X8];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xt[t] = (const tk_block_q8_0 *)((const char *)x + (size_t)t * xs);
@@ -390,9 +388,9 @@ AI void x8_tile(int R, int h, int64_t nb, const unsigned char *g, const void *x,
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 2 * R + 32 * h;
+        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 16;
         /* the weights are one stream per thread: fetch a few blocks ahead */
-        if (X8_PREFETCH > 0 && h == 0)
+        if (X8_PREFETCH > 0)
 #pragma GCC unroll 9
             for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
         __m256i is[KNT_X8];
@@ -400,7 +398,7 @@ AI void x8_tile(int R, int h, int64_t nb, const unsigned char *g, const void *x,
         for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(qb + 4 * R * c));
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(qb + 32 * c));
             __m256i aw = _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
@@ -409,7 +407,7 @@ AI void x8_tile(int R, int h, int64_t nb, const unsigned char *g, const void *x,
                 is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(xi));
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(f16_to_f32(xt[t][b].d)));
@@ -420,50 +418,44 @@ AI void x8_tile(int R, int h, int64_t nb, const unsigned char *g, const void *x,
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
 }
 
-/* Runs the whole R-row groups that [r0, r1) touches, each as R / 8 halves of
- * eight rows; a group cut by r0 or r1 is computed whole into a scratch tile
- * and only its rows in range are copied, so every row's value is the same
- * wherever the range is cut. */
-AI void xr_gemv(int R, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                int n_tok, float *y, int64_t ldy) {
-    const int64_t nb = k / TK_QK8_0;
-    const size_t gb = (size_t)nb * (size_t)R * 34;
-    for (int64_t g0 = r0 / R * R; g0 < r1; g0 += R) {
-        const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / R) * gb;
-        bool whole = g0 >= r0 && g0 + R <= r1;
-        for (int t = 0; t < n_tok; t += KNT_X8) {
-            int nt = n_tok - t < KNT_X8 ? n_tok - t : KNT_X8;
-            float tmp[KNT_X8 * 16];
-            float *dst = whole ? y + (size_t)t * (size_t)ldy + g0 : tmp;
-            int64_t ld = whole ? ldy : R;
-            const void *xt = (const char *)xq + (size_t)t * xq_stride;
-            for (int h = 0; h < R / 8; h++) switch (nt) {
-#define X8_CASE(n)                                                                                           \
-    case n:                                                                                                  \
-        x8_tile(R, h, nb, g, xt, xq_stride, dst + 8 * h, ld, n);                                             \
-        break;
-                    X8_CASE(1)
-                    X8_CASE(2)
-                    X8_CASE(3)
-                    X8_CASE(4)
-#if KNT_X8 > 4
-                    X8_CASE(5)
-                    X8_CASE(6)
-                    X8_CASE(7)
-                    X8_CASE(8)
-#endif
-#undef X8_CASE
-                default:
-                    break;
-                }
-            if (!whole) cut_tile_store(y + (size_t)t * (size_t)ldy, ldy, tmp, R, nt, g0, r0, r1);
-        }
-    }
-}
-
+/* Runs the whole 8-row groups that [r0, r1) touches; a group cut by r0 or r1
+ * is computed whole into a scratch tile and only its rows in range are
+ * copied, so every row's value is the same wherever the range is cut. */
 void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                        int n_tok, float *y, int64_t ldy) {
-    xr_gemv(8, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    const int64_t nb = k / TK_QK8_0;
+    const size_t gb = (size_t)nb * 8 * 34;
+    for (int64_t g0 = r0 / 8 * 8; g0 < r1; g0 += 8) {
+        const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 8) * gb;
+        bool whole = g0 >= r0 && g0 + 8 <= r1;
+        for (int t = 0; t < n_tok; t += KNT_X8) {
+            int nt = n_tok - t < KNT_X8 ? n_tok - t : KNT_X8;
+            float tmp[KNT_X8 * 8];
+            float *dst = whole ? y + (size_t)t * (size_t)ldy + g0 : tmp;
+            int64_t ld = whole ? ldy : 8;
+            const void *xt = (const char *)xq + (size_t)t * xq_stride;
+            switch (nt) {
+#define X8_CASE(n)                                                                                           \
+    case n:                                                                                                  \
+        x8_tile(nb, g, xt, xq_stride, dst, ld, n);                                                           \
+        break;
+                X8_CASE(1)
+                X8_CASE(2)
+                X8_CASE(3)
+                X8_CASE(4)
+#if KNT_X8 > 4
+                X8_CASE(5)
+                X8_CASE(6)
+                X8_CASE(7)
+                X8_CASE(8)
+#endif
+#undef X8_CASE
+            default:
+                break;
+            }
+            if (!whole) cut_tile_store(y + (size_t)t * (size_t)ldy, ldy, tmp, 8, nt, g0, r0, r1);
+        }
+    }
 }
 
 /* ---- 16-row interleaved Q8_0 and Q4_0 (TK_LAYOUT_X16) ---------------------------------- */
@@ -512,6 +504,12 @@ AI const unsigned char *x16_tile_fetch(int t, int nt_max, int64_t g0, int64_t r1
 #define X16_NT KNT_X16
 #else
 #define X16_NT KNT_X8
+#endif
+/* Q8_0 X16 weights made unsigned (w ^ 0x80) for vpdpbusd; 0: the sign trick */
+#if defined(X16_ZMM) || defined(X16_FLIP)
+#define X16_U8 1
+#else
+#define X16_U8 0
 #endif
 
 /* Fills the table for np tokens (tiles of X16_NT, the last one short). */
@@ -605,11 +603,12 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
 }
 #else
 /* In 256-bit halves of 8 rows: the chains of the 512-bit tile, the same
- * integer block dots. Q4_0, and Q8_0 where X16_FLIP says the int8 dot is
- * vpdpbusd (without it, Q8_0 takes X8's sign-trick kernel: see below). */
+ * integer block dots. Q4_0 as there; Q8_0 as there where X16_FLIP says the
+ * int8 dot is vpdpbusd, else by the sign trick (dot_s8: |w| once per
+ * vector, x carrying w's sign per token), whose chains start at 0 (the
+ * table's corrections are 0: x16_act's off). */
 AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
                  const unsigned char *nx) {
-    (void)nx;
     const size_t bb = q4 ? 288 : 544;
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -620,20 +619,34 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
             const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32 + 32 * h;
-            if (X8_PREFETCH > 0 && h == 0)
+            if (h == 0 && nx == X16_AHEAD) {
+                if (X16_PREFETCH > 0)
 #pragma GCC unroll 9
-                for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X8_PREFETCH);
+                    for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
+            } else if (h == 0 && nx) {
+#pragma GCC unroll 9
+                for (int o = 0; o < (int)bb; o += 64)
+                    _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
+            }
             __m256i is[X16_NT];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) is[t] = _mm256_set1_epi32(e[8 * nt + t]);
+            for (int t = 0; t < nt; t++)
+                is[t] = q4 || X16_U8 ? _mm256_set1_epi32(e[8 * nt + t]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 __m256i wv;
                 if (q4) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
                     wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
-                } else {
+                } else if (X16_U8) {
                     wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c)), flip);
+                } else { /* the sign trick: wv signed, aw = |wv| */
+                    wv = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
+                    const __m256i aw = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++)
+                        is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(e[c * nt + t]));
+                    continue;
                 }
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++)
@@ -654,7 +667,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
 
 /* Tokens in passes of at most X16_ACT_MAX / nb (their table on the stack),
  * each pass over the 16-row groups [r0, r1) touches; a group cut by r0 or r1
- * is computed whole into a scratch tile, as in xr_gemv. */
+ * is computed whole into a scratch tile, as in gemv_q8_0_x8. */
 AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                  int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK8_0;
@@ -667,7 +680,7 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
     int32_t tab[X16_ACT_MAX * X16_ENT];
     for (int p0 = 0; p0 < n_tok; p0 += pass) {
         const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
-        x16_act(q4 ? 8 : 128, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
+        x16_act(q4 ? 8 : X16_U8 ? 128 : 0, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
         for (int64_t g0 = r0 / 16 * 16; g0 < r1; g0 += 16) {
             const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
             bool whole = g0 >= r0 && g0 + 16 <= r1;
@@ -718,21 +731,13 @@ void KFN(gemv_q4_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
     x16_gemv(1, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 
-#if defined(X16_ZMM) || defined(X16_FLIP)
 void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
     x16_gemv(0, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
-#else
-/* Without 512-bit registers: X8's kernel on each 8-row half of a group (the
- * sign trick needs no activation sums). */
-void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
-                        int n_tok, float *y, int64_t ldy) {
-    xr_gemv(16, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
-}
-#endif
 #undef X16_NT
 #undef X16_ENT
+#undef X16_U8
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
 
