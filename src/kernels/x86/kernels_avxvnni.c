@@ -19,6 +19,11 @@
 #ifndef KNT_X8
 #define KNT_X8 4
 #endif
+/* The 16-row Q8_0/Q4_0 tile: one vpdpbusd per token and chunk leaves room
+ * for 6 tokens (12 accumulators; AVX2's sign trick is faster at 4) */
+#ifndef KNT_X16
+#define KNT_X16 6
+#endif
 /* Q8_0 X16 by w ^ 0x80 and activation sums (simd_body.h) */
 #define X16_FLIP 1
 #ifndef KFN

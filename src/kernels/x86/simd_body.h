@@ -14,7 +14,8 @@
  *                        (lane i += dot of bytes 4i..4i+3 of w and x)
  *   KNT_X8               the token tile of the 8-row interleaved Q8_0
  *                        kernel (two registers per token: 4 on AVX2, 8 on
- *                        AVX-512)
+ *                        AVX-512), and of the 16-row ones unless KNT_X16
+ *                        says otherwise
  * and optionally dot_u8s8_acc(a, u, x) (a + dot_u8s8, one op with VNNI) and
  * X16_FLIP (dot_u8s8 takes u up to 255: Q8_0 X16 by unsigned weights, as the
  * 512-bit kernel; kernels_avxvnni.c; without it Q8_0 X16 uses dot_s8),
@@ -500,7 +501,7 @@ AI const unsigned char *x16_tile_fetch(int t, int nt_max, int64_t g0, int64_t r1
     if (t == 0) return X16_AHEAD;
     return t == nt_max && X16_NEXT && g0 + 16 < r1 ? next : NULL;
 }
-#if defined(X16_ZMM)
+#if defined(KNT_X16)
 #define X16_NT KNT_X16
 #else
 #define X16_NT KNT_X8
@@ -703,6 +704,8 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
 #if X16_NT > 4
                     X16_CASE(5)
                     X16_CASE(6)
+#endif
+#if X16_NT > 6
                     X16_CASE(7)
                     X16_CASE(8)
 #endif
