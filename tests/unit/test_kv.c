@@ -742,7 +742,10 @@ static double q8_err_max;
 static bool case_q8(const attn_case *c) {
     if (KINDS[c->kind].t != TK_KV_INT8) return false;
     if (c->q8) return true;
-    return c->isa <= (int)best_isa() && kernels_get((tk_isa)c->isa)->attn_q8 && c->hd % 16 == 0;
+    if (c->isa > (int)best_isa()) return false;
+    tk_isa lv; /* the level the pool's attention runs at (a head_dim its lanes do not divide falls back) */
+    (void)kern_attn_for((tk_isa)c->isa, c->hd, &lv);
+    return kernels_get(lv)->attn_q8;
 }
 
 static void attn_expect(const attn_case *c, uint64_t *rng) {
