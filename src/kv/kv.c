@@ -501,7 +501,7 @@ void kv_prefetch_write(const tk_kv *kv, int l, const int32_t *bt, int pos, int k
     const size_t row = (size_t)kv->o.head_dim * kv_type_size(kv->o.type);
     const int slot = pos % kv->o.block_size;
     const size_t sc = (size_t)kv_scales_per_head(&g) * sizeof(float);
-    /* a float type's K slot is a column through its group of KV_KT slots */
+    /* a K slot stored by columns is spread through its group of KV_KT slots */
     const bool kt = kv_k_cols(kv->o.type, kv->q8, kv->o.block_size);
     const size_t k0 = kt ? (size_t)(slot / KV_KT) * KV_KT * row : (size_t)slot * row;
     const size_t k1 = kt ? k0 + KV_KT * row : k0 + row;

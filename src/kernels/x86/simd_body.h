@@ -524,11 +524,14 @@ AI void x16_act(int off, const void *x, size_t xs, int np, int64_t nb, int32_t *
             for (int64_t b = 0; b < nb; b++) {
                 int32_t *e = tt + (size_t)b * (size_t)(nt * X16_ENT);
                 for (int c = 0; c < 8; c++) memcpy(&e[c * nt + j], xt[b].qs + 4 * c, 4);
-                /* sum(x + 128) by byte absolute differences from 0, in four 64-bit lanes */
-                __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), flip);
-                __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
-                __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-                int32_t sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
+                int32_t sum = 0; /* no correction (off 0, the sign trick): no sum */
+                if (off) {
+                    /* sum(x + 128) by byte absolute differences from 0, in four 64-bit lanes */
+                    __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), flip);
+                    __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
+                    __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+                    sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
+                }
                 e[8 * nt + j] = -off * sum;
                 float d = f16_to_f32(xt[b].d);
                 memcpy(&e[9 * nt + j], &d, 4);
