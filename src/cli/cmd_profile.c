@@ -126,7 +126,9 @@ typedef struct pf_data {
     double *cpu[PF_ROWS];    /* (n_steps) the largest CPU time of any thread in the stage */
     double *uneven[PF_ROWS]; /* (n_steps) the longest busy time minus the threads' mean */
     double *offcpu;          /* (n_steps) share of the threads' busy time off the CPU (preempted) */
-    double thread_sum_err;   /* largest |thread 0's marks - fwd wall| / fwd wall */
+    double thread_sum_err;   /* largest share of a forward step thread 0 spent outside its marks:
+                              * the lesser of that wall time and that CPU time (a thread taken off
+                              * its core between marks is not code outside them), over the step */
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
     uint64_t fwd_bytes; /* backend last_bytes of a timed step */
@@ -559,7 +561,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
         memset(s->prof.rows[t].ns, 0, sizeof s->prof.rows[t].ns);
         memset(s->prof.rows[t].cpu_ns, 0, sizeof s->prof.rows[t].cpu_ns);
     }
-    uint64_t t0 = tk_now_ns();
+    uint64_t t0 = tk_now_ns(), c0 = fwd_prof_cpu_ns();
     tk_status st = be->step(be->ctx, &b, s->logits);
     uint64_t t1 = tk_now_ns(), c1 = fwd_prof_cpu_ns();
     if (st != TK_OK) return st;
@@ -567,7 +569,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     uint64_t t2 = tk_now_ns(), c2 = fwd_prof_cpu_ns();
     if (i < 0) return TK_OK;
     pf_data *d = &s->d;
-    double work = 0, th0 = 0, wall_all = 0, cpu_all = 0;
+    double work = 0, th0 = 0, th0_cpu = 0, wall_all = 0, cpu_all = 0;
     for (int r = 0; r < FWD_ST_COUNT; r++) {
         uint64_t mx = 0, mc = 0;
         double sum = 0;
@@ -582,6 +584,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
             }
         }
         th0 += (double)s->prof.rows[0].ns[r];
+        th0_cpu += (double)s->prof.rows[0].cpu_ns[r];
         d->cpu[r][i] = (double)mc;
         d->uneven[r][i] = (double)mx - sum / nth;
         if (r != FWD_ST_WAIT) {
@@ -596,7 +599,9 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     d->ns[PF_SAMPLE][i] = (double)(t2 - t1);
     d->fwd_ns[i] = fwd;
     d->step_ns[i] = (double)(t2 - t0);
-    double err = fabs(th0 - fwd) / fwd;
+    /* the caller is pool thread 0: its time outside its marks, on the clock and on its CPU */
+    double out_wall = fwd - th0, out_cpu = (double)(c1 - c0) - th0_cpu;
+    double err = fmax(0.0, fmin(out_wall, out_cpu)) / fwd;
     if (err > d->thread_sum_err) d->thread_sum_err = err;
     if (i == 0) {
         d->fwd_bytes = be->last_bytes ? be->last_bytes(be->ctx) : 0;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tokamak profile: the per-stage table and its JSON on a tiny model. The
 # stage times add up to the step time, thread 0's marks cover its forward
-# step, the stage bytes add up to the bytes the step reads (the model's
-# decode bytes and the KV at the context), barriers are counted, a prefill
+# step (time it spent off its CPU between marks aside), the stage bytes add
+# up to the bytes the step reads (the model's decode bytes and the KV at the
+# context), barriers are counted, a prefill
 # chunk's attention counts every (token, position) pair it reads (its last
 # layer past attention the wanted token's alone), and bad
 # options are refused with a message.
