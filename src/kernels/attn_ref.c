@@ -37,19 +37,35 @@ float kv_quant_token_ref(const float *x, int8_t *y, int n) {
     return s;
 }
 
-bool kv_quant_chan_ref(const float *x, const float *s, int8_t *y, int n) {
-    bool fit = true;
+bool kv_quant_chan_ref(const float *x, float *s, int8_t *y, float *r, int n) {
+    bool rescale = false;
     for (int i = 0; i < n; i++) {
-        fit &= !(fabsf(x[i]) > s[i] * 127.0f);
+        const float a = fabsf(x[i]), s0 = s[i];
+        r[i] = 1.0f;
+        if (a > s0 * 127.0f) { /* NaN: no */
+            s[i] = fmaxf(a / 127.0f, s0 * KV_INT8_MIN_GROWTH);
+            if (s0 > 0.0f) { /* scale 0: the channel's values are 0 */
+                r[i] = s0 / s[i];
+                rescale = true;
+            }
+        }
         y[i] = s[i] > 0.0f ? round_i8(x[i] / s[i]) : 0;
     }
-    return fit;
+    return rescale;
 }
 
 void kv_requant_chan_ref(int8_t *y, int n_rows, int n, const float *r) {
     for (int j = 0; j < n_rows; j++)
         for (int c = 0; c < n; c++)
             y[(size_t)j * (size_t)n + c] = round_i8((float)y[(size_t)j * (size_t)n + c] * r[c]);
+}
+
+void kv_requant_cols_ref(int8_t *k, int n_groups, int hd, const float *r) {
+    for (int j = 0; j < n_groups * KV_KT; j++)
+        for (int c = 0; c < hd; c++) {
+            int8_t *p = k + kv_k8_index(hd, j, c);
+            *p = round_i8((float)*p * r[c]);
+        }
 }
 
 /* Row j of a block of the KV type as floats; int8 times its scales (one per

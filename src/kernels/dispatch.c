@@ -180,6 +180,7 @@ static const tk_kernels KERNELS_SCALAR = {
     .kv_quant_token = kv_quant_token_ref,
     .kv_quant_chan = kv_quant_chan_ref,
     .kv_requant_chan = kv_requant_chan_ref,
+    .kv_requant_cols = kv_requant_cols_ref,
 };
 
 #if defined(__x86_64__)
@@ -191,7 +192,7 @@ static const tk_kernels KERNELS_SCALAR = {
         {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},  \
     .attn = kv_attn_avx2, .attn_part = kv_attn_part_avx2, .attn_own = kv_attn_own_avx2, .attn_lanes = 8,     \
     .kv_to_f16 = kv_to_f16_avx2, .kv_quant_token = kv_quant_token_avx2, .kv_quant_chan = kv_quant_chan_avx2, \
-    .kv_requant_chan = kv_requant_chan_avx2
+    .kv_requant_chan = kv_requant_chan_avx2, .kv_requant_cols = kv_requant_cols_avx2
 
 static const tk_kernels KERNELS_AVX2 = {.isa = TK_ISA_AVX2, KERNELS_AVX2_ROWS};
 static const tk_kernels KERNELS_AVXVNNI = {.isa = TK_ISA_AVXVNNI, KERNELS_AVX2_ROWS};
@@ -215,6 +216,7 @@ static const tk_kernels KERNELS_AVX512 = {
     .kv_quant_token = kv_quant_token_avx512,
     .kv_quant_chan = kv_quant_chan_avx512,
     .kv_requant_chan = kv_requant_chan_avx512,
+    .kv_requant_cols = kv_requant_cols_avx512,
 };
 #endif
 

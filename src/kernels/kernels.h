@@ -62,6 +62,7 @@ typedef struct tk_kernels {
     kv_quant_token_fn kv_quant_token; /* the int8 KV stores; any n */
     kv_quant_chan_fn kv_quant_chan;
     kv_requant_chan_fn kv_requant_chan;
+    kv_requant_cols_fn kv_requant_cols;
 } tk_kernels;
 
 /* The table for an ISA level; levels above what the CPU has must not be asked

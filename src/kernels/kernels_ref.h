@@ -204,8 +204,9 @@ void kv_attn_own_ref(const kv_geom *g, const int32_t *bt, int pos, const float *
                      float scale, float *rec, float *scratch, int32_t next, int next_kvh);
 void kv_to_f16_ref(const float *x, tk_f16 *y, int n);
 float kv_quant_token_ref(const float *x, int8_t *y, int n);
-bool kv_quant_chan_ref(const float *x, const float *s, int8_t *y, int n);
+bool kv_quant_chan_ref(const float *x, float *s, int8_t *y, float *r, int n);
 void kv_requant_chan_ref(int8_t *y, int n_rows, int n, const float *r);
+void kv_requant_cols_ref(int8_t *k, int n_groups, int hd, const float *r);
 /* Folds one part's (m, l, acc) into the running (M, L, A) (first: starts
  * them), and writes A / L; shared by every level (see kvattn.h). */
 void kv_attn_fold(float *M, float *L, float *A, float m, float l, const float *acc, int hd, bool first);
@@ -258,8 +259,9 @@ void kv_attn_own_avx2(const kv_geom *g, const int32_t *bt, int pos, const float 
                       int h1, float scale, float *rec, float *scratch, int32_t next, int next_kvh);
 void kv_to_f16_avx2(const float *x, tk_f16 *y, int n);
 float kv_quant_token_avx2(const float *x, int8_t *y, int n);
-bool kv_quant_chan_avx2(const float *x, const float *s, int8_t *y, int n);
+bool kv_quant_chan_avx2(const float *x, float *s, int8_t *y, float *r, int n);
 void kv_requant_chan_avx2(int8_t *y, int n_rows, int n, const float *r);
+void kv_requant_cols_avx2(int8_t *k, int n_groups, int hd, const float *r);
 
 /* ---- AVX2 + AVX-VNNI (x86/<name>_avxvnni.c): the AVX2 bodies with VEX vpdpbusd;
  * the level's other kernels are the AVX2 ones ------------------------------------ */
@@ -347,7 +349,8 @@ void kv_attn_own_avx512(const kv_geom *g, const int32_t *bt, int pos, const floa
                         int h1, float scale, float *rec, float *scratch, int32_t next, int next_kvh);
 void kv_to_f16_avx512(const float *x, tk_f16 *y, int n);
 float kv_quant_token_avx512(const float *x, int8_t *y, int n);
-bool kv_quant_chan_avx512(const float *x, const float *s, int8_t *y, int n);
+bool kv_quant_chan_avx512(const float *x, float *s, int8_t *y, float *r, int n);
 void kv_requant_chan_avx512(int8_t *y, int n_rows, int n, const float *r);
+void kv_requant_cols_avx512(int8_t *k, int n_groups, int hd, const float *r);
 
 #endif

@@ -28,6 +28,14 @@
  * weighted V sum), then its max m and sum l. */
 #define KV_PART_REC(hd) ((size_t)(hd) + 2)
 
+/* Per-head int8 scales (one per block, kv head and channel) only grow, and
+ * each time by at least this factor (see kv.c, write_int8_chan): a new scale
+ * is max(|x| / 127, KV_INT8_MIN_GROWTH * old scale), so a slowly growing
+ * channel is rescaled at most ~6 times per doubling of its absmax instead of
+ * once per token, and the rounding error those rescales add to the block's
+ * earlier values stays bounded. */
+#define KV_INT8_MIN_GROWTH 1.125f
+
 /* Where one layer's blocks live. A (layer, block) region is block_stride bytes
  * (a multiple of 64, so every region starts 64-byte aligned) laid out as
  *   K       [n_head_kv][block_size][head_dim]  elements of the KV type, or
@@ -160,15 +168,22 @@ typedef void (*kv_to_f16_fn)(const float *x, tk_f16 *y, int n);
  * quant_token: one scale s = max|x| / 127 (NaN elements skipped) and
  *   y = x / s rounded to nearest, ties to even, clamped to [-127, 127], NaN
  *   to 0; all zeros when s == 0. Returns s.
- * quant_chan: one scale per element: y[c] = s[c] > 0 ? x[c] / s[c] rounded
- *   as above : 0; returns whether every |x[c]| <= 127 * s[c] (false: the
- *   caller grows the scales of those that do not fit and calls again). */
+ * quant_chan: one scale per element, grown where x does not fit: where
+ *   |x[c]| > 127 * s[c], s[c] becomes max(|x[c]| / 127, KV_INT8_MIN_GROWTH *
+ *   s[c]) and r[c] old / new s[c] if the old one was > 0; every other r[c] is
+ *   1. Then y[c] = s[c] > 0 ? x[c] / s[c] rounded as above : 0. Returns
+ *   whether some r[c] is not 1 (values stored at the old scales must be
+ *   rescaled by r: kv_requant_chan, kv_requant_cols). */
 typedef float (*kv_quant_token_fn)(const float *x, int8_t *y, int n);
-typedef bool (*kv_quant_chan_fn)(const float *x, const float *s, int8_t *y, int n);
+typedef bool (*kv_quant_chan_fn)(const float *x, float *s, int8_t *y, float *r, int n);
 /* A per-channel rescale of n_rows int8 rows of n channels (definition:
  * kv_requant_chan_ref): y[j][c] = y[j][c] * r[c] rounded as above; a channel
  * whose r[c] is 1 keeps its values (the product is exact), so callers pass 1
  * for the channels they do not rescale. r: finite. */
 typedef void (*kv_requant_chan_fn)(int8_t *y, int n_rows, int n, const float *r);
+/* The same rescale of int8 K stored by columns (kv_k8_index, head_dim hd, a
+ * multiple of 4): every value of channel c in slots [0, KV_KT * n_groups)
+ * times r[c], rounded as above (definition: kv_requant_cols_ref). */
+typedef void (*kv_requant_cols_fn)(int8_t *k, int n_groups, int hd, const float *r);
 
 #endif

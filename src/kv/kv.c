@@ -32,6 +32,7 @@ struct tk_kv {
     kv_quant_token_fn quant_token;
     kv_quant_chan_fn quant_chan;
     kv_requant_chan_fn requant_chan;
+    kv_requant_cols_fn requant_cols;
 };
 
 /* Sizes of one (layer, block) region; false on overflow. */
@@ -181,6 +182,7 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     kv->quant_token = kernels_get(isa)->kv_quant_token;
     kv->quant_chan = kernels_get(isa)->kv_quant_chan;
     kv->requant_chan = kernels_get(isa)->kv_requant_chan;
+    kv->requant_cols = kernels_get(isa)->kv_requant_cols;
     *out = kv;
     return TK_OK;
 }
@@ -284,21 +286,6 @@ static void put_k8(int8_t *rows, int slot, int hd, const int8_t *y) {
     for (int c = 0; c < hd; c += 4, d += 4 * KV_KT) memcpy(d, y + c, 4);
 }
 
-/* kv_requant_chan over slots [0, slot) of int8 K stored by columns: each 64
- * bytes of a group of KV_KT slots hold 4 channels, so the factors of those
- * channels, repeated, rescale them in every group up to slot's. Slot's own
- * group's later slots are rescaled too, and written over when their turn
- * comes. */
-static void requant_cols(const tk_kv *kv, int8_t *rows, int slot, int hd, const float *r) {
-    float r64[4 * KV_KT];
-    for (int c = 0; c < hd; c += 4) {
-        if (r[c] == 1.0f && r[c + 1] == 1.0f && r[c + 2] == 1.0f && r[c + 3] == 1.0f) continue;
-        for (int i = 0; i < 4 * KV_KT; i++) r64[i] = r[c + i % 4];
-        for (int g = 0; g * KV_KT < slot; g++)
-            kv->requant_chan(rows + kv_k8_index(hd, g * KV_KT, c), 1, 4 * KV_KT, r64);
-    }
-}
-
 /* Per-head int8: one scale per (block, head, channel), which only grows. The
  * first vector of a block (slot 0) starts it afresh, which also forgets a
  * reused block's old scales; so a block's slots must be written in order from
@@ -330,25 +317,15 @@ static void write_int8_chan(const tk_kv *kv, int8_t *rows, float *scales, int sl
                             int8_t *y, bool kt) {
     if (slot == 0)
         for (int c = 0; c < hd; c++) scales[c] = 0.0f;
-    /* Rescales are rare (a channel's new maximum): quantize first, and only
-     * when some channel does not fit, grow those scales and quantize again. */
-    if (!kv->quant_chan(x, scales, y, hd)) {
-        float r[KV_MAX_HEAD_DIM];
-        for (int c = 0; c < hd; c++) {
-            const float a = fabsf(x[c]), s = scales[c];
-            r[c] = 1.0f;
-            if (!(a > s * 127.0f)) continue;
-            const float s_new = fmaxf(a / 127.0f, s * KV_INT8_MIN_GROWTH);
-            if (s > 0.0f) r[c] = s / s_new; /* scale 0: the channel's values are 0 */
-            scales[c] = s_new;
-        }
-        if (kt)
-            requant_cols(kv, rows, slot, hd, r);
-        else
-            kv->requant_chan(rows, slot, hd, r);
-        /* scale 0: the channel is 0 so far (or x[c] is NaN, which stores 0) */
-        (void)kv->quant_chan(x, scales, y, hd);
-    }
+    /* quant_chan grows the scales x needs; the slots already stored follow
+     * (K by columns: the groups up to slot's, whose later slots are written
+     * over when their turn comes) */
+    float r[KV_MAX_HEAD_DIM];
+    if (!kv->quant_chan(x, scales, y, r, hd)) return;
+    if (kt)
+        kv->requant_cols(rows, (slot - 1) / KV_KT + 1, hd, r);
+    else
+        kv->requant_chan(rows, slot, hd, r);
 }
 
 /* Converts one vector of head_dim floats into slot `slot` of a head's rows;

@@ -16,14 +16,6 @@
 #include "kernels/kvattn.h"
 #include "kv/kv.h"
 
-/* Per-head int8 scales (one per block, kv head and channel) only grow, and
- * each time by at least this factor (see kv.c, write_int8_chan): a new scale
- * is max(|x| / 127, KV_INT8_MIN_GROWTH * old scale), so a slowly growing
- * channel is rescaled at most ~6 times per doubling of its absmax instead of
- * once per token, and the rounding error those rescales add to the block's
- * earlier values stays bounded. */
-#define KV_INT8_MIN_GROWTH 1.125f
-
 /* Floats of scratch any kernel needs for head_dim (independent of the context:
  * softmax is computed online, one block at a time). */
 size_t kv_attn_scratch_need(int head_dim, int block_size);

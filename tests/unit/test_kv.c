@@ -104,6 +104,14 @@ AI bool vf_any_gt(vf a, vf b) {
     return _mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ)) != 0 ||
            _mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)) != 0;
 }
+AI vf vf_select_gt(vf a, vf b, vf t, vf f) {
+    return (vf){_mm256_blendv_ps(f.lo, t.lo, _mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ)),
+                _mm256_blendv_ps(f.hi, t.hi, _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ))};
+}
+AI vf vf_bcast4(const float *p) {
+    const __m256 q = _mm256_broadcast_ps((const __m128 *)p);
+    return (vf){q, q};
+}
 AI vf vf_pos_or_zero(vf s, vf v) {
     const __m256 z = _mm256_setzero_ps();
     return (vf){_mm256_and_ps(v.lo, _mm256_cmp_ps(s.lo, z, _CMP_GT_OQ)),
@@ -1029,28 +1037,32 @@ static void test_kv_write_heads(void **state) {
 }
 
 /* The int8 stores of every level (and the 16-lane body) give the reference's
- * bits: ragged lengths, NaN, values far outside a scale, zero scales; and so
- * do the per-channel rescales, with some chunks of factors all 1. */
+ * bits: ragged lengths, NaN, values far outside a scale, zero scales (the
+ * grown scales and their factors too); and so do the per-channel rescales of
+ * rows and of K by columns, with some chunks of factors all 1. */
 static void test_kv_quant_kernels(void **state) {
     (void)state;
     typedef struct {
         kv_quant_token_fn tok;
         kv_quant_chan_fn chan;
         kv_requant_chan_fn requant;
+        kv_requant_cols_fn cols;
     } qk;
     qk levels[TK_ISA_AVX512 + 2];
     int n_lv = 0;
     for (int isa = 0; isa <= (int)best_isa(); isa++)
         levels[n_lv++] =
             (qk){kernels_get((tk_isa)isa)->kv_quant_token, kernels_get((tk_isa)isa)->kv_quant_chan,
-                 kernels_get((tk_isa)isa)->kv_requant_chan};
+                 kernels_get((tk_isa)isa)->kv_requant_chan, kernels_get((tk_isa)isa)->kv_requant_cols};
 #ifdef HAVE_VL16
     if (best_isa() >= TK_ISA_AVX2)
-        levels[n_lv++] = (qk){kv_quant_token_vl16, kv_quant_chan_vl16, kv_requant_chan_vl16};
+        levels[n_lv++] =
+            (qk){kv_quant_token_vl16, kv_quant_chan_vl16, kv_requant_chan_vl16, kv_requant_cols_vl16};
 #endif
     uint64_t rng = 11;
-    float x[300], sc[300];
+    float x[300], sc[300], s_want[300], s_got[300], r_want[300], r_got[300];
     int8_t want[300], got[300];
+    int grew = 0, rescaled = 0;
     for (int it = 0; it < 400; it++) {
         const int n = 1 + (int)(rng_next(&rng) % 300);
         const float mag = (it % 3 == 0) ? 1e-3f : (it % 3 == 1) ? 1.0f : 300.0f;
@@ -1067,13 +1079,31 @@ static void test_kv_quant_kernels(void **state) {
             assert_true(memcmp(&gs, &ws, sizeof ws) == 0);
             if (memcmp(got, want, (size_t)n) != 0) fail_msg("quant_token level %d n %d differs", lv, n);
         }
-        const bool wf = kv_quant_chan_ref(x, sc, want, n);
+        memcpy(s_want, sc, sizeof sc);
+        const bool wf = kv_quant_chan_ref(x, s_want, want, r_want, n);
+        rescaled += wf;
+        for (int i = 0; i < n; i++) {
+            grew += s_want[i] != sc[i];
+            /* a scale grows where x does not fit, by KV_INT8_MIN_GROWTH at least */
+            if (fabsf(x[i]) > sc[i] * 127.0f)
+                assert_true(s_want[i] >= sc[i] * KV_INT8_MIN_GROWTH &&
+                            fabsf(x[i]) <= s_want[i] * 127.0f * (1 + 1e-6f));
+            else
+                assert_true(s_want[i] == sc[i] && r_want[i] == 1.0f);
+        }
         for (int lv = 0; lv < n_lv; lv++) {
             memset(got, 0x55, sizeof got);
-            assert_int_equal(levels[lv].chan(x, sc, got, n), wf);
+            memcpy(s_got, sc, sizeof sc);
+            memset(r_got, 0x55, sizeof r_got);
+            assert_int_equal(levels[lv].chan(x, s_got, got, r_got, n), wf);
             if (memcmp(got, want, (size_t)n) != 0) fail_msg("quant_chan level %d n %d differs", lv, n);
+            if (memcmp(s_got, s_want, (size_t)n * sizeof(float)) != 0)
+                fail_msg("quant_chan level %d n %d: scales differ", lv, n);
+            if (memcmp(r_got, r_want, (size_t)n * sizeof(float)) != 0)
+                fail_msg("quant_chan level %d n %d: factors differ", lv, n);
         }
     }
+    assert_true(grew > 1000 && rescaled > 100); /* the growth path ran, with factors */
     enum { RQ_ROWS = 70, RQ_N = 150 };
     static int8_t rq0[RQ_ROWS * RQ_N], rq_want[RQ_ROWS * RQ_N], rq_got[RQ_ROWS * RQ_N];
     float r[RQ_N];
@@ -1092,12 +1122,28 @@ static void test_kv_quant_kernels(void **state) {
             if (memcmp(rq_got, rq_want, (size_t)(rows * n)) != 0)
                 fail_msg("requant_chan level %d rows %d n %d differs", lv, rows, n);
         }
+        /* the same factors over K by columns: n_groups groups of KV_KT slots */
+        const int hd = 4 * (1 + (int)(rng_next(&rng) % (RQ_N / 4))), ng = (rows * n) / (hd * KV_KT);
+        if (ng == 0) continue;
+        if (rng_next(&rng) % 2) /* whole quads of 1 */
+            for (int c = 0; c < hd; c++) r[c] = (c / 4) % 3 == 1 ? 1.0f : r[c];
+        memcpy(rq_want, rq0, (size_t)(rows * n));
+        kv_requant_cols_ref(rq_want, ng, hd, r);
+        for (int lv = 0; lv < n_lv; lv++) {
+            memcpy(rq_got, rq0, (size_t)(rows * n));
+            levels[lv].cols(rq_got, ng, hd, r);
+            if (memcmp(rq_got, rq_want, (size_t)(rows * n)) != 0)
+                fail_msg("requant_cols level %d groups %d hd %d differs", lv, ng, hd);
+        }
     }
     /* ties go to even, as nearbyintf does */
-    const float ties[4] = {0.5f, 1.5f, -2.5f, 126.5f}, ones[4] = {1, 1, 1, 1};
+    const float ties[4] = {0.5f, 1.5f, -2.5f, 126.5f};
+    float ones[4], rr[4];
     int8_t y[4];
     for (int lv = 0; lv < n_lv; lv++) {
-        assert_true(levels[lv].chan(ties, ones, y, 4));
+        for (int i = 0; i < 4; i++) ones[i] = 1.0f;
+        assert_false(levels[lv].chan(ties, ones, y, rr, 4));
+        assert_true(ones[3] == 1.0f && rr[3] == 1.0f);
         assert_int_equal(y[0], 0), assert_int_equal(y[1], 2), assert_int_equal(y[2], -2);
         assert_int_equal(y[3], 126);
     }

@@ -99,6 +99,10 @@ AI void vf_store_f16(tk_f16 *y, vf v) {
 AI vf vf_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 AI vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
 AI bool vf_any_gt(vf a, vf b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)) != 0; }
+/* t where a > b, else f */
+AI vf vf_select_gt(vf a, vf b, vf t, vf f) { return _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
+/* p[0..3] repeated over the lanes */
+AI vf vf_bcast4(const float *p) { return _mm256_broadcast_ps((const __m128 *)p); }
 AI vf vf_pos_or_zero(vf s, vf v) {
     return _mm256_and_ps(v, _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GT_OQ));
 }

@@ -127,6 +127,12 @@ AI void vf_store_f16(tk_f16 *y, vf v) {
 AI vf vf_abs(vf a) { return _mm512_abs_ps(a); }
 AI vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 AI bool vf_any_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ) != 0; }
+/* t where a > b, else f */
+AI vf vf_select_gt(vf a, vf b, vf t, vf f) {
+    return _mm512_mask_mov_ps(f, _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), t);
+}
+/* p[0..3] repeated over the lanes */
+AI vf vf_bcast4(const float *p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
 AI vf vf_pos_or_zero(vf s, vf v) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), v);
 }

@@ -671,16 +671,29 @@ float KFN(kv_quant_token)(const float *x, int8_t *y, int n) {
     return s;
 }
 
-bool KFN(kv_quant_chan)(const float *x, const float *s, int8_t *y, int n) {
-    const vf lim = vf_set1(127.0f);
-    bool fit = true;
+/* A chunk whose values all fit skips the growth arithmetic (most do: a
+ * scale only grows at a channel's new maximum). */
+bool KFN(kv_quant_chan)(const float *x, float *s, int8_t *y, float *r, int n) {
+    const vf lim = vf_set1(127.0f), one = vf_set1(1.0f), zero = vf_zero();
+    bool rescale = false;
     int i = 0;
     for (; i + VL <= n; i += VL) {
-        const vf xv = vf_load(x + i), sv = vf_load(s + i);
-        fit &= !vf_any_gt(vf_abs(xv), vf_mul(sv, lim));
+        const vf xv = vf_load(x + i), a = vf_abs(xv);
+        vf sv = vf_load(s + i), rv = one;
+        const vf top = vf_mul(sv, lim);
+        if (vf_any_gt(a, top)) {
+            const vf grown = vf_max(vf_div(a, lim), vf_mul(sv, vf_set1(KV_INT8_MIN_GROWTH)));
+            const vf sn = vf_select_gt(a, top, grown, sv);
+            /* lanes that do not grow divide sv by itself or 0 by 0: not selected */
+            rv = vf_select_gt(sv, zero, vf_div(sv, sn), one);
+            rescale |= vf_any_gt(one, rv);
+            vf_store(s + i, sn);
+            sv = sn;
+        }
+        vf_store(r + i, rv);
         vf_store_i8(y + i, vf_pos_or_zero(sv, vf_div(xv, sv)));
     }
-    return kv_quant_chan_ref(x + i, s + i, y + i, n - i) && fit;
+    return kv_quant_chan_ref(x + i, s + i, y + i, r + i, n - i) || rescale;
 }
 
 /* Chunks of VL channels whose factors are all 1 are left as they are (the
@@ -698,6 +711,21 @@ void KFN(kv_requant_chan)(int8_t *y, int n_rows, int n, const float *r) {
     }
     if (c < n) /* the last n - c channels of every row */
         for (int j = 0; j < n_rows; j++) kv_requant_chan_ref(y + (size_t)j * (size_t)n + c, 1, n - c, r + c);
+}
+
+/* Each group's 64 bytes of a channel quad are 16 slots x those 4 channels, so
+ * one vector of factors, the quad's 4 repeated, rescales all of them; quads
+ * whose factors are all 1 are left as they are. */
+void KFN(kv_requant_cols)(int8_t *k, int n_groups, int hd, const float *r) {
+    for (int c = 0; c < hd; c += 4) {
+        if (r[c] == 1.0f && r[c + 1] == 1.0f && r[c + 2] == 1.0f && r[c + 3] == 1.0f) continue;
+        const vf rv = vf_bcast4(r + c);
+        for (int g = 0; g < n_groups; g++) {
+            int8_t *p = k + kv_k8_index(hd, g * KV_KT, c);
+            for (int o = 0; o < 4 * KV_KT; o += VL)
+                vf_store_i8(p + o, vf_mul(vf_load_kv((const uint8_t *)p, o, TK_KV_INT8), rv));
+        }
+    }
 }
 
 void KFN(kv_to_f16)(const float *x, tk_f16 *y, int n) {
