@@ -1125,6 +1125,7 @@ static void test_kv_quant_kernels(void **state) {
         /* the same factors over K by columns: n_groups groups of KV_KT slots */
         const int hd = 4 * (1 + (int)(rng_next(&rng) % (RQ_N / 4))), ng = (rows * n) / (hd * KV_KT);
         if (ng == 0) continue;
+        for (int c = n; c < hd; c++) r[c] = 0.05f + 0.95f * fabsf(rng_unit(&rng));
         if (rng_next(&rng) % 2) /* whole quads of 1 */
             for (int c = 0; c < hd; c++) r[c] = (c / 4) % 3 == 1 ? 1.0f : r[c];
         memcpy(rq_want, rq0, (size_t)(rows * n));
