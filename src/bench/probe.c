@@ -125,7 +125,7 @@ static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n, bool pf)
 #define PROBE_U8          3
 #define PROBE_S8          (-2)
 #define PROBE_AVX2_ACC    8  /* accumulators of int8_avx2, 8 lanes each */
-#define PROBE_AVX512_ACC  12 /* accumulators of int8_avx512, 16 lanes each */
+#define PROBE_VNNI_ACC    12 /* accumulators of int8_avxvnni (8 lanes) and int8_avx512 (16) */
 #define PROBE_PLAIN_LANES 16
 
 uint32_t probe_lanes_sum(const int32_t *lanes, int n) {
@@ -188,28 +188,44 @@ __attribute__((target("avx512f"))) static uint64_t fma_avx512(long iters) {
     return (uint64_t)(_mm512_reduce_add_ps(s) * 1000.0f);
 }
 
-/* u8 x s8 pairs summed to i16 (maddubs), then to i32 (madd with ones): the
- * int8 dot product of the AVX2 matmul kernels. The empty asm makes a and b
- * opaque each iteration so the compiler cannot hoist the invariant products.
- * Each 32-bit lane gains 4 * PROBE_U8 * PROBE_S8 per instruction, so the lanes
- * wrap on a long run; only their wrapped sum (probe_lanes_sum) is kept. */
+/* The int8 loops are written in asm: their accumulators start equal and take
+ * equal operands, so a compiler may prove the chains equal and keep one
+ * (timing one instruction's latency), and barriers that stop it (empty asms
+ * that may change each accumulator) made GCC 12 shuffle the chains through
+ * register moves and stack stores every iteration: the AVX-VNNI loop ran at
+ * half the rate of `vpdpbusd` (8 of them beside 15 moves and 2 stores). In asm
+ * each iteration is exactly its dot instructions, one per chain. iters >= 1.
+ * AT&T order: `vpdpbusd b, a, acc` adds the u8 x s8 products of a and b. */
+#define PROBE_DOT(ins, k) ins " %[b], %[a], %[a" #k "]\n\t"
+#define PROBE_DOT12(ins)                                                                                     \
+    "1:\n\t" PROBE_DOT(ins, 0) PROBE_DOT(ins, 1) PROBE_DOT(ins, 2) PROBE_DOT(ins, 3) PROBE_DOT(ins, 4)       \
+        PROBE_DOT(ins, 5) PROBE_DOT(ins, 6) PROBE_DOT(ins, 7) PROBE_DOT(ins, 8) PROBE_DOT(ins, 9)            \
+            PROBE_DOT(ins, 10) PROBE_DOT(ins, 11) "dec %[n]\n\tjnz 1b"
+#define PROBE_ACC12(c)                                                                                       \
+    [a0] c(a0), [a1] c(a1), [a2] c(a2), [a3] c(a3), [a4] c(a4), [a5] c(a5), [a6] c(a6), [a7] c(a7),          \
+        [a8] c(a8), [a9] c(a9), [a10] c(a10), [a11] c(a11)
+
+/* u8 x s8 pairs summed to i16 (vpmaddubsw), then to i32 (vpmaddwd with
+ * ones), then added into the accumulator: the three operations per 32
+ * products of AVX2's int8 dot (the kernels' signed weights add a `vpsignb`
+ * per token and vector, docs/kernels.md). Eight chains through four
+ * temporaries: 15 of the 16 registers. */
+#define PROBE_MADD(t, k)                                                                                     \
+    "vpmaddubsw %[b], %[a], %[t" #t "]\n\tvpmaddwd %[ones], %[t" #t "], %[t" #t "]\n\tvpaddd %[t" #t         \
+    "], %[a" #k "], %[a" #k "]\n\t"
 __attribute__((target("avx2"))) static uint32_t int8_avx2(long iters) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    __m256i a = _mm256_set1_epi8(PROBE_U8), b = _mm256_set1_epi8(PROBE_S8);
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (long i = 0; i < iters; i++) {
-        __asm__ volatile("" : "+x"(a), "+x"(b));
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
-        __asm__ volatile("" : "+x"(a), "+x"(b));
-        __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
-        __asm__ volatile("" : "+x"(a), "+x"(b));
-        __m256i r = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
-        __asm__ volatile("" : "+x"(a), "+x"(b));
-        __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones);
-        a0 = _mm256_add_epi32(a0, p), a1 = _mm256_add_epi32(a1, q), a2 = _mm256_add_epi32(a2, r);
-        a3 = _mm256_add_epi32(a3, t), a4 = _mm256_add_epi32(a4, p), a5 = _mm256_add_epi32(a5, q);
-        a6 = _mm256_add_epi32(a6, r), a7 = _mm256_add_epi32(a7, t);
-    }
+    __m256i t0, t1, t2, t3;
+    const __m256i a = _mm256_set1_epi8(PROBE_U8), b = _mm256_set1_epi8(PROBE_S8), ones = _mm256_set1_epi16(1);
+    if (iters > 0)
+        __asm__ volatile("1:\n\t" PROBE_MADD(0, 0) PROBE_MADD(1, 1) PROBE_MADD(2, 2) PROBE_MADD(3, 3)
+                             PROBE_MADD(0, 4) PROBE_MADD(1, 5) PROBE_MADD(2, 6)
+                                 PROBE_MADD(3, 7) "dec %[n]\n\tjnz 1b"
+                         : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4),
+                           [a5] "+x"(a5), [a6] "+x"(a6), [a7] "+x"(a7), [t0] "=&x"(t0), [t1] "=&x"(t1),
+                           [t2] "=&x"(t2), [t3] "=&x"(t3), [n] "+r"(iters)
+                         : [a] "x"(a), [b] "x"(b), [ones] "x"(ones)
+                         : "cc");
     __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
                                  _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
     int32_t lanes[8];
@@ -217,31 +233,20 @@ __attribute__((target("avx2"))) static uint32_t int8_avx2(long iters) {
     return probe_lanes_sum(lanes, 8);
 }
 
-/* The vpdpbusd loops' accumulators start equal and take the same operands, so
- * the compiler may prove them equal and keep one chain: the loop would then
- * time the instruction's latency and count it twelve (eight) times. An empty
- * asm that may change each accumulator keeps every chain its own; it emits no
- * instruction. */
-#define PROBE_OPAQUE4(a, b, c, d) __asm__ volatile("" : "+v"(a), "+v"(b), "+v"(c), "+v"(d))
-#define PROBE_OPAQUE8(a, b, c, d, e, f, g, h)                                                                \
-    do {                                                                                                     \
-        PROBE_OPAQUE4(a, b, c, d);                                                                           \
-        PROBE_OPAQUE4(e, f, g, h);                                                                           \
-    } while (0)
-
-/* The AVX-VNNI dot: one VEX vpdpbusd per 32 pairs, 8 accumulators as int8_avx2. */
+/* The AVX-VNNI dot: one VEX `vpdpbusd` per 32 pairs, twelve chains (two
+ * issue per cycle at a latency of ~4 cycles on recent cores). */
 __attribute__((target("avx2,avxvnni"))) static uint32_t int8_avxvnni(long iters) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m256i a8 = a0, a9 = a0, a10 = a0, a11 = a0;
     const __m256i a = _mm256_set1_epi8(PROBE_U8), b = _mm256_set1_epi8(PROBE_S8);
-    for (long i = 0; i < iters; i++) {
-        PROBE_OPAQUE8(a0, a1, a2, a3, a4, a5, a6, a7);
-        a0 = _mm256_dpbusd_avx_epi32(a0, a, b), a1 = _mm256_dpbusd_avx_epi32(a1, a, b);
-        a2 = _mm256_dpbusd_avx_epi32(a2, a, b), a3 = _mm256_dpbusd_avx_epi32(a3, a, b);
-        a4 = _mm256_dpbusd_avx_epi32(a4, a, b), a5 = _mm256_dpbusd_avx_epi32(a5, a, b);
-        a6 = _mm256_dpbusd_avx_epi32(a6, a, b), a7 = _mm256_dpbusd_avx_epi32(a7, a, b);
-    }
+    if (iters > 0)
+        __asm__ volatile(PROBE_DOT12("%{vex%} vpdpbusd")
+                         : PROBE_ACC12("+x"), [n] "+r"(iters)
+                         : [a] "x"(a), [b] "x"(b)
+                         : "cc");
     __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
                                  _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
+    s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_add_epi32(a8, a9), _mm256_add_epi32(a10, a11)));
     int32_t lanes[8];
     _mm256_storeu_si256((__m256i *)(void *)lanes, s);
     return probe_lanes_sum(lanes, 8);
@@ -251,18 +256,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint32_t int8_avx5
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     __m512i a8 = a0, a9 = a0, a10 = a0, a11 = a0;
     const __m512i a = _mm512_set1_epi8(PROBE_U8), b = _mm512_set1_epi8(PROBE_S8);
-    for (long i = 0; i < iters; i++) {
-        PROBE_OPAQUE8(a0, a1, a2, a3, a4, a5, a6, a7);
-        PROBE_OPAQUE4(a8, a9, a10, a11);
-        a0 = _mm512_dpbusd_epi32(a0, a, b), a1 = _mm512_dpbusd_epi32(a1, a, b),
-        a2 = _mm512_dpbusd_epi32(a2, a, b);
-        a3 = _mm512_dpbusd_epi32(a3, a, b), a4 = _mm512_dpbusd_epi32(a4, a, b),
-        a5 = _mm512_dpbusd_epi32(a5, a, b);
-        a6 = _mm512_dpbusd_epi32(a6, a, b), a7 = _mm512_dpbusd_epi32(a7, a, b),
-        a8 = _mm512_dpbusd_epi32(a8, a, b);
-        a9 = _mm512_dpbusd_epi32(a9, a, b), a10 = _mm512_dpbusd_epi32(a10, a, b);
-        a11 = _mm512_dpbusd_epi32(a11, a, b);
-    }
+    if (iters > 0)
+        __asm__ volatile(PROBE_DOT12("vpdpbusd")
+                         : PROBE_ACC12("+v"), [n] "+r"(iters)
+                         : [a] "v"(a), [b] "v"(b)
+                         : "cc");
     __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
                                  _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
     s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
@@ -299,8 +297,10 @@ uint32_t probe_int8_pass(tk_isa isa, long iters) {
 uint32_t probe_int8_expect(tk_isa isa, long iters) {
     int64_t per_iter = 0; /* summed over every lane of every accumulator */
     if (PROBE_X86 && isa == TK_ISA_AVX512)
-        per_iter = (int64_t)PROBE_AVX512_ACC * 16 * 4 * PROBE_U8 * PROBE_S8;
-    else if (PROBE_X86 && (isa == TK_ISA_AVX2 || isa == TK_ISA_AVXVNNI))
+        per_iter = (int64_t)PROBE_VNNI_ACC * 16 * 4 * PROBE_U8 * PROBE_S8;
+    else if (PROBE_X86 && isa == TK_ISA_AVXVNNI)
+        per_iter = (int64_t)PROBE_VNNI_ACC * 8 * 4 * PROBE_U8 * PROBE_S8;
+    else if (PROBE_X86 && isa == TK_ISA_AVX2)
         per_iter = (int64_t)PROBE_AVX2_ACC * 8 * 4 * PROBE_U8 * PROBE_S8;
     else
         for (int k = 0; k < PROBE_PLAIN_LANES; k++) per_iter += (int64_t)(k + 1) * (3 - k);
@@ -311,9 +311,9 @@ uint32_t probe_int8_expect(tk_isa isa, long iters) {
 static double compute_ops_per_iter(probe_kind kind, tk_isa isa) {
     if (kind == PROBE_FMA)
         return isa == TK_ISA_AVX512 ? 12 * 16 * 2 : isa >= TK_ISA_AVX2 ? 12 * 8 * 2 : 8 * 4 * 2;
-    return isa == TK_ISA_AVX512    ? 12 * 64 * 2
-           : isa == TK_ISA_AVXVNNI ? 8 * 32 * 2
-           : isa == TK_ISA_AVX2    ? 4 * 32 * 2
+    return isa == TK_ISA_AVX512    ? PROBE_VNNI_ACC * 64 * 2
+           : isa == TK_ISA_AVXVNNI ? PROBE_VNNI_ACC * 32 * 2
+           : isa == TK_ISA_AVX2    ? PROBE_AVX2_ACC * 32 * 2
                                    : 16 * 2;
 }
 

@@ -159,6 +159,10 @@ typedef struct pf_machine {
      * to, where the floors' best pass is rare. Equal to ceil_gbs when the
      * bandwidth was given. */
     double med_gbs;
+    /* The peaks the floors use, the same way: the probe's, or a stage's own
+     * rate where one computed faster (its stage named), index 1 for int8. */
+    double ceil_peak[2];
+    const char *over_peak[2];
 } pf_machine;
 
 /* One stage's summary row. */
@@ -171,7 +175,7 @@ typedef struct pf_row {
 /* A stage's floor in ms, max(bytes / bandwidth at gbs, ops / its peak); 0
  * under a microsecond, where no floor is worth a ratio. */
 static double stage_floor_ms(const fwd_stage_cost *c, const pf_machine *mc, double gbs) {
-    const double peak = c->int8 ? mc->gops_int8 : mc->gflops_f32;
+    const double peak = mc->ceil_peak[c->int8];
     const double fb = gbs > 0 ? (double)c->bytes / (gbs * 1e9) : 0, fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
     const double f = 1e3 * (fb > fo ? fb : fo);
     return f < 1e-3 ? 0 : f;
@@ -187,7 +191,7 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
     o.mb = (double)c->bytes / 1e6;
     o.gop = c->ops / 1e9;
     o.int8 = c->int8;
-    double s = o.ms / 1e3, peak = c->int8 ? mc->gops_int8 : mc->gflops_f32;
+    double s = o.ms / 1e3, peak = mc->ceil_peak[c->int8];
     o.gbs = s > 0 ? (double)c->bytes / 1e9 / s : 0;
     o.gops = s > 0 ? o.gop / s : 0;
     o.bw_pct = mc->ceil_gbs > 0 ? 100.0 * o.gbs / mc->ceil_gbs : 0;
@@ -200,15 +204,26 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
 /* Stages reading at least 1 MB per step (weights, KV) whose median rate beat
  * the probe raise the bandwidth the floors use: a floor the step beat is no
  * floor. A stage's time can only be stretched by interference, never
- * shortened, so its rate is a lower bound of what the machine gives. */
+ * shortened, so its rate is a lower bound of what the machine gives. The
+ * same for the peaks, from stages of at least 0.1 GOP (int8 or fp32, as
+ * their floors count them). */
 static void set_ceiling(const pf_data *d, pf_machine *mc, double *tmp) {
     mc->ceil_gbs = mc->bw.best;
     mc->med_gbs = mc->bw.median;
     mc->over_stage = NULL;
+    mc->ceil_peak[0] = mc->gflops_f32;
+    mc->ceil_peak[1] = mc->gops_int8;
+    mc->over_peak[0] = mc->over_peak[1] = NULL;
     for (int r = 0; r < FWD_ST_COUNT; r++) {
-        if (d->cost[r].bytes < 1000000) continue;
+        const fwd_stage_cost *c = &d->cost[r];
         double s = median_of(d->ns[r], d->n_steps, tmp) / 1e9;
-        double gbs = s > 0 ? (double)d->cost[r].bytes / 1e9 / s : 0;
+        if (s <= 0) continue;
+        if (c->ops >= 1e8 && c->ops / 1e9 / s > mc->ceil_peak[c->int8]) {
+            mc->ceil_peak[c->int8] = c->ops / 1e9 / s;
+            mc->over_peak[c->int8] = fwd_stage_name((fwd_stage)r);
+        }
+        if (c->bytes < 1000000) continue;
+        double gbs = (double)c->bytes / 1e9 / s;
         if (gbs > mc->ceil_gbs) {
             mc->ceil_gbs = gbs;
             mc->over_stage = fwd_stage_name((fwd_stage)r);
@@ -259,6 +274,12 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
             "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
             "%.1f GB/s\n\n",
             mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
+    for (int i = 1; i >= 0; i--)
+        if (mc->over_peak[i])
+            printf("- **probe shortfall**: %s ran %.0f %s > probe peak %.0f; its floors and %% of peak use "
+                   "%.0f\n\n",
+                   mc->over_peak[i], mc->ceil_peak[i], i ? "int8 GOP/s" : "fp32 GFLOP/s",
+                   i ? mc->gops_int8 : mc->gflops_f32, mc->ceil_peak[i]);
     printf("| stage | ms | cpu ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | "
            "floor ms | "
            "x floor | cpu x floor | uneven ms |\n");
@@ -333,6 +354,10 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(pr, "read_passes", mc->bw.n);
     cJSON_AddNumberToObject(pr, "peak_gops_int8", mc->gops_int8);
     cJSON_AddNumberToObject(pr, "peak_gflops_f32", mc->gflops_f32);
+    cJSON_AddNumberToObject(pr, "floor_gops_int8", mc->ceil_peak[1]);
+    cJSON_AddNumberToObject(pr, "floor_gflops_f32", mc->ceil_peak[0]);
+    if (mc->over_peak[1]) cJSON_AddStringToObject(pr, "int8_shortfall_stage", mc->over_peak[1]);
+    if (mc->over_peak[0]) cJSON_AddStringToObject(pr, "f32_shortfall_stage", mc->over_peak[0]);
     cJSON *st = cJSON_AddArrayToObject(root, "stages");
     double floor_sum = 0, stage_sum = 0;
     for (int r = 0; r < PF_ROWS; r++) {

@@ -36,6 +36,11 @@ cat "$W/p4.md"
     --bw 20 --peak-int8 500 --peak-f32 100 --json "$W/pp.json" >"$W/pp.md" || fail "profile --prefill exited $?"
 grep -q "8-token prefill chunk after 24 tokens" "$W/pp.md" || fail "profile --prefill: no chunk line"
 grep -q " prefill tok/s" "$W/pp.md" || fail "profile --prefill: no prefill rate"
+# a peak far below what the stages compute: a probe shortfall, named, and
+# the floors use the fastest stage's rate
+"$TK_CLI" profile -m "$W/m.gguf" --batch 4 --ctx 16 --steps 2 --threads 2 --bw 20 --peak-int8 1 --peak-f32 100 \
+    --json "$W/ps.json" >"$W/ps.md" || fail "profile --peak-int8 1 exited $?"
+grep -q '^- \*\*probe shortfall\*\*: .* int8 GOP/s > probe peak 1;' "$W/ps.md" || fail "no int8 probe shortfall line"
 
 "$TK_PYTHON" - "$W" <<'PY'
 import json, re, sys
@@ -87,6 +92,17 @@ for b in (1, 4):
     # bandwidth its floor uses: a faster one raises it
     for s in st:
         assert s["bytes"] < 1e6 or s["bw_pct"] <= 100.0 + 1e-6, s
+    # nor one of 0.1 GOP or more the peak its floor uses
+    assert pr["floor_gops_int8"] >= pr["peak_gops_int8"] and pr["floor_gflops_f32"] >= pr["peak_gflops_f32"], pr
+    for s in st:
+        assert s["ops"] < 1e8 or s["peak_pct"] <= 100.0 + 1e-6, s
+j = json.load(open(w + "/ps.json"))
+pr = j["probe"]
+assert pr["peak_gops_int8"] == 1 and pr["floor_gops_int8"] > 1 and pr["int8_shortfall_stage"], pr
+top = max(s["ops"] / s["ms"] / 1e6 for s in j["stages"] if s["peak"] == "int8" and s["ops"] >= 1e8)
+assert abs(pr["floor_gops_int8"] - top) <= 1e-6 * top, (pr, top)
+for s in j["stages"]:
+    assert s["ops"] < 1e8 or s["peak_pct"] <= 100.0 + 1e-6, s
 # the prefill chunk: its bytes are the step's, its weights read once for all
 # 8 tokens, and its attention pairs 8 x 24 + (1 + ... + 8) = 228 against the
 # decode step's 35 (batch 1 above) in the first of the model's two layers;
