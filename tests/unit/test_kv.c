@@ -1040,14 +1040,36 @@ static void test_kv_write_heads(void **state) {
  * bits: ragged lengths, NaN, values far outside a scale, zero scales (the
  * grown scales and their factors too); and so do the per-channel rescales of
  * rows and of K by columns, with some chunks of factors all 1. */
+typedef struct {
+    kv_quant_token_fn tok;
+    kv_quant_chan_fn chan;
+    kv_requant_chan_fn requant;
+    kv_requant_cols_fn cols;
+} qk;
+
+/* One rescale of the bytes of y0 (n bytes: rows x n_c int8 rows, or with cols
+ * n_groups = rows groups of K by columns, head_dim n_c) at every level
+ * against the reference's. */
+static void requant_check(const qk *levels, int n_lv, bool cols, const int8_t *y0, int8_t *want, int8_t *got,
+                          size_t n, int rows, int n_c, const float *r) {
+    memcpy(want, y0, n);
+    if (cols)
+        kv_requant_cols_ref(want, rows, n_c, r);
+    else
+        kv_requant_chan_ref(want, rows, n_c, r);
+    for (int lv = 0; lv < n_lv; lv++) {
+        memcpy(got, y0, n);
+        if (cols)
+            levels[lv].cols(got, rows, n_c, r);
+        else
+            levels[lv].requant(got, rows, n_c, r);
+        if (memcmp(got, want, n) != 0)
+            fail_msg("requant_%s level %d: %d x %d differs", cols ? "cols" : "chan", lv, rows, n_c);
+    }
+}
+
 static void test_kv_quant_kernels(void **state) {
     (void)state;
-    typedef struct {
-        kv_quant_token_fn tok;
-        kv_quant_chan_fn chan;
-        kv_requant_chan_fn requant;
-        kv_requant_cols_fn cols;
-    } qk;
     qk levels[TK_ISA_AVX512 + 2];
     int n_lv = 0;
     for (int isa = 0; isa <= (int)best_isa(); isa++)
@@ -1114,28 +1136,14 @@ static void test_kv_quant_kernels(void **state) {
         for (int c = 0; c < n; c++)
             r[c] = (int)(rng_next(&rng) % 4) < keep ? 1.0f : 0.05f + 0.95f * fabsf(rng_unit(&rng));
         if (it % 5 == 0) r[n - 1] = 1.0f / KV_INT8_MIN_GROWTH;
-        memcpy(rq_want, rq0, (size_t)(rows * n));
-        kv_requant_chan_ref(rq_want, rows, n, r);
-        for (int lv = 0; lv < n_lv; lv++) {
-            memcpy(rq_got, rq0, (size_t)(rows * n));
-            levels[lv].requant(rq_got, rows, n, r);
-            if (memcmp(rq_got, rq_want, (size_t)(rows * n)) != 0)
-                fail_msg("requant_chan level %d rows %d n %d differs", lv, rows, n);
-        }
+        requant_check(levels, n_lv, false, rq0, rq_want, rq_got, (size_t)(rows * n), rows, n, r);
         /* the same factors over K by columns: n_groups groups of KV_KT slots */
         const int hd = 4 * (1 + (int)(rng_next(&rng) % (RQ_N / 4))), ng = (rows * n) / (hd * KV_KT);
         if (ng == 0) continue;
         for (int c = n; c < hd; c++) r[c] = 0.05f + 0.95f * fabsf(rng_unit(&rng));
         if (rng_next(&rng) % 2) /* whole quads of 1 */
             for (int c = 0; c < hd; c++) r[c] = (c / 4) % 3 == 1 ? 1.0f : r[c];
-        memcpy(rq_want, rq0, (size_t)(rows * n));
-        kv_requant_cols_ref(rq_want, ng, hd, r);
-        for (int lv = 0; lv < n_lv; lv++) {
-            memcpy(rq_got, rq0, (size_t)(rows * n));
-            levels[lv].cols(rq_got, ng, hd, r);
-            if (memcmp(rq_got, rq_want, (size_t)(rows * n)) != 0)
-                fail_msg("requant_cols level %d groups %d hd %d differs", lv, ng, hd);
-        }
+        requant_check(levels, n_lv, true, rq0, rq_want, rq_got, (size_t)(rows * n), ng, hd, r);
     }
     /* ties go to even, as nearbyintf does */
     const float ties[4] = {0.5f, 1.5f, -2.5f, 126.5f};
