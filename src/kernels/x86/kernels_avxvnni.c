@@ -19,10 +19,11 @@
 #ifndef KNT_X8
 #define KNT_X8 4
 #endif
-/* The 16-row Q8_0/Q4_0 tile: one vpdpbusd per token and chunk leaves room
- * for 6 tokens (12 accumulators; AVX2's sign trick is faster at 4) */
+/* The 16-row Q8_0/Q4_0 tile takes both 8-row halves in one pass (simd_body.h):
+ * 3 tokens of 4 accumulators each, beside two weight vectors and the
+ * broadcast chunk, fill the 16 registers */
 #ifndef KNT_X16
-#define KNT_X16 6
+#define KNT_X16 3
 #endif
 /* Q8_0 X16 by w ^ 0x80 and activation sums (simd_body.h) */
 #define X16_FLIP 1

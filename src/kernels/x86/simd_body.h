@@ -605,16 +605,75 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
 }
+#elif defined(X16_FLIP)
+/* The 512-bit tile's chains in two 256-bit halves of 8 rows, both in one
+ * pass: the VEX vpdpbusd takes no broadcast operand, so each (token, chunk)
+ * is a vpbroadcastd load beside its dot, and shared by the two halves it
+ * halves the loads that bound a tile taking the halves one after the other.
+ * The same integer block dots and float steps as the halves one at a time. */
+AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt,
+                 const unsigned char *nx) {
+    const size_t bb = q4 ? 288 : 544;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[2][X16_NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
+        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
+        if (nx == X16_AHEAD) {
+            if (X16_PREFETCH > 0)
+#pragma GCC unroll 9
+                for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
+        } else if (nx) {
+#pragma GCC unroll 9
+            for (int o = 0; o < (int)bb; o += 64)
+                _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
+        }
+        __m256i is[2][X16_NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm256_set1_epi32(e[8 * nt + t]);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            __m256i w0, w1;
+            if (q4) { /* chunk c: nibbles of the 64 bytes at c / 2, halves 32 bytes apart */
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2) + 32));
+                w0 = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v0, 4) : v0, m4);
+                w1 = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v1, 4) : v1, m4);
+            } else {
+                w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c)), flip);
+                w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c + 32)), flip);
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                const __m256i x = _mm256_set1_epi32(e[c * nt + t]);
+                is[0][t] = dot_u8s8_acc(is[0][t], w0, x);
+                is[1][t] = dot_u8s8_acc(is[1][t], w1, x);
+            }
+        }
+        const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            const __m256 s = _mm256_set1_ps(x16_scale(&e[9 * nt + t]));
+            acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[0][t]), _mm256_mul_ps(dw0, s), acc[0][t]);
+            acc[1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[1][t]), _mm256_mul_ps(dw1, s), acc[1][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        _mm256_storeu_ps(y + (size_t)t * (size_t)ldy, acc[0][t]);
+        _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8, acc[1][t]);
+    }
+}
 #else
 /* In 256-bit halves of 8 rows: the chains of the 512-bit tile, the same
- * integer block dots. Q4_0 as there; Q8_0 as there where X16_FLIP says the
- * int8 dot is vpdpbusd, else by the sign trick (dot_s8: |w| once per
- * vector, x carrying w's sign per token), whose chains start at 0 (the
- * table's corrections are 0: x16_act's off). */
+ * integer block dots. Q4_0 as there; Q8_0 by the sign trick (dot_s8: |w|
+ * once per vector, x carrying w's sign per token), whose chains start at 0
+ * (the table's corrections are 0: x16_act's off). */
 AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
                  const unsigned char *nx) {
     const size_t bb = q4 ? 288 : 544;
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
         const int32_t *e = e0;
@@ -635,15 +694,13 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
             __m256i is[X16_NT];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
-                is[t] = q4 || X16_U8 ? _mm256_set1_epi32(e[8 * nt + t]) : _mm256_setzero_si256();
+                is[t] = q4 ? _mm256_set1_epi32(e[8 * nt + t]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 __m256i wv;
                 if (q4) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
                     wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
-                } else if (X16_U8) {
-                    wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c)), flip);
                 } else { /* the sign trick: wv signed, aw = |wv| */
                     wv = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
                     const __m256i aw = _mm256_sign_epi8(wv, wv);
@@ -702,8 +759,12 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
         break;
                     X16_CASE(1)
                     X16_CASE(2)
+#if X16_NT > 2
                     X16_CASE(3)
+#endif
+#if X16_NT > 3
                     X16_CASE(4)
+#endif
 #if X16_NT > 4
                     X16_CASE(5)
                     X16_CASE(6)
