@@ -501,6 +501,19 @@ AI const unsigned char *x16_tile_fetch(int t, int nt_max, int64_t g0, int64_t r1
     if (t == 0) return X16_AHEAD;
     return t == nt_max && X16_NEXT && g0 + 16 < r1 ? next : NULL;
 }
+/* A tile's prefetch for block b (bb bytes at blk) of its group: nx as
+ * x16_tile_fetch gave it. */
+AI void x16_fetch(const unsigned char *nx, const unsigned char *blk, int64_t b, size_t bb) {
+    if (nx == X16_AHEAD) {
+        if (X16_PREFETCH > 0)
+#pragma GCC unroll 9
+            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
+    } else if (nx) {
+#pragma GCC unroll 9
+        for (int o = 0; o < (int)bb; o += 64)
+            _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
+    }
+}
 #if defined(KNT_X16)
 #define X16_NT KNT_X16
 #else
@@ -571,15 +584,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
     const __m512i flip = _mm512_set1_epi8((char)0x80), m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
         const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
-        if (nx == X16_AHEAD) {
-            if (X16_PREFETCH > 0)
-#pragma GCC unroll 9
-                for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
-        } else if (nx) {
-#pragma GCC unroll 9
-            for (int o = 0; o < (int)bb; o += 64)
-                _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
-        }
+        x16_fetch(nx, blk, b, bb);
         __m512i is[X16_NT];
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) is[t] = _mm512_set1_epi32(e[8 * nt + t]);
@@ -620,15 +625,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
     for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
         const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
-        if (nx == X16_AHEAD) {
-            if (X16_PREFETCH > 0)
-#pragma GCC unroll 9
-                for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
-        } else if (nx) {
-#pragma GCC unroll 9
-            for (int o = 0; o < (int)bb; o += 64)
-                _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
-        }
+        x16_fetch(nx, blk, b, bb);
         __m256i is[2][X16_NT];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm256_set1_epi32(e[8 * nt + t]);
@@ -682,15 +679,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
             const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32 + 32 * h;
-            if (h == 0 && nx == X16_AHEAD) {
-                if (X16_PREFETCH > 0)
-#pragma GCC unroll 9
-                    for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
-            } else if (h == 0 && nx) {
-#pragma GCC unroll 9
-                for (int o = 0; o < (int)bb; o += 64)
-                    _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
-            }
+            if (h == 0) x16_fetch(nx, blk, b, bb);
             __m256i is[X16_NT];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
