@@ -1036,10 +1036,7 @@ static void test_kv_write_heads(void **state) {
     }
 }
 
-/* The int8 stores of every level (and the 16-lane body) give the reference's
- * bits: ragged lengths, NaN, values far outside a scale, zero scales (the
- * grown scales and their factors too); and so do the per-channel rescales of
- * rows and of K by columns, with some chunks of factors all 1. */
+/* The int8 store kernels of one level, or of the 16-lane body. */
 typedef struct {
     kv_quant_token_fn tok;
     kv_quant_chan_fn chan;
@@ -1068,6 +1065,10 @@ static void requant_check(const qk *levels, int n_lv, bool cols, const int8_t *y
     }
 }
 
+/* The int8 stores of every level (and the 16-lane body) give the reference's
+ * bits: ragged lengths, NaN, values far outside a scale, zero scales (the
+ * grown scales and their factors too); and so do the per-channel rescales of
+ * rows and of K by columns, with some chunks of factors all 1. */
 static void test_kv_quant_kernels(void **state) {
     (void)state;
     qk levels[TK_ISA_AVX512 + 2];
