@@ -79,20 +79,28 @@ AI float qk_scale(const int32_t *e) {
 
 #if defined(X16_ZMM)
 /* One group of 16 rows against nt tokens (table e, qk_act): acc[t] holds the
- * 16 row sums of token t, one chain per (row, token) whatever nt is. */
+ * 16 row sums of token t, one chain per (row, token) whatever nt is. Inside
+ * a super-block only the sub-block dots a[t] and their scaled sum is[t] stay
+ * in registers (2 nt + 5 of 32: no spills); the mins term is summed after
+ * the sub-blocks, and acc, touched once per super-block, lives in memory.
+ * The tile that kept all four sets in registers spilled and, from DRAM, ran
+ * at 60-65% of its rate over cached weights (one core, 32 tokens). 12
+ * tokens fit too and gained ~5% in L2, but Q4_K and Q6_K share the table's
+ * tile, and with the Q6_K tile at 12 (or its driver around a 12-token Q4_K
+ * one) the compiler spilled its sums and its lm_head ran 25% slower. */
 AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt,
                  const unsigned char *nx) {
-    __m512 acc[QK_NT];
+    float acc[QK_NT][16] __attribute__((aligned(64)));
 #pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < nt; t++) _mm512_store_ps(acc[t], _mm512_setzero_ps());
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
         const unsigned char *blk = g + (size_t)b * 2304;
         uint8_t sc[8][16], mn[8][16];
         qk_scales(blk, sc, mn);
-        __m512i is[QK_NT], ms[QK_NT];
+        __m512i is[QK_NT];
 #pragma GCC unroll 16
-        for (int t = 0; t < nt; t++) is[t] = ms[t] = _mm512_setzero_si512();
+        for (int t = 0; t < nt; t++) is[t] = _mm512_setzero_si512();
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {
             __m512i a[QK_NT];
@@ -119,25 +127,32 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
                 for (int t = 0; t < nt; t++) a[t] = dpbusd_bcast(a[t], hi, &ej[(2 * c + 1) * nt + t]);
             }
             __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc[j]));
-            __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)mn[j]));
-            m = _mm512_or_si512(m, _mm512_slli_epi32(m, 16)); /* (m, m) as int16 */
 #pragma GCC unroll 16
-            for (int t = 0; t < nt; t++) {
-                is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(a[t], s));
-                ms[t] = _mm512_dpwssd_epi32(ms[t], m, _mm512_set1_epi32(e[(64 + j) * nt + t]));
-            }
+            for (int t = 0; t < nt; t++) is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(a[t], s));
+        }
+        __m512i mp[8]; /* (m, m) as int16 per sub-block */
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)mn[j]));
+            mp[j] = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));
         }
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) {
+            __m512i ms = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                ms = _mm512_dpwssd_epi32(ms, mp[j], _mm512_set1_epi32(e[(64 + j) * nt + t]));
             __m512 f = _mm512_sub_ps(_mm512_mul_ps(dw, _mm512_cvtepi32_ps(is[t])),
-                                     _mm512_mul_ps(dm, _mm512_cvtepi32_ps(ms[t])));
-            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(qk_scale(&e[72 * nt + t])), f));
+                                     _mm512_mul_ps(dm, _mm512_cvtepi32_ps(ms)));
+            _mm512_store_ps(acc[t],
+                            _mm512_add_ps(_mm512_load_ps(acc[t]),
+                                          _mm512_mul_ps(_mm512_set1_ps(qk_scale(&e[72 * nt + t])), f)));
         }
     }
 #pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, _mm512_load_ps(acc[t]));
 }
 
 /* Q6_K: per 16-element sub-block s, the int32 dot of the unsigned 6-bit
@@ -218,23 +233,24 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
 #define qk_dpwssd(a, b, c) _mm256_add_epi32(a, _mm256_madd_epi16(b, c))
 #endif
 
-/* In 256-bit halves of 8 rows: the chains and integer sums of the 512-bit tile. */
+/* In 256-bit halves of 8 rows: the chains, integer sums and memory
+ * accumulators of the 512-bit tile (2 nt + 5 of 16 registers live). */
 AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
                  const unsigned char *nx) {
     (void)nx;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
         const int32_t *e = e0;
-        __m256 acc[QK_NT];
+        float acc[QK_NT][8] __attribute__((aligned(32)));
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int t = 0; t < nt; t++) _mm256_store_ps(acc[t], _mm256_setzero_ps());
         for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
             const unsigned char *blk = g + (size_t)b * 2304;
             uint8_t sc[8][16], mn[8][16];
             qk_scales(blk, sc, mn);
-            __m256i is[QK_NT], ms[QK_NT];
+            __m256i is[QK_NT];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) is[t] = ms[t] = _mm256_setzero_si256();
+            for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
 #pragma GCC unroll 1
             for (int j = 0; j < 8; j++) {
                 __m256i a[QK_NT];
@@ -257,25 +273,33 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                         a[t] = dot_u8s8_acc(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
                 }
                 __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc[j] + 8 * h)));
-                __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn[j] + 8 * h)));
-                m = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
 #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) {
-                    is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(a[t], s));
-                    ms[t] = qk_dpwssd(ms[t], m, _mm256_set1_epi32(e[(64 + j) * nt + t]));
-                }
+                for (int t = 0; t < nt; t++) is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(a[t], s));
+            }
+            __m256i mp[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn[j] + 8 * h)));
+                mp[j] = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
             }
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
             __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
+                __m256i ms = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++)
+                    ms = qk_dpwssd(ms, mp[j], _mm256_set1_epi32(e[(64 + j) * nt + t]));
                 __m256 f = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(is[t])),
-                                         _mm256_mul_ps(dm, _mm256_cvtepi32_ps(ms[t])));
-                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(qk_scale(&e[72 * nt + t])), f));
+                                         _mm256_mul_ps(dm, _mm256_cvtepi32_ps(ms)));
+                _mm256_store_ps(acc[t],
+                                _mm256_add_ps(_mm256_load_ps(acc[t]),
+                                              _mm256_mul_ps(_mm256_set1_ps(qk_scale(&e[72 * nt + t])), f)));
             }
         }
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * h, acc[t]);
+        for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * h, _mm256_load_ps(acc[t]));
     }
 }
 
