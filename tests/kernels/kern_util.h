@@ -98,6 +98,15 @@ static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int6
         kt_fill(r, f, k, 0.5f);
         assert_true(kern_quantize_row(t, f, *wq + i * (int64_t)rb, k));
     }
+    /* GGML's Q6_K quantizer gives a sub-block whose largest value is negative
+     * a negative scale, ours never does: negate some (and one -128), as real
+     * files have them */
+    if (t == TK_DTYPE_Q6_K)
+        for (int64_t i = 0; i < rows * k / TK_QK_K; i++) {
+            tk_block_q6_k *b = (tk_block_q6_k *)*wq + i;
+            for (int j = 0; j < TK_QK_K / 16; j++)
+                if (kt_int(r, 0, 1)) b->scales[j] = (int8_t)(j == 7 && i % 5 == 0 ? -128 : -b->scales[j]);
+        }
     if (t == TK_DTYPE_Q4_0)
         assert_true(R == 16 && kern_pack_q4_0_x16(*wq, *w8, rows, k));
     else if (t == TK_DTYPE_Q4_K)
