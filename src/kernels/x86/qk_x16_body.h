@@ -249,10 +249,15 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
 #define qk4_scales(s)        _mm256_or_si256(s, _mm256_slli_epi32(s, 16))
 #define qk4_scaled(is, a, s) _mm256_add_epi32(is, _mm256_madd_epi16(a, s))
 #endif
+/* Q6_K: with VNNI a 16-element sub-block's int32 dots, scaled once
+ * (vpmulld); without (QK6_CHUNK 1), each chunk's int16 sums, scaled and
+ * widened by vpmaddwd (qk6_tile's comment). */
 #if defined(__AVXVNNI__)
 #define qk6_dot(a, u, x) dot_u8s8_acc(a, u, x)
+#define QK6_CHUNK        0
 #else
 #define qk6_dot(a, u, x) _mm256_add_epi16(a, _mm256_maddubs_epi16(u, x))
+#define QK6_CHUNK        1
 #endif
 
 /* In 256-bit halves of 8 rows: the chains, integer sums and memory
@@ -358,17 +363,13 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                 for (int p = 0; p < 2; p++) {
                     sc[p] = _mm256_cvtepi8_epi32(
                         _mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * (2 * j + p) + 8 * hf)));
-#if !defined(__AVXVNNI__)
-                    /* the scales as int16 pairs (s, s), sign kept */
+                    /* the scales as int16 pairs (s, s), sign kept (QK6_CHUNK) */
                     const __m256i s2 = _mm256_blend_epi16(sc[p], _mm256_slli_epi32(sc[p], 16), 0xaa);
-#endif
                     __m256i a[QK_NT];
                     const __m256i h = _mm256_loadu_si256((const __m256i *)(hb + 64 * p));
 #pragma GCC unroll 2
                     for (int c = 2 * p; c < 2 * p + 2; c++) {
-#if defined(__AVXVNNI__)
-                        if (c == 2 * p)
-#endif
+                        if (QK6_CHUNK || c == 2 * p)
 #pragma GCC unroll 8
                             for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_si256();
                         __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
@@ -383,17 +384,15 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
 #pragma GCC unroll 8
                         for (int t = 0; t < nt; t++)
                             a[t] = qk6_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
-#if !defined(__AVXVNNI__)
+                        if (QK6_CHUNK)
+#pragma GCC unroll 8
+                            for (int t = 0; t < nt; t++)
+                                is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s2));
+                    }
+                    if (!QK6_CHUNK)
 #pragma GCC unroll 8
                         for (int t = 0; t < nt; t++)
-                            is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s2));
-#endif
-                    }
-#if defined(__AVXVNNI__)
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++)
-                        is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(a[t], sc[p]));
-#endif
+                            is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(a[t], sc[p]));
                 }
                 __m256i n0 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[0], 5));
                 __m256i n1 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[1], 5));
@@ -418,6 +417,7 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
 #undef qk4_scales
 #undef qk4_scaled
 #undef qk6_dot
+#undef QK6_CHUNK
 #endif
 
 /* Tokens in passes of at most QK_ACT_MAX / nb (their table on the stack),
