@@ -233,32 +233,22 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
 #else
 #define qk_dpwssd(a, b, c) _mm256_add_epi32(a, _mm256_madd_epi16(b, c))
 #endif
-/* A Q4_K sub-block's dots and their scaling. With VNNI: int32 dots by
- * vpdpbusd, times the int32 scales s (vpmulld). Without: the vpmaddubsw pair
- * sums added as int16 (a lane holds 16 products of a 4-bit value and an
- * int8 of at most 127 in magnitude: |sum| <= 16 * 15 * 127 = 30480, no
- * overflow), then one vpmaddwd against the scales as int16 pairs (s, s)
- * scales and widens them at once: the same integers as the VNNI path, with
- * 17 ops per sub-block and token instead of 26. qk4_scales makes s. */
+/* The sub-block dots. With VNNI (QK_I16 0): int32 dots by vpdpbusd, times
+ * the int32 scales (vpmulld). Without (QK_I16 1): the vpmaddubsw pair sums
+ * added as int16, then one vpmaddwd against the scales as int16 pairs
+ * (qk_pairs) scales and widens them at once: the same integers, with 17 ops
+ * per Q4_K sub-block and token instead of 26. A Q4_K lane holds a sub-block's
+ * 16 products of a 4-bit value and an int8 of at most 127 in magnitude
+ * (|sum| <= 16 * 15 * 127 = 30480); Q6_K's see qk6_tile. */
 #if defined(__AVXVNNI__)
-#define qk4_dot(a, u, x)     dot_u8s8_acc(a, u, x)
-#define qk4_scales(s)        (s)
-#define qk4_scaled(is, a, s) _mm256_add_epi32(is, _mm256_mullo_epi32(a, s))
+#define qk_dot(a, u, x) dot_u8s8_acc(a, u, x)
+#define QK_I16          0
 #else
-#define qk4_dot(a, u, x)     _mm256_add_epi16(a, _mm256_maddubs_epi16(u, x))
-#define qk4_scales(s)        _mm256_or_si256(s, _mm256_slli_epi32(s, 16))
-#define qk4_scaled(is, a, s) _mm256_add_epi32(is, _mm256_madd_epi16(a, s))
+#define qk_dot(a, u, x) dot_u8s8_acc16(a, u, x)
+#define QK_I16          1
 #endif
-/* Q6_K: with VNNI a 16-element sub-block's int32 dots, scaled once
- * (vpmulld); without (QK6_CHUNK 1), each chunk's int16 sums, scaled and
- * widened by vpmaddwd (qk6_tile's comment). */
-#if defined(__AVXVNNI__)
-#define qk6_dot(a, u, x) dot_u8s8_acc(a, u, x)
-#define QK6_CHUNK        0
-#else
-#define qk6_dot(a, u, x) _mm256_add_epi16(a, _mm256_maddubs_epi16(u, x))
-#define QK6_CHUNK        1
-#endif
+/* int32 lanes s as int16 pairs (s, s), the sign kept */
+AI __m256i qk_pairs(__m256i s) { return _mm256_blend_epi16(s, _mm256_slli_epi32(s, 16), 0xaa); }
 
 /* In 256-bit halves of 8 rows: the chains, integer sums and memory
  * accumulators of the 512-bit tile (2 nt + 5 of 16 registers live). */
@@ -294,22 +284,22 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                     __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 #pragma GCC unroll 8
                     for (int t = 0; t < nt; t++)
-                        a[t] = qk4_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
+                        a[t] = qk_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
 #pragma GCC unroll 8
                     for (int t = 0; t < nt; t++)
-                        a[t] = qk4_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
+                        a[t] = qk_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
                 }
-                __m256i s =
-                    qk4_scales(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc[j] + 8 * h))));
+                const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc[j] + 8 * h)));
+                const __m256i s2 = qk_pairs(s);
 #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) is[t] = qk4_scaled(is[t], a[t], s);
+                for (int t = 0; t < nt; t++)
+                    is[t] = _mm256_add_epi32(is[t], QK_I16 ? _mm256_madd_epi16(a[t], s2)
+                                                           : _mm256_mullo_epi32(a[t], s));
             }
-            __m256i mp[8];
+            __m256i mp[8]; /* (m, m) as int16 per sub-block */
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn[j] + 8 * h)));
-                mp[j] = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
-            }
+            for (int j = 0; j < 8; j++)
+                mp[j] = qk_pairs(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn[j] + 8 * h))));
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
             __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
 #pragma GCC unroll 8
@@ -332,8 +322,8 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
 }
 
 /* Q6_K in 256-bit halves of 8 rows: the 512-bit tile's integer sums. With
- * VNNI a 16-element sub-block's int32 dots times its scale (vpmulld); without,
- * each chunk's two vpmaddubsw pair sums added as int16 (8 products of a 6-bit
+ * VNNI a 16-element sub-block's int32 dots times its scale (vpmulld); without
+ * (QK_I16), each chunk's two vpmaddubsw pair sums added as int16 (8 products of a 6-bit
  * value and an int8 of at most 127: |sum| <= 8 * 63 * 127 = 64008 would not
  * fit, 4 per lane do: 32004), then scaled and widened by one vpmaddwd
  * against the signed scales as int16 pairs: the same integers. */
@@ -363,13 +353,12 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                 for (int p = 0; p < 2; p++) {
                     sc[p] = _mm256_cvtepi8_epi32(
                         _mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * (2 * j + p) + 8 * hf)));
-                    /* the scales as int16 pairs (s, s), sign kept (QK6_CHUNK) */
-                    const __m256i s2 = _mm256_blend_epi16(sc[p], _mm256_slli_epi32(sc[p], 16), 0xaa);
+                    const __m256i s2 = qk_pairs(sc[p]);
                     __m256i a[QK_NT];
                     const __m256i h = _mm256_loadu_si256((const __m256i *)(hb + 64 * p));
 #pragma GCC unroll 2
                     for (int c = 2 * p; c < 2 * p + 2; c++) {
-                        if (QK6_CHUNK || c == 2 * p)
+                        if (QK_I16 || c == 2 * p)
 #pragma GCC unroll 8
                             for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_si256();
                         __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
@@ -380,16 +369,16 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                                                      _mm256_and_si256(hh, m30));
 #pragma GCC unroll 8
                         for (int t = 0; t < nt; t++)
-                            a[t] = qk6_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
+                            a[t] = qk_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
 #pragma GCC unroll 8
                         for (int t = 0; t < nt; t++)
-                            a[t] = qk6_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
-                        if (QK6_CHUNK)
+                            a[t] = qk_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
+                        if (QK_I16)
 #pragma GCC unroll 8
                             for (int t = 0; t < nt; t++)
                                 is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s2));
                     }
-                    if (!QK6_CHUNK)
+                    if (!QK_I16)
 #pragma GCC unroll 8
                         for (int t = 0; t < nt; t++)
                             is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(a[t], sc[p]));
@@ -413,11 +402,8 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
     }
 }
 #undef qk_dpwssd
-#undef qk4_dot
-#undef qk4_scales
-#undef qk4_scaled
-#undef qk6_dot
-#undef QK6_CHUNK
+#undef qk_dot
+#undef QK_I16
 #endif
 
 /* Tokens in passes of at most QK_ACT_MAX / nb (their table on the stack),

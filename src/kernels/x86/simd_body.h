@@ -557,6 +557,9 @@ AI void x16_act(int off, const void *x, size_t xs, int np, int64_t nb, int32_t *
 #ifndef dot_u8s8_acc
 #define dot_u8s8_acc(a, u, x) _mm256_add_epi32(a, dot_u8s8(u, x))
 #endif
+/* a + the vpmaddubsw pair sums of u and x, kept as int16 (the caller bounds
+ * the sum: each pair is at most 2 * 255 * 128 in magnitude). */
+#define dot_u8s8_acc16(a, u, x) _mm256_add_epi16(a, _mm256_maddubs_epi16(u, x))
 
 AI float x16_scale(const int32_t *e) {
     float d;
@@ -704,8 +707,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
                 }
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++)
-                    is[t] =
-                        _mm256_add_epi16(is[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(e[c * nt + t])));
+                    is[t] = dot_u8s8_acc16(is[t], wv, _mm256_set1_epi32(e[c * nt + t]));
             }
             if (q4)
 #pragma GCC unroll 8
