@@ -277,8 +277,11 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
     const int nh = f->hp->n_head, ratio = nh / f->hp->n_head_kv, hd = f->hp->head_dim;
     const float scale = 1.0f / sqrtf((float)hd);
     float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
+    /* the trimmed last layer attends for its wanted tokens alone: no record for the others */
+    const bool trim = f->trim_last && l == f->hp->n_layer - 1;
     for (int t = 0; t < f->b->n_tok; t++) {
-        const int32_t *bt = f->b->bt[f->tok_seq[t]];
+        const int s = f->tok_seq[t];
+        const int32_t *bt = f->b->bt[s];
         if (t + 1 < f->b->n_tok && f->tok_seq[t + 1] != f->tok_seq[t])
             kv_prefetch_write(f->kv, l, f->b->bt[f->tok_seq[t + 1]], f->tok_pos[t + 1], (int)g0, (int)g1);
         const float *k = f->k + (size_t)t * f->kv_dim, *v = f->v + (size_t)t * f->kv_dim;
@@ -286,7 +289,7 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
             next_piece(k + f->kv_dim + g0 * hd, (g1 - g0) * hd);
             next_piece(v + f->kv_dim + g0 * hd, (g1 - g0) * hd);
         }
-        if (!f->own) {
+        if (!f->own || (trim && t - f->seq_tok0[s] < f->b->n[s] - f->b->n_logits[s])) {
             kv_write_heads(f->kv, l, bt, f->tok_pos[t], k, v, (int)g0, (int)g1);
             continue;
         }
