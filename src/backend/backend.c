@@ -23,8 +23,12 @@ tk_status backend_block_cow(const backend *be, int32_t *bt, int j) {
     return TK_OK;
 }
 
+bool backend_kv_rescales(const backend *be) {
+    return be->kv_type == TK_KV_INT8 && be->kv_scale == TK_KV_SCALE_HEAD;
+}
+
 int backend_rewrite_from(const backend *be, int n_pos) {
-    if (be->kv_type != TK_KV_INT8 || be->kv_scale != TK_KV_SCALE_HEAD) return n_pos;
+    if (!backend_kv_rescales(be)) return n_pos;
     return n_pos - n_pos % be->block_size;
 }
 

@@ -85,6 +85,11 @@ typedef struct backend {
  * point bt[j] at the copy. TK_ERR_FULL (bt unchanged) when no block is free. */
 tk_status backend_block_cow(const backend *be, int32_t *bt, int j);
 
+/* Whether the KV is INT8 with per-head scales, whose blocks a later token
+ * may rescale: then queries read their own block through own-block records
+ * (kv_attn_own_block) and a rollback rewrites the block (backend_rewrite_from). */
+bool backend_kv_rescales(const backend *be);
+
 /* Rolling a sequence back to n_pos tokens (positions >= n_pos dropped): the
  * first position its caller must write again for the KV of [0, n_pos) to be
  * the KV of a run that never wrote the dropped tokens. n_pos for every KV

@@ -631,13 +631,8 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     if (i == 0) {
         d->fwd_bytes = be->last_bytes ? be->last_bytes(be->ctx) : 0;
         /* each token attends to the context before it and to itself */
-        const uint64_t per = (uint64_t)(prefill > 0 ? prefill : 1);
-        fwd_step_shape sh = {.n_tok = n_tok,
-                             .n_out = batch,
-                             .kv_tokens = (uint64_t)batch * ((uint64_t)pos + per),
-                             .attn_pairs = (uint64_t)batch * (per * (uint64_t)pos + per * (per + 1) / 2),
-                             /* the wanted token of each sequence, its last */
-                             .attn_pairs_out = (uint64_t)batch * ((uint64_t)pos + per)};
+        fwd_step_shape sh = fwd_step_shape_of(batch, prefill > 0 ? prefill : 1, pos,
+                                              backend_kv_rescales(be) ? be->block_size : 0);
         fwd_prof_costs(m, be->kv_bytes_per_token, be->kv_type == TK_KV_INT8, &sh, d->cost);
         d->cost[PF_SAMPLE] = (fwd_stage_cost){.bytes = (uint64_t)batch * (uint64_t)V * sizeof(float)};
     }

@@ -47,10 +47,36 @@ void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8,
     out[FWD_ST_EMBED].bytes = (uint64_t)n * (m->tok_embd.nbytes / (uint64_t)hp->n_vocab);
     out[FWD_ST_NORM].bytes += (uint64_t)hp->n_embd * sizeof(float); /* the output norm */
     if (sh->n_out > 0) add_matmul(&out[FWD_ST_LM_HEAD], &m->output, sh->n_out);
-    /* Every layer reads the context's K and V; per pair and head, q.k and p.v. */
-    out[FWD_ST_ATTN].bytes = sh->kv_tokens * kv_bytes_tok;
-    const double pairs =
+    /* Every layer reads the context's K and V; per pair and head, q.k and p.v,
+     * the own-block records' (kv_store) and the rest (attention). */
+    const double own =
+        (double)sh->own_pairs * (hp->n_layer - 1) + (double)(trim ? sh->own_pairs_out : sh->own_pairs);
+    const double all =
         (double)sh->attn_pairs * (hp->n_layer - 1) + (double)(trim ? sh->attn_pairs_out : sh->attn_pairs);
-    out[FWD_ST_ATTN].ops = 4.0 * pairs * hp->n_head * hp->head_dim;
+    out[FWD_ST_ATTN].bytes = (sh->kv_tokens - sh->own_tokens) * kv_bytes_tok;
+    out[FWD_ST_ATTN].ops = 4.0 * (all - own) * hp->n_head * hp->head_dim;
     out[FWD_ST_ATTN].int8 = kv_int8;
+    out[FWD_ST_KV_STORE].bytes = sh->own_tokens * kv_bytes_tok;
+    out[FWD_ST_KV_STORE].ops = 4.0 * own * hp->n_head * hp->head_dim;
+    out[FWD_ST_KV_STORE].int8 = kv_int8;
+}
+
+/* Pairs of a query at position p with positions [from, p]. */
+static uint64_t pairs_from(int from, int p) { return (uint64_t)(p - from + 1); }
+
+fwd_step_shape fwd_step_shape_of(int n_seq, int n, int pos0, int block) {
+    fwd_step_shape sh = {.n_tok = n_seq * n, .n_out = n_seq};
+    const uint64_t q = (uint64_t)n_seq, last = (uint64_t)pos0 + (uint64_t)n - 1;
+    sh.kv_tokens = q * (last + 1);
+    sh.attn_pairs_out = q * pairs_from(0, (int)last);
+    for (int i = 0; i < n; i++) {
+        const int p = pos0 + i;
+        sh.attn_pairs += q * pairs_from(0, p);
+        if (block > 0) sh.own_pairs += q * pairs_from(p - p % block, p);
+    }
+    if (block > 0) {
+        sh.own_tokens = q * (last + 1 - (uint64_t)(pos0 - pos0 % block));
+        sh.own_pairs_out = q * pairs_from((int)(last - last % (uint64_t)block), (int)last);
+    }
+    return sh;
 }

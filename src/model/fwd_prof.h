@@ -62,11 +62,21 @@ typedef struct fwd_stage_cost {
  * kv_tokens positions of context read (the sum over sequences of pos0 + n),
  * attn_pairs (query, position) pairs of one layer's attention (the sum over
  * tokens of their position + 1) and attn_pairs_out those of the wanted
- * tokens. */
+ * tokens. With own-block records (kv_attn_own_block) the kv_store stage
+ * reads own_tokens of those positions (a sequence's, from the start of its
+ * first token's block: its records reach them first) and does own_pairs of
+ * every layer's pairs (a query's, from the start of its own block), and the
+ * attention stage the rest; 0 without records. */
 typedef struct fwd_step_shape {
     int n_tok, n_out;
     uint64_t kv_tokens, attn_pairs, attn_pairs_out;
+    uint64_t own_tokens, own_pairs, own_pairs_out;
 } fwd_step_shape;
+
+/* The shape of a step of n_seq sequences, each with n tokens from position
+ * pos0 and its last token wanted; block: the KV block size when queries read
+ * their own block through records, else 0. */
+fwd_step_shape fwd_step_shape_of(int n_seq, int n, int pos0, int block);
 
 struct tk_model;
 /* Costs of every stage of the fused plan; the bytes add up to what

@@ -34,6 +34,14 @@ cat "$W/p4.md"
 # a prefill chunk: 8 tokens after 24 of context
 "$TK_CLI" profile -m "$W/m.gguf" --prefill 8 --ctx 24 --steps 2 --kv-type int8 --block-size 128 --threads 2 \
     --bw 20 --peak-int8 500 --peak-f32 100 --json "$W/pp.json" >"$W/pp.md" || fail "profile --prefill exited $?"
+# blocks of 16 with per-head (pb) and per-token (pt) scales
+for sc in head token; do
+    out=pb
+    [ $sc = token ] && out=pt
+    "$TK_CLI" profile -m "$W/m.gguf" --prefill 8 --ctx 24 --steps 2 --kv-type int8 --kv-scale $sc --block-size 16 \
+        --threads 2 --bw 20 --peak-int8 500 --peak-f32 100 --json "$W/$out.json" >/dev/null ||
+        fail "profile --prefill --kv-scale $sc exited $?"
+done
 grep -q "8-token prefill chunk after 24 tokens" "$W/pp.md" || fail "profile --prefill: no chunk line"
 grep -q " prefill tok/s" "$W/pp.md" || fail "profile --prefill: no prefill rate"
 # a peak far below what the stages compute: a probe shortfall, named, and
@@ -115,8 +123,22 @@ dst = {s["stage"]: s for s in d["stages"]}
 assert sum(s["bytes"] for s in j["stages"] if s["stage"] != "sampling") == j["step"]["bytes"]
 assert st["qkv"]["bytes"] == dst["qkv"]["bytes"] and st["qkv"]["ops"] == 8 * dst["qkv"]["ops"], st["qkv"]
 assert st["lm_head"]["ops"] == dst["lm_head"]["ops"], "one row of logits per chunk"
-r = st["attention"]["ops"] / dst["attention"]["ops"]
+# (with per-head INT8 KV in blocks of 128 every pair is an own-block record's:
+# the kv_store stage's, none the attention stage's)
+assert st["attention"]["ops"] == 0 and st["attention"]["bytes"] == 0, st["attention"]
+r = st["kv_store"]["ops"] / dst["kv_store"]["ops"]
 assert abs(r - (228 + 32) / (2 * 35)) < 1e-9, f"attention ops ratio {r}, want (228 + 32)/70"
+# blocks of 16: the chunk's tokens (positions 24..31) are in block 1, whose
+# records read positions 16..31 and do 9 + ... + 16 = 100 pairs (16 for the
+# last layer's wanted token); the attention stage reads block 0, 16 pairs a
+# token (16 in the last layer). Per-token scales: no records.
+b16 = {s["stage"]: s for s in json.load(open(w + "/pb.json"))["stages"]}
+assert b16["kv_store"]["bytes"] == b16["attention"]["bytes"] > 0, (b16["kv_store"], b16["attention"])
+r = b16["kv_store"]["ops"] / b16["attention"]["ops"]
+assert abs(r - (100 + 16) / (8 * 16 + 16)) < 1e-9, f"records / attention ops {r}, want 116/144"
+tok = {s["stage"]: s for s in json.load(open(w + "/pt.json"))["stages"]}
+assert tok["kv_store"]["ops"] == 0 and tok["kv_store"]["bytes"] == 0, tok["kv_store"]
+assert tok["attention"]["ops"] == b16["attention"]["ops"] + b16["kv_store"]["ops"], tok["attention"]
 for name in ("o_proj", "gate_up", "down"):
     r = st[name]["ops"] / dst[name]["ops"]
     assert abs(r - (8 + 1) / 2) < 1e-9, f"{name} ops ratio {r}, want 9/2"
