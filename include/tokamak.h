@@ -249,6 +249,10 @@ typedef struct tk_sampling {
     const tk_logit_bias *logit_bias;
     int n_logit_bias;
     int n_logprobs; /* top-n logprobs per token, 0..TK_MAX_LOGPROBS */
+    /* each token's logprob in its event (n_logprobs > 0 implies it); off:
+     * the event's logprob is NAN and no softmax over the vocabulary is taken
+     * for it (greedy decoding then reads the logits once, for the argmax) */
+    bool logprobs;
 } tk_sampling;
 
 void tk_sampling_default(tk_sampling *s);

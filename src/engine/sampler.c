@@ -424,8 +424,8 @@ static int32_t sample_temperature(tk_sampler *s, const float *logits, int32_t be
 }
 
 /* Steps 1-3 in place; the argmax (ties: the lowest id, -1: no finite logit)
- * and the log-sum-exp (+inf when a logit is +inf: the argmax is certain). */
-static int32_t process(tk_sampler *s, float *logits, const int32_t *history, int n_history, float *lse) {
+ * and the largest logit in *vmax (+inf: the argmax is certain). */
+static int32_t process(tk_sampler *s, float *logits, const int32_t *history, int n_history, float *vmax) {
     const int V = s->n_vocab;
     const samp_simd *sv = samp_simd_default();
     /* NaN logits become -inf in the maximum's pass below: a NaN stays NaN
@@ -434,14 +434,26 @@ static int32_t process(tk_sampler *s, float *logits, const int32_t *history, int
     for (int i = 0; i < s->p.n_logit_bias; i++) logits[s->bias[i].token] += s->bias[i].bias;
     if (history && n_history > 0) apply_penalties(s, logits, history, n_history);
     int32_t best = -1;
-    float vmax = sv->max_clean(logits, V, &best);
-    *lse = best < 0 || vmax == INFINITY ? INFINITY : vmax + (float)log(sv->sum_exp(logits, V, vmax));
+    *vmax = sv->max_clean(logits, V, &best);
     return best;
+}
+
+/* The log-sum-exp of processed logits whose largest is vmax (+inf when it is
+ * +inf), where the sampling asks for logprobs; else NAN, with no pass over the
+ * logits. */
+static float event_lse(const tk_sampler *s, const float *logits, float vmax) {
+    if (!s->p.logprobs && s->p.n_logprobs <= 0) return NAN;
+    if (vmax == INFINITY) return INFINITY;
+    return vmax + (float)log(samp_simd_default()->sum_exp(logits, s->n_vocab, vmax));
 }
 
 void sampler_event(const tk_sampler *s, const float *logits, float lse, int32_t tok, tk_token_event *ev) {
     ev->token = tok;
     ev->n_top = 0;
+    if (isnan(lse)) { /* not asked for */
+        ev->logprob = NAN;
+        return;
+    }
     if (lse == INFINITY) { /* +inf logits: the first is certain */
         ev->logprob = 0;
         return;
@@ -456,23 +468,23 @@ void sampler_event(const tk_sampler *s, const float *logits, float lse, int32_t 
 int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int n_history,
                        tk_token_event *ev) {
     const uint64_t draw = s->draws++;
-    float lse;
-    int32_t tok = process(s, logits, history, n_history, &lse);
+    float vmax;
+    int32_t tok = process(s, logits, history, n_history, &vmax);
     if (tok < 0) return -1;
-    if (s->p.temperature > 0 && lse != INFINITY)
+    if (s->p.temperature > 0 && vmax != INFINITY)
         tok = sample_temperature(s, logits, tok, sampler_uniform(s->p.seed, draw));
-    sampler_event(s, logits, lse, tok, ev);
+    sampler_event(s, logits, event_lse(s, logits, vmax), tok, ev);
     return tok;
 }
 
 int32_t sampler_dist(tk_sampler *s, float *logits, const int32_t *history, int n_history, float *prob,
                      float *lse_out) {
-    float lse;
-    int32_t best = process(s, logits, history, n_history, &lse);
-    if (lse_out) *lse_out = lse;
+    float vmax;
+    int32_t best = process(s, logits, history, n_history, &vmax);
+    if (lse_out) *lse_out = best < 0 ? NAN : event_lse(s, logits, vmax);
     if (best < 0 || !prob) return best;
     memset(prob, 0, (size_t)s->n_vocab * sizeof *prob);
-    if (!(s->p.temperature > 0) || lse == INFINITY) {
+    if (!(s->p.temperature > 0) || vmax == INFINITY) {
         prob[best] = 1;
         return best;
     }

@@ -43,8 +43,9 @@ void sampler_set_n_prompt(tk_sampler *s, int n_prompt);
 
 /* Sample one token from logits (n_vocab floats; modified in place). history
  * (n_history ids, may be NULL when 0) feeds the penalties; ids outside the
- * vocabulary in history are ignored. Fills ev->token, ev->logprob, ev->n_top and
- * the top arrays (when n_logprobs > 0); leaves the other fields of ev alone.
+ * vocabulary in history are ignored. Fills ev->token, ev->logprob (NAN unless
+ * the sampling asks for logprobs: then greedy reads the logits once), ev->n_top
+ * and the top arrays (when n_logprobs > 0); leaves the other fields of ev alone.
  * Returns the token, or -1 when no token has a finite logit (NaN logits count
  * as -inf), in which case ev is untouched. Advances the random counter by one
  * on every call, greedy included, so draws stay aligned with positions. */
@@ -55,7 +56,8 @@ int32_t sampler_sample(tk_sampler *s, float *logits, const int32_t *history, int
  * 1-3 and 5: logit bias, penalties, temperature, top-k/top-p/min-p) into prob
  * (n_vocab floats, 0 outside the kept tokens; a point mass on the argmax at
  * temperature 0); prob may be NULL (only the argmax). logits are processed in
- * place as by sampler_sample; *lse (may be NULL) is for sampler_event. Draws
+ * place as by sampler_sample; *lse (may be NULL) is for sampler_event (NAN
+ * where the sampling asks for no logprobs: none is computed). Draws
  * nothing. Returns the argmax, or -1 when no token has a finite logit. */
 int32_t sampler_dist(tk_sampler *s, float *logits, const int32_t *history, int n_history, float *prob,
                      float *lse);

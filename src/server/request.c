@@ -452,6 +452,7 @@ static bool parse_generation(const cJSON *root, const srv_limits *lim, srv_req *
             }
         }
     }
+    s->logprobs = r->logprobs;
     return true;
 }
 

@@ -106,6 +106,23 @@ static void test_sampler_greedy_and_logprobs(void **state) {
     for (int t = 0; t < V; t++) z += exp((double)l[t]);
     assert_true(fabs(ev.logprob - (5.0 - log(z))) < 1e-4);
     assert_true(fabs(ev.top_logprobs[2] - (4.0 - log(z))) < 1e-4);
+    /* the token's logprob alone; none asked for: NAN, the same token */
+    p.n_logprobs = 0;
+    p.logprobs = true;
+    assert_int_equal(sample_once(&p, l, NULL, 0, &ev), 9);
+    assert_int_equal(ev.n_top, 0);
+    assert_true(fabs(ev.logprob - (5.0 - log(z))) < 1e-4);
+    p.logprobs = false;
+    assert_int_equal(sample_once(&p, l, NULL, 0, &ev), 9);
+    assert_true(isnan(ev.logprob) && ev.n_top == 0);
+    p.temperature = 0.7f;
+    assert_true(sample_once(&p, l, NULL, 0, &ev) >= 0);
+    assert_true(isnan(ev.logprob) && ev.n_top == 0);
+    p.logprobs = true;
+    const int32_t drawn = sample_once(&p, l, NULL, 0, &ev);
+    assert_true(fabs(ev.logprob - (l[drawn] - log(z))) < 1e-4);
+    p.temperature = 0;
+    p.n_logprobs = 3;
     /* NaN counts as -inf; all -inf gives -1. */
     float bad[V];
     for (int t = 0; t < V; t++) bad[t] = NAN;

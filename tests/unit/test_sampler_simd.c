@@ -183,6 +183,7 @@ static void test_samp_greedy_vocab(void **state) {
     for (int i = 0; i < VOCAB; i++) z += exp((double)l[i] - 40.0);
     tk_sampling p;
     tk_sampling_default(&p);
+    p.logprobs = true;
     tk_sampler *s = NULL;
     assert_int_equal(sampler_init(&p, VOCAB, &s), TK_OK);
     tk_token_event ev;
