@@ -429,14 +429,14 @@ static bool parse_generation(const cJSON *root, const srv_limits *lim, srv_req *
     if (r->kind == SRV_COMPLETION) {
         if (!get_int(root, "logprobs", 0, TK_MAX_LOGPROBS, &d, &set, err)) return false;
         if (set) {
-            r->logprobs = true;
+            s->logprobs = true;
             s->n_logprobs = (int)d;
         }
     } else {
-        if (!get_bool(root, "logprobs", &r->logprobs, err)) return false;
+        if (!get_bool(root, "logprobs", &s->logprobs, err)) return false;
         if (!get_int(root, "top_logprobs", 0, TK_MAX_LOGPROBS, &d, &set, err)) return false;
         if (set) {
-            if (!r->logprobs && d > 0) {
+            if (!s->logprobs && d > 0) {
                 srv_error_set(err, 400, "invalid_request_error", NULL, "top_logprobs",
                               "'top_logprobs' needs 'logprobs': true");
                 return false;
@@ -452,7 +452,6 @@ static bool parse_generation(const cJSON *root, const srv_limits *lim, srv_req *
             }
         }
     }
-    s->logprobs = r->logprobs;
     return true;
 }
 

@@ -46,13 +46,13 @@ typedef struct srv_req {
     bool enable_thinking; /* chat_template_kwargs.enable_thinking (default true) */
     bool add_special;     /* tokenize: add_special_tokens (default true) */
     int max_tokens;       /* 0: until the context is full */
-    tk_sampling sampling; /* logit_bias points into bias; temperature 1 unless given (OpenAI's default) */
+    tk_sampling sampling; /* logit_bias points into bias; temperature 1 unless given (OpenAI's default);
+                           * logprobs: the request's (returned with n_logprobs alternatives) */
     bool seed_set;        /* false: the caller picks a fresh seed (no seed, no repeatable output) */
     tk_logit_bias *bias;  /* (sampling.n_logit_bias) */
     char *stop[TK_MAX_STOP];
     int n_stop;
     bool ignore_eos;
-    bool logprobs; /* return the chosen token's logprob (+ sampling.n_logprobs alternatives) */
 } srv_req;
 
 /* Parse and validate body (len bytes, need not be NUL-terminated) for the

@@ -445,7 +445,7 @@ static void on_token(void *user, const tk_token_event *ev) {
         return;
     }
     cJSON *lp = NULL;
-    if (c->req.logprobs) {
+    if (c->req.sampling.logprobs) {
         if (c->route == R_CHAT) {
             cJSON *one = chat_logprob(c, ev);
             if (c->req.stream) {
@@ -639,7 +639,7 @@ static enum MHD_Result handle_generate(srv_call *c) {
     c->n_prompt = (int)n;
     snprintf(c->id, sizeof c->id, "%s-%016" PRIx64, kind == SRV_CHAT ? "chatcmpl" : "cmpl",
              atomic_fetch_add(&s->next_id, 1));
-    if (q->logprobs && !q->stream) {
+    if (q->sampling.logprobs && !q->stream) {
         if (kind == SRV_CHAT) {
             c->lp = cJSON_CreateObject();
             cJSON_AddArrayToObject(c->lp, "content");

@@ -43,8 +43,7 @@ static void test_server_request_defaults_and_values(void **state) {
     assert_true(isinf(r.sampling.logit_bias[0].bias) && r.sampling.logit_bias[0].bias < 0);
     assert_true(r.sampling.logit_bias[1].bias == 1.5f);
     assert_int_equal(r.n_stop, 1);
-    assert_true(r.logprobs && r.sampling.logprobs && r.sampling.n_logprobs == 2 && r.stream &&
-                r.include_usage);
+    assert_true(r.sampling.logprobs && r.sampling.n_logprobs == 2 && r.stream && r.include_usage);
     srv_req_free(&r);
     /* chat: developer is system, text parts are joined, max_completion_tokens wins, no default length */
     assert_true(parse(
