@@ -18,8 +18,9 @@
 #ifndef KNT_X16
 #define KNT_X16 14
 #endif
-/* X16 in 512-bit registers (simd_body.h) */
+/* X16 and the element-wise SiLU·mul in 512-bit registers (simd_body.h) */
 #define X16_ZMM 1
+#define ELT_ZMM 1
 #ifndef KFN
 #define KFN(name) kern_##name##_avx512
 #endif
