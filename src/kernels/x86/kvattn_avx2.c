@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "kernels/kernels_ref.h"
+#include "kernels/x86/exp_core.h"
 
 #define AI        static inline __attribute__((always_inline))
 #define KFN(name) name##_avx2
@@ -59,21 +60,9 @@ AI vf vf_exp_neg(vf x) {
     const vf lo = _mm256_set1_ps(-87.0f);
     const vf under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     x = _mm256_max_ps(x, lo);
-    const vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    /* r = x - n ln2, with ln2 split in two so r is exact enough */
-    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    vf p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    const vf y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n: n in [-126, 0], a normal exponent */
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+    vf n; /* in [-126, 0]: a normal exponent */
+    const vf y = exp_core8(x, &n);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, exp_pow2_8(n)));
 }
 
 AI vf vf_load_kv(const uint8_t *row, int c, const tk_kv_type type) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/kernels_ref.h"
+#include "kernels/x86/exp_core.h"
 
 #define AI        static inline __attribute__((always_inline))
 #define KFN(name) name##_avx512
@@ -89,18 +90,8 @@ AI vf vf_exp_neg(vf x) {
     const vf lo = _mm512_set1_ps(-87.0f);
     const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
     x = _mm512_max_ps(x, lo);
-    const vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    /* r = x - n ln2, with ln2 split in two so r is exact enough */
-    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    vf p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const vf y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    vf n;
+    const vf y = exp_core16(x, &n);
     return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_scalef_ps(y, n));
 }
 
