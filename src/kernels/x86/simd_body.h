@@ -493,26 +493,46 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
 #define X16_NEXT 1
 #endif
 
-/* The prefetch (x16_tile's nx) of the token tile starting at token t of a
- * group's tiles of nt_max: the first streams the group's weights
- * X16_PREFETCH ahead; the second, which reads them from cache, fetches the
- * next group's (next, when g0 + 16 < r1: still this call's) into L2, so the
- * next first tile does not wait on DRAM alone; later tiles fetch nothing. */
+/* The prefetch (x16_tile_fetch's nx) of the Q4_K/Q6_K token tile starting at
+ * token t of a group's tiles of nt_max: the first streams the group's
+ * weights X16_PREFETCH ahead; the second, which reads them from cache,
+ * fetches the next group's (next, when g0 + 16 < r1: still this call's) into
+ * L2, so the next first tile does not wait on DRAM alone; later tiles fetch
+ * nothing. */
 AI const unsigned char *x16_tile_fetch(int t, int nt_max, int64_t g0, int64_t r1, const unsigned char *next) {
     if (t == 0) return X16_AHEAD;
     return t == nt_max && X16_NEXT && g0 + 16 < r1 ? next : NULL;
 }
-/* A tile's prefetch for block b (bb bytes at blk) of its group: nx as
- * x16_tile_fetch gave it. */
-AI void x16_fetch(const unsigned char *nx, const unsigned char *blk, int64_t b, size_t bb) {
-    if (nx == X16_AHEAD) {
+/* A Q8_0/Q4_0 X16 tile's prefetch. The tiles of a unit (the groups one
+ * tile reads) run one after another over its weights: the first (ahead)
+ * streams them X16_PREFETCH ahead, the later ones read them from cache and
+ * share the next unit's blocks (next: ng groups gb bytes apart), fetching
+ * into L2 those b with b % step == phase, so the next first tile does not
+ * wait on DRAM alone and the reads stay spread over the unit's time. */
+typedef struct x16_pf {
+    bool ahead;
+    const unsigned char *next;
+    int ng, phase, step;
+} x16_pf;
+/* Tile i of n of a unit whose next unit (ngn groups from next; 0: none in
+ * this call) follows. */
+AI x16_pf x16_unit_fetch(int i, int n, const unsigned char *next, int ngn) {
+    x16_pf pf = {i == 0, i > 0 && ngn > 0 && X16_NEXT ? next : NULL, ngn, i - 1, n > 1 ? n - 1 : 1};
+    return pf;
+}
+/* Tile pf's prefetch for block b (bb bytes at blk in each of its ng groups,
+ * gb bytes apart). */
+AI void x16_fetch(x16_pf pf, const unsigned char *blk, size_t gb, int ng, int64_t b, size_t bb) {
+    if (pf.ahead) {
         if (X16_PREFETCH > 0)
+            for (int j = 0; j < ng; j++)
 #pragma GCC unroll 9
-            for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + o, X16_PREFETCH);
-    } else if (nx) {
+                for (int o = 0; o < (int)bb; o += 64) prefetch_ahead(blk + (size_t)j * gb + o, X16_PREFETCH);
+    } else if (pf.next && b % pf.step == pf.phase) {
+        for (int j = 0; j < pf.ng; j++)
 #pragma GCC unroll 9
-        for (int o = 0; o < (int)bb; o += 64)
-            _mm_prefetch((const char *)(nx + (size_t)b * bb + o), _MM_HINT_T1);
+            for (int o = 0; o < (int)bb; o += 64)
+                _mm_prefetch((const char *)(pf.next + (size_t)j * gb + (size_t)b * bb + o), _MM_HINT_T1);
     }
 }
 #if defined(KNT_X16)
@@ -520,6 +540,30 @@ AI void x16_fetch(const unsigned char *nx, const unsigned char *blk, int64_t b, 
 #else
 #define X16_NT KNT_X8
 #endif
+/* Groups one tile reads. In 512-bit registers, when a pass has more tokens
+ * than one tile of X16_NT takes, two whole groups at a time, in tiles of at
+ * most X16_NT2 tokens (the tile shares each activation load between them);
+ * otherwise one group. With fewer tokens the tile is bound by the weight
+ * stream, and two streams at once read DRAM slower than one (pairs at 1 to
+ * 4 tokens ran ~20% slower from DRAM, a batch-8 step's projections ~15%). */
+#if defined(X16_ZMM)
+#define X16_PAIR 2
+#ifndef KNT_X16P
+#define KNT_X16P 7
+#endif
+#define X16_NT2 KNT_X16P
+#else
+#define X16_PAIR 1
+#define X16_NT2  X16_NT
+#endif
+AI bool x16_pairs(int np) { return X16_PAIR == 2 && np > X16_NT; }
+/* The groups of the unit starting at row g0 of a pass of np tokens over rows
+ * [r0, r1): 0 past r1, 2 when pairs run and two whole groups fit, else 1 (a
+ * group cut by r0 or r1 runs alone, into a scratch tile). */
+AI int x16_unit(int64_t g0, int64_t r0, int64_t r1, int np) {
+    if (g0 >= r1) return 0;
+    return x16_pairs(np) && g0 >= r0 && g0 + 32 <= r1 ? 2 : 1;
+}
 /* Q8_0 X16 weights made unsigned (w ^ 0x80) for vpdpbusd; 0: the sign trick */
 #if defined(X16_ZMM) || defined(X16_FLIP)
 #define X16_U8 1
@@ -527,11 +571,21 @@ AI void x16_fetch(const unsigned char *nx, const unsigned char *blk, int64_t b, 
 #define X16_U8 0
 #endif
 
-/* Fills the table for np tokens (tiles of X16_NT, the last one short). */
+/* np tokens in the fewest tiles of at most X16_NT (X16_NT2 with pairs), as
+ * even as they come (32 in tiles of 7: 7, 7, 6, 6, 6, not four of 7 and
+ * one of 4): tile i of n starts at token i np / n. */
+AI int x16_tiles(int np) {
+    const int m = x16_pairs(np) ? X16_NT2 : X16_NT;
+    return (np + m - 1) / m;
+}
+AI int x16_tile_start(int i, int n, int np) { return i * np / n; }
+
+/* Fills the table for np tokens (tiles of x16_tile_start). */
 AI void x16_act(int off, const void *x, size_t xs, int np, int64_t nb, int32_t *tab) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
-    for (int t0 = 0; t0 < np; t0 += X16_NT) {
-        const int nt = np - t0 < X16_NT ? np - t0 : X16_NT;
+    const int ntl = x16_tiles(np);
+    for (int i = 0; i < ntl; i++) {
+        const int t0 = x16_tile_start(i, ntl, np), nt = x16_tile_start(i + 1, ntl, np) - t0;
         int32_t *tt = tab + (size_t)t0 * (size_t)nb * X16_ENT;
         for (int j = 0; j < nt; j++) {
             const tk_block_q8_0 *xt = (const tk_block_q8_0 *)((const char *)x + (size_t)(t0 + j) * xs);
@@ -576,43 +630,66 @@ AI __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t *x) {
     return acc;
 }
 
-/* One group of 16 rows against nt tokens (table e, x16_act): acc[t] holds
- * the 16 row sums of token t, one chain per (row, token) over the blocks
- * whatever nt is. */
-AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt,
-                 const unsigned char *nx) {
+/* ng (1 or 2) groups of 16 rows, gb bytes apart, against nt tokens (table
+ * e, x16_act): acc[j][t] holds the 16 row sums of group j and token t, one
+ * chain per (row, token) over the blocks whatever nt and ng are, so a row's
+ * result has the same bits in a pair as alone. One group takes each
+ * activation chunk as a {1to16} operand of its vpdpbusd; two groups load
+ * it once into a register for both dots. Each dot then costs 0.6 loads
+ * instead of 1.3, and the tile runs at the rate its 3 float ops per 8 dots
+ * allow: 322 against 295 GMAC/s over L2-resident weights (one core, 32
+ * tokens; docs/notes.md). */
+AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
+                 int64_t ldy, int nt, x16_pf pf) {
     const size_t bb = q4 ? 288 : 544;
-    __m512 acc[X16_NT];
+    __m512 acc[2][X16_NT];
 #pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
     const __m512i flip = _mm512_set1_epi8((char)0x80), m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
-        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
-        x16_fetch(nx, blk, b, bb);
-        __m512i is[X16_NT];
+        const unsigned char *blk = g + (size_t)b * bb;
+        x16_fetch(pf, blk, gb, ng, b, bb);
+        __m512i is[2][X16_NT];
 #pragma GCC unroll 16
-        for (int t = 0; t < nt; t++) is[t] = _mm512_set1_epi32(e[8 * nt + t]);
+        for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm512_set1_epi32(e[8 * nt + t]);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            __m512i wv;
-            if (q4) { /* chunk c: elements 4c..4c+3, nibbles of the 64 bytes at c / 2 */
-                __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * (c / 2)));
-                wv = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
-            } else {
-                wv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
+            __m512i wv[2];
+#pragma GCC unroll 2
+            for (int j = 0; j < ng; j++) {
+                const unsigned char *qb = blk + (size_t)j * gb + 32;
+                if (q4) { /* chunk c: elements 4c..4c+3, nibbles of the 64 bytes at c / 2 */
+                    __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * (c / 2)));
+                    wv[j] = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+                } else {
+                    wv[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
+                }
             }
 #pragma GCC unroll 16
-            for (int t = 0; t < nt; t++) is[t] = dpbusd_bcast(is[t], wv, &e[c * nt + t]);
+            for (int t = 0; t < nt; t++) {
+                if (ng == 1) {
+                    is[0][t] = dpbusd_bcast(is[0][t], wv[0], &e[c * nt + t]);
+                } else {
+                    const __m512i x = _mm512_set1_epi32(e[c * nt + t]);
+                    is[0][t] = _mm512_dpbusd_epi32(is[0][t], wv[0], x);
+                    is[1][t] = _mm512_dpbusd_epi32(is[1][t], wv[1], x);
+                }
+            }
         }
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+#pragma GCC unroll 2
+        for (int j = 0; j < ng; j++) {
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + (size_t)j * gb)));
 #pragma GCC unroll 16
-        for (int t = 0; t < nt; t++) {
-            __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x16_scale(&e[9 * nt + t])));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[t]), d, acc[t]);
+            for (int t = 0; t < nt; t++) {
+                __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x16_scale(&e[9 * nt + t])));
+                acc[j][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[j][t]), d, acc[j][t]);
+            }
         }
     }
 #pragma GCC unroll 16
-    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy, acc[t]);
+    for (int t = 0; t < nt; t++)
+#pragma GCC unroll 2
+        for (int j = 0; j < ng; j++) _mm512_storeu_ps(y + (size_t)t * (size_t)ldy + 16 * j, acc[j][t]);
 }
 #elif defined(X16_FLIP)
 /* The 512-bit tile's chains in two 256-bit halves of 8 rows, both in one
@@ -620,8 +697,9 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
  * is a vpbroadcastd load beside its dot, and shared by the two halves it
  * halves the loads that bound a tile taking the halves one after the other.
  * The same integer block dots and float steps as the halves one at a time. */
-AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, float *y, int64_t ldy, int nt,
-                 const unsigned char *nx) {
+AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
+                 int64_t ldy, int nt, x16_pf pf) {
+    (void)ng; /* one group (X16_PAIR) */
     const size_t bb = q4 ? 288 : 544;
     const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[2][X16_NT];
@@ -629,7 +707,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
     for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
         const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
-        x16_fetch(nx, blk, b, bb);
+        x16_fetch(pf, blk, gb, 1, b, bb);
         __m256i is[2][X16_NT];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm256_set1_epi32(e[8 * nt + t]);
@@ -672,8 +750,9 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e, f
  * integer block dots. Q4_0 as there; Q8_0 by the sign trick (dot_s8: |w|
  * once per vector, x carrying w's sign per token), whose chains start at 0
  * (the table's corrections are 0: x16_act's off). */
-AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
-                 const unsigned char *nx) {
+AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e0, float *y,
+                 int64_t ldy, int nt, x16_pf pf) {
+    (void)ng; /* one group (X16_PAIR) */
     const size_t bb = q4 ? 288 : 544;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
@@ -683,7 +762,7 @@ AI void x16_tile(int q4, int64_t nb, const unsigned char *g, const int32_t *e0, 
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
             const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32 + 32 * h;
-            if (h == 0) x16_fetch(nx, blk, b, bb);
+            if (h == 0) x16_fetch(pf, blk, gb, 1, b, bb);
             /* Q4_0: the vpmaddubsw pair sums of the block's 8 chunks added as
              * int16 (16 products of a nibble and an int8 of at most 127 per
              * lane: |sum| <= 30480), widened once by vpmaddwd: the same
@@ -744,12 +823,14 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
     for (int p0 = 0; p0 < n_tok; p0 += pass) {
         const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
         x16_act(q4 ? 8 : X16_U8 ? 128 : 0, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
-        for (int64_t g0 = r0 / 16 * 16; g0 < r1; g0 += 16) {
+        const int ntl = x16_tiles(np);
+        for (int64_t g0 = r0 / 16 * 16; g0 < r1;) {
             const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
-            bool whole = g0 >= r0 && g0 + 16 <= r1;
-            for (int t = 0; t < np; t += X16_NT) {
-                int nt = np - t < X16_NT ? np - t : X16_NT;
-                const unsigned char *nx = x16_tile_fetch(t, X16_NT, g0, r1, g + gb);
+            const int ng = x16_unit(g0, r0, r1, np), ngn = x16_unit(g0 + 16 * ng, r0, r1, np);
+            const bool whole = g0 >= r0 && g0 + 16 <= r1;
+            for (int i = 0; i < ntl; i++) {
+                const int t = x16_tile_start(i, ntl, np), nt = x16_tile_start(i + 1, ntl, np) - t;
+                const x16_pf pf = x16_unit_fetch(i, ntl, g + (size_t)ng * gb, ngn);
                 float tmp[X16_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
@@ -757,40 +838,33 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
                 switch (nt) {
 #define X16_CASE(n)                                                                                          \
     case n:                                                                                                  \
-        x16_tile(q4, nb, g, et, dst, ld, n, nx);                                                             \
+        if (n > X16_NT) break;                                                                               \
+        if (X16_PAIR == 2 && n <= X16_NT2 && ng == 2) /* no pair tile past its registers */                  \
+            x16_tile(q4, 2, nb, g, gb, et, dst, ld, n, pf);                                                  \
+        else                                                                                                 \
+            x16_tile(q4, 1, nb, g, gb, et, dst, ld, n, pf);                                                  \
         break;
                     X16_CASE(1)
                     X16_CASE(2)
-#if X16_NT > 2
                     X16_CASE(3)
-#endif
-#if X16_NT > 3
                     X16_CASE(4)
-#endif
-#if X16_NT > 4
                     X16_CASE(5)
                     X16_CASE(6)
-#endif
-#if X16_NT > 6
                     X16_CASE(7)
                     X16_CASE(8)
-#endif
-#if X16_NT > 8
                     X16_CASE(9)
                     X16_CASE(10)
                     X16_CASE(11)
                     X16_CASE(12)
-#endif
-#if X16_NT > 12
                     X16_CASE(13)
                     X16_CASE(14)
-#endif
 #undef X16_CASE
                 default:
                     break;
                 }
                 if (!whole) cut_tile_store(y + (size_t)(p0 + t) * (size_t)ldy, ldy, tmp, 16, nt, g0, r0, r1);
             }
+            g0 += 16 * ng;
         }
     }
 }
@@ -807,6 +881,8 @@ void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const 
 #undef X16_NT
 #undef X16_ENT
 #undef X16_U8
+#undef X16_PAIR
+#undef X16_NT2
 
 /* ---- Q4_K and Q6_K weights x Q8_K activations ------------------------------------------- */
 
