@@ -423,7 +423,9 @@ static void test_simd_gemv_q8_0_x8(void **state) {
 }
 
 /* The 16-row interleaved layouts (Q8_0 and Q4_0), as X8, with token counts
- * past the AVX-512 tile (14) and the stack's per-pass share of tokens:
+ * past the AVX-512 tile (14; above it, two row groups per tile where both
+ * are whole, here among 1 to 4 groups and random row cuts, and in the
+ * invariance checks' three groups) and the stack's per-pass share of tokens:
  * k = 16384 has 512 blocks, so 14 tokens a pass and 29 tokens make three
  * passes (14, 14, 1: full and partial tiles); k beyond 229376 takes no pass
  * (the definition). Q4_0's scalar kernel equals its row-order reference. */
