@@ -37,20 +37,26 @@
 #define KV_INT8_MIN_GROWTH 1.125f
 
 /* Where one layer's blocks live. A (layer, block) region is block_stride bytes
- * (a multiple of 64, so every region starts 64-byte aligned) laid out as
- *   K       [n_head_kv][block_size][head_dim]  elements of the KV type, or
- *           [n_head_kv][block_size / KV_KT][head_dim][KV_KT] (kv_k_cols, a
- *           float type) or [..][block_size / KV_KT][head_dim / 4][KV_KT][4]
- *           (kv_k_cols, int8)
- *   V       [n_head_kv][block_size][head_dim]
+ * (a multiple of 64, so every region starts 64-byte aligned). Each kv head
+ * has in it
+ *   K       [block_size][head_dim]  elements of the KV type, or
+ *           [block_size / KV_KT][head_dim][KV_KT] (kv_k_cols, a float type)
+ *           or [block_size / KV_KT][head_dim / 4][KV_KT][4] (kv_k_cols, int8)
+ *           at byte kvh * head_stride
+ *   V       [block_size][head_dim], v_off bytes after its K
+ * and then, int8 only,
  *   k_scale [n_head_kv][block_size] floats (int8 per token) or
- *           [n_head_kv][head_dim] (int8 per head: one per channel)
- *   v_scale same as k_scale
- * at byte offsets 0, v_off, ks_off, vs_off (scale sections exist only for int8). */
+ *           [n_head_kv][head_dim] (int8 per head: one per channel), at ks_off
+ *   v_scale the same, at vs_off.
+ * kv.c picks the arrangement: all heads' K then all heads' V (head_stride
+ * one head's K, v_off all heads' K), or each head's V right after its K
+ * (head_stride both, v_off one), so that a (block, head) is one run. */
 typedef struct kv_geom {
     uint8_t *layer;      /* [n_blocks][block_stride] bytes of this layer */
     size_t block_stride; /* bytes per (layer, block) region */
-    size_t v_off, ks_off, vs_off;
+    size_t head_stride;  /* bytes from one kv head's K to the next one's */
+    size_t v_off;        /* bytes from a head's K to its V */
+    size_t ks_off, vs_off;
     int n_blocks, n_head_kv, head_dim, block_size;
     tk_kv_type type;
     tk_kv_scale scale;
@@ -111,8 +117,7 @@ static inline int kv_scales_per_head(const kv_geom *g) {
 
 /* Head kvh's K (block_size x head_dim elements, laid out as above) in block b. */
 static inline const uint8_t *kv_geom_k(const kv_geom *g, int32_t b, int kvh) {
-    return g->layer + (size_t)b * g->block_stride +
-           (size_t)kvh * g->block_size * g->head_dim * kv_type_size(g->type);
+    return g->layer + (size_t)b * g->block_stride + (size_t)kvh * g->head_stride;
 }
 static inline const uint8_t *kv_geom_v(const kv_geom *g, int32_t b, int kvh) {
     return kv_geom_k(g, b, kvh) + g->v_off;

@@ -2,12 +2,14 @@
  * A sequence owns a block table (block ids in position order); position p lives
  * in block table[p / block_size], slot p % block_size.
  *
- * Layout of one block of one layer (dtype = the pool's KV type):
- *   K: [n_head_kv][block_size][head_dim]   V: [n_head_kv][block_size][head_dim]
+ * Layout of one block of one layer (dtype = the pool's KV type): per kv
+ * head a K [block_size][head_dim] and a V [block_size][head_dim]; int8 keeps
+ * each head's V right after its K, the float types all heads' K, then all
+ * heads' V (kvattn.h kv_geom)
  *   (K of f32, f16 and bf16 in blocks of 128 or more: by columns of 16
- *   positions, [n_head_kv][block_size / 16][head_dim][16]; int8 K dotted
- *   against int8 queries in such blocks: [..][block_size / 16][head_dim / 4]
- *   [16][4]; kvattn.h kv_k_cols)
+ *   positions, [block_size / 16][head_dim][16]; int8 K dotted against int8
+ *   queries in such blocks: [block_size / 16][head_dim / 4][16][4];
+ *   kvattn.h kv_k_cols)
  * INT8 scales (float):
  *   per token: k_scale/v_scale [n_head_kv][block_size] (absmax/127 of each vector)
  *   per head:  k_scale/v_scale [n_head_kv][head_dim] per block: one scale per
