@@ -157,9 +157,10 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     kv->o = *o;
     kv->block_stride = L.stride;
     /* int8: each head's V right after its K, one 32 KB run per (block, head)
-     * at 128 x 128, which attention read ~5% faster at batch 32 than two
-     * 16 KB runs 128 KB apart; the float types keep K and V sections (their
-     * 32 KB runs read ~5% slower as one 64 KB run). docs/notes.md. */
+     * at 128 x 128, which attention read 3-9% faster at batch 1, 8 and 32
+     * than two 16 KB runs 128 KB apart; the float types keep K and V
+     * sections (F16's one 64 KB run read up to 6% slower at batch 32,
+     * though faster at batch 1). docs/notes.md. */
     const size_t head = L.sect / (size_t)o->n_head_kv;
     kv->head_stride = o->type == TK_KV_INT8 ? 2 * head : head;
     kv->v_off = o->type == TK_KV_INT8 ? head : L.sect;
