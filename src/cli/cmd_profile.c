@@ -126,9 +126,12 @@ typedef struct pf_data {
     double *cpu[PF_ROWS];    /* (n_steps) the largest CPU time of any thread in the stage */
     double *uneven[PF_ROWS]; /* (n_steps) the longest busy time minus the threads' mean */
     double *offcpu;          /* (n_steps) share of the threads' busy time off the CPU (preempted) */
-    double thread_sum_err;   /* largest share of a forward step thread 0 spent outside its marks:
-                              * the lesser of that wall time and that CPU time (a thread taken off
-                              * its core between marks is not code outside them), over the step */
+    double *overlap_ns;      /* (n_steps) the stages' longest times beyond the forward step: stages
+                              * between the same two barriers whose longest threads differ */
+    double overlap_ms, overlap_mean_ms; /* its median and mean over the steps */
+    double thread_sum_err;              /* largest share of a forward step thread 0 spent outside its marks:
+                                         * the lesser of that wall time and that CPU time (a thread taken off
+                                         * its core between marks is not code outside them), over the step */
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
     uint64_t fwd_bytes; /* backend last_bytes of a timed step */
@@ -326,6 +329,10 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
                       : "");
     printf("- a stage's ms is the longest busy time of any thread; barrier_wait is the rest of the forward "
            "step (threads idle at barriers, the pool's start and end)\n");
+    if (d->overlap_mean_ms > 0)
+        printf("- stages between the same two barriers overlapped by %.3f ms (median; mean %.3f): where "
+               "their longest threads differ, the rows add up to more than the forward step by that\n",
+               d->overlap_ms, d->overlap_mean_ms);
     if (ru->threads > 1)
         printf("- uneven ms: a stage's longest busy time minus the threads' mean, what its split leaves the "
                "others waiting (stages between the same two barriers may offset each other)\n");
@@ -386,6 +393,8 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(sp, "mean_ms", stats_mean(d->step_ns, (size_t)d->n_steps) / 1e6);
     cJSON_AddNumberToObject(sp, "forward_ms", fwd_ms);
     cJSON_AddNumberToObject(sp, "stages_mean_sum_ms", stage_sum);
+    cJSON_AddNumberToObject(sp, "overlap_ms", d->overlap_ms);
+    cJSON_AddNumberToObject(sp, "overlap_mean_ms", d->overlap_mean_ms);
     cJSON_AddNumberToObject(sp, "thread0_mark_error", d->thread_sum_err);
     cJSON_AddNumberToObject(sp, "off_cpu", off);
     cJSON_AddNumberToObject(sp, "bytes", (double)d->fwd_bytes);
@@ -449,6 +458,7 @@ static void pf_free(pf_state *s, int batch) {
         tk_free(s->d.uneven[r]);
     }
     tk_free(s->d.offcpu);
+    tk_free(s->d.overlap_ns);
     tk_free(s->d.step_ns);
     tk_free(s->d.fwd_ns);
     tk_free(s->tmp);
@@ -534,13 +544,14 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
         s->d.uneven[r] = tk_calloc((size_t)steps, sizeof(double));
     }
     s->d.offcpu = tk_calloc((size_t)steps, sizeof(double));
+    s->d.overlap_ns = tk_calloc((size_t)steps, sizeof(double));
     s->d.step_ns = tk_calloc((size_t)steps, sizeof(double));
     s->d.fwd_ns = tk_calloc((size_t)steps, sizeof(double));
     s->tmp = tk_calloc((size_t)steps, sizeof(double));
     bool ok = s->bt && s->smp && s->tok && s->n && s->pos0 && s->n_logits && s->logits && s->prompt_logits &&
               s->prof.rows && s->d.step_ns && s->d.fwd_ns && s->tmp;
     for (int r = 0; r < PF_ROWS; r++) ok &= s->d.ns[r] && s->d.cpu[r] && s->d.uneven[r];
-    ok &= s->d.offcpu != NULL;
+    ok &= s->d.offcpu != NULL && s->d.overlap_ns != NULL;
     for (int q = 0; ok && q < batch; q++) ok = (s->bt[q] = tk_calloc((size_t)nbs, sizeof(int32_t))) != NULL;
     if (!ok) return tk_fail(TK_ERR_NOMEM, "profile: out of memory for a batch of %d", batch);
     memset(s->prof.rows, 0, (size_t)nth * sizeof(fwd_prof_thread));
@@ -621,6 +632,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     d->cpu[PF_SAMPLE][i] = (double)(c2 - c1);
     double fwd = (double)(t1 - t0);
     d->ns[FWD_ST_WAIT][i] = fwd > work ? fwd - work : 0;
+    d->overlap_ns[i] = work > fwd ? work - fwd : 0;
     d->ns[PF_SAMPLE][i] = (double)(t2 - t1);
     d->fwd_ns[i] = fwd;
     d->step_ns[i] = (double)(t2 - t0);
@@ -708,6 +720,8 @@ int cmd_profile(int argc, char **argv) {
                      .threads = s.be.n_threads,
                      .prefill = prefill};
         double off = median_of(s.d.offcpu, steps, s.tmp);
+        s.d.overlap_ms = median_of(s.d.overlap_ns, steps, s.tmp) / 1e6;
+        s.d.overlap_mean_ms = stats_mean(s.d.overlap_ns, (size_t)steps) / 1e6;
         print_markdown(&ru, &mc, &s.d, rows, step_ms, fwd_ms, off);
         rc = 0;
         if (pa.json) {
