@@ -10,13 +10,6 @@
 #include "error.h"
 #include "log.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define cpu_relax() _mm_pause()
-#else
-#define cpu_relax() ((void)0)
-#endif
-
 /* Workers spin on `gen` for a while after each run (a decode step follows the
  * last one within microseconds), then sleep on the condition variable so an
  * idle engine costs no CPU. The barrier is a sense-reversing spin barrier. */
@@ -63,7 +56,7 @@ static void *worker_main(void *arg) {
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && !atomic_load(&p->stop)) {
             if (++spins < SPIN_BEFORE_SLEEP) {
-                cpu_relax();
+                pool_pause();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -211,7 +204,7 @@ void pool_run(tk_pool *p, tk_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1) cpu_relax();
+    while (atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1) pool_pause();
 }
 
 void pool_barrier(tk_pool *p) {
@@ -224,7 +217,7 @@ void pool_barrier(tk_pool *p) {
     } else {
         unsigned spins = 0;
         while (atomic_load_explicit(&p->bar_sense, memory_order_acquire) == sense) {
-            cpu_relax();
+            pool_pause();
             /* More threads than cores (CI, tests): let the others run. */
             if (++spins % 4096 == 0) sched_yield();
         }

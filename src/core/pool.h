@@ -8,6 +8,17 @@
 
 #include "tokamak.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+/* One turn of a spin-wait: the CPU's pause hint where it has one. */
+static inline void pool_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
 typedef struct tk_pool tk_pool;
 typedef void (*tk_pool_fn)(void *ctx, int ith, int nth);
 
