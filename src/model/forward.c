@@ -9,7 +9,9 @@
  * depend on what else is in the batch.
  *
  * Fused plan per layer (7 barriers when the threads divide the kv heads, else 8;
- * one more when a decode context is split into parts):
+ * one more when a decode context is split into parts; one fewer when
+ * attention starts without waiting for every thread's kv_store,
+ * attn_after_store):
  *   attn_norm_quant         tokens  rmsnorm, quantize activations (embed first in layer 0)
  *   attn_qkv_rope           heads   q,k,v projections (+bias), QK-norm, RoPE; by GQA
  *                                   group when the threads divide the kv heads, and then
@@ -60,6 +62,11 @@ typedef struct act_slot {
     int64_t align; /* columns a partial quantization must start on (1, 32, 256) */
 } act_slot;
 
+/* An atomic counter on a cache line of its own. */
+typedef struct line_int {
+    atomic_int v;
+} __attribute__((aligned(64))) line_int;
+
 /* Attention work of a step: one unit is the heads [h0, h1) of a sequence's
  * query tokens [i0, i1) over their whole context (part < 0), or, for a
  * decode token whose context is split
@@ -67,6 +74,7 @@ typedef struct act_slot {
  * after a barrier (attn_merge). Units differ only in who runs them, never in
  * the arithmetic, so outputs do not depend on the plan. */
 typedef struct attn_unit {
+    int32_t owner; /* the thread that stores its kv heads (attn_after_store), else 0 */
     int32_t seq, h0, h1, part;
     int32_t i0, i1; /* the sequence's query tokens [i0, i1) of the step (part < 0) */
     float *rec;     /* part >= 0: this part's records for heads [h0, h1) */
@@ -142,9 +150,15 @@ struct fwd_ctx {
     attn_unit *units; /* (max_units) largest cost first (attn_plan) */
     int n_units;
     int max_units;
-    atomic_int *unit_next; /* (n_layer) the next unit of the layer's attention to hand out */
-    attn_merge *merges;    /* (max_seqs * chunks) split (sequence, head chunk)s to fold */
+    /* (n_layer, nth) the next unit of a layer's attention among those owned by a thread */
+    line_int *unit_next;
+    int *unit_own0;     /* (nth + 1) thread o owns units [unit_own0[o], unit_own0[o + 1]) */
+    attn_merge *merges; /* (max_seqs * chunks) split (sequence, head chunk)s to fold */
     int n_merges;
+    /* attention starts without a barrier after kv_store (attn_after_store):
+     * thread o sets stored[o] to l + 1 once it has stored layer l */
+    bool attn_after_store;
+    line_int *stored; /* (nth) */
     float *part_recs; /* (ATTN_SPLIT_PARTS, n_head, KV_PART_REC(head_dim)) part records */
     int attn_chunk;   /* heads per attention unit: whole quantization blocks and GQA groups */
 };
@@ -313,9 +327,16 @@ static void kv_store(fwd_ctx *f, int l, int ith, int nth) {
     }
 }
 
-/* Larger cost first; ties in plan order (seq, heads, tokens, part). */
+/* Whether the threads split the QKV projection by GQA group (kv head g with
+ * its query heads): each thread then normalizes and rotates as many q and k
+ * heads as the others, and owns the kv heads kv_store gives it (the same
+ * pool_split of the kv heads), so it stores them without a barrier between. */
+static bool qkv_by_group(const fwd_ctx *f, int nth) { return f->hp->n_head_kv % nth == 0; }
+
+/* By owner, then larger cost first; ties in plan order (seq, heads, tokens, part). */
 static int unit_cmp(const void *pa, const void *pb) {
     const attn_unit *a = pa, *b = pb;
+    if (a->owner != b->owner) return a->owner < b->owner ? -1 : 1;
     if (a->cost != b->cost) return a->cost > b->cost ? -1 : 1;
     if (a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
     if (a->h0 != b->h0) return a->h0 < b->h0 ? -1 : 1;
@@ -381,19 +402,33 @@ static void attn_plan(fwd_ctx *f) {
         if (sp) recs += parts;
     }
     f->n_units = n;
+    /* Without split contexts, and with each unit's kv heads stored by one
+     * thread (qkv_by_group's split into whole units), a unit may start once
+     * that thread has stored them: each thread takes its own units first. */
+    const int own_heads = f->hp->n_head_kv / nth * (nh / f->hp->n_head_kv);
+    f->attn_after_store = !f->o.unfused && f->n_merges == 0 && qkv_by_group(f, nth) && own_heads % U == 0;
+    for (int u = 0; u < n; u++) f->units[u].owner = f->attn_after_store ? f->units[u].h0 / own_heads : 0;
     qsort(f->units, (size_t)n, sizeof *f->units, unit_cmp);
-    for (int l = 0; l < f->hp->n_layer; l++) atomic_store_explicit(&f->unit_next[l], 0, memory_order_relaxed);
+    for (int o = 0, u = 0; o <= nth; o++) {
+        while (u < n && f->units[u].owner < o) u++;
+        f->unit_own0[o] = o == nth ? n : u;
+    }
+    for (int i = 0; i < f->hp->n_layer * nth; i++)
+        atomic_store_explicit(&f->unit_next[i].v, 0, memory_order_relaxed);
+    for (int o = 0; o < nth; o++) atomic_store_explicit(&f->stored[o].v, 0, memory_order_relaxed);
 }
 
 /* The next units [u0, u1) of a layer's n for the calling thread: what is left
  * over 2 x nth at a time, at least one, so the large units go first in large
- * pieces and the small ones last even the threads out. false: none left. */
-static bool grab_units(atomic_int *next, int n, int nth, int *u0, int *u1) {
+ * pieces and the small ones last even the threads out; the last keep units
+ * are left to others. false: none left. */
+static bool grab_units(atomic_int *next, int n, int keep, int nth, int *u0, int *u1) {
     int cur = atomic_load_explicit(next, memory_order_relaxed);
     for (;;) {
-        if (cur >= n) return false;
+        if (cur >= n - keep) return false;
         int take = (n - cur) / (2 * nth);
         if (take < 1) take = 1;
+        if (take > n - keep - cur) take = n - keep - cur;
         if (atomic_compare_exchange_weak_explicit(next, &cur, cur + take, memory_order_relaxed,
                                                   memory_order_relaxed)) {
             *u0 = cur;
@@ -403,35 +438,51 @@ static bool grab_units(atomic_int *next, int n, int nth, int *u0, int *u1) {
     }
 }
 
-/* Attention over the plan's units; with quant, each thread also quantizes
- * the output columns it wrote (whole blocks by construction). Split contexts
- * are folded after a barrier. */
+/* One unit of the plan (attn_unit); with quant, the thread quantizes the
+ * output columns it wrote (whole blocks by construction). */
+static void attention_unit(fwd_ctx *f, int l, const attn_unit *w, bool quant, float *scratch) {
+    const tk_batch *b = f->b;
+    const int hd = f->hp->head_dim, nh = f->hp->n_head, s = w->seq;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const bool trim = f->trim_last && l == f->hp->n_layer - 1;
+    /* trimmed: a sequence's wanted tokens are its last n_logits */
+    const int i0 = trim && w->i0 < b->n[s] - b->n_logits[s] ? b->n[s] - b->n_logits[s] : w->i0;
+    if (trim && (w->part >= 0 ? b->n_logits[s] == 0 : i0 >= w->i1)) return;
+    if (w->part >= 0) {
+        const int t0 = f->seq_tok0[s];
+        kv_attention_part(f->kv, l, b->bt[s], kv_attn_end(f->kv, b->pos0[s]), w->part,
+                          f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale, w->rec, scratch);
+        return;
+    }
+    const int t0 = f->seq_tok0[s] + i0, n = w->i1 - i0;
+    kv_attention(f->kv, l, b->bt[s], b->pos0[s] + i0, n, f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1,
+                 scale, f->own ? f->own + (size_t)t0 * nh * KV_PART_REC(hd) : NULL,
+                 f->att + (size_t)t0 * f->q_dim, scratch);
+    if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
+}
+
+/* Attention over the plan's units, handed out as threads ask (grab_units):
+ * with attn_after_store each thread takes its own units, then the others',
+ * each once its owner has stored the layer. Split contexts are folded after a
+ * barrier. */
 static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
     const tk_batch *b = f->b;
     const int hd = f->hp->head_dim, nh = f->hp->n_head;
     float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
-    const float scale = 1.0f / sqrtf((float)hd);
     const bool trim = f->trim_last && l == f->hp->n_layer - 1;
-    int u0, u1;
-    while (grab_units(&f->unit_next[l], f->n_units, nth, &u0, &u1))
-        for (int u = u0; u < u1; u++) {
-            const attn_unit *w = &f->units[u];
-            const int s = w->seq;
-            /* trimmed: a sequence's wanted tokens are its last n_logits */
-            const int i0 = trim && w->i0 < b->n[s] - b->n_logits[s] ? b->n[s] - b->n_logits[s] : w->i0;
-            if (trim && (w->part >= 0 ? b->n_logits[s] == 0 : i0 >= w->i1)) continue;
-            if (w->part >= 0) {
-                const int t0 = f->seq_tok0[s];
-                kv_attention_part(f->kv, l, b->bt[s], kv_attn_end(f->kv, b->pos0[s]), w->part,
-                                  f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1, scale, w->rec, scratch);
-                continue;
-            }
-            const int t0 = f->seq_tok0[s] + i0, n = w->i1 - i0;
-            kv_attention(f->kv, l, b->bt[s], b->pos0[s] + i0, n, f->q + (size_t)t0 * f->q_dim, nh, w->h0,
-                         w->h1, scale, f->own ? f->own + (size_t)t0 * nh * KV_PART_REC(hd) : NULL,
-                         f->att + (size_t)t0 * f->q_dim, scratch);
-            if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
+    for (int k = 0; k < nth; k++) {
+        const int o = (ith + k) % nth, first = f->unit_own0[o], n = f->unit_own0[o + 1] - first;
+        bool ready = o == ith || !f->attn_after_store;
+        int u0, u1;
+        /* another's last unit is left to its owner, which has its data at hand */
+        const int keep = o != ith && f->attn_after_store;
+        while (grab_units(&f->unit_next[l * nth + o].v, n, keep, nth, &u0, &u1)) {
+            /* the owner's stores (and q heads) are seen once it says so */
+            while (!ready && !(ready = atomic_load_explicit(&f->stored[o].v, memory_order_acquire) > l))
+                pool_pause();
+            for (int u = first + u0; u < first + u1; u++) attention_unit(f, l, &f->units[u], quant, scratch);
         }
+    }
     if (f->n_merges == 0) return;
     pool_barrier(f->pool);
     long m0, m1;
@@ -494,12 +545,6 @@ static void attn_norm_quant(fwd_ctx *f, int l, int ith, int nth) {
     rmsnorm_tokens(f, f->m->layers[l].attn_norm, t0, t1);
     quant_cols(f, SLOT_EMBD, t0, t1, 0, f->hp->n_embd);
 }
-
-/* Whether the threads split the QKV projection by GQA group (kv head g with
- * its query heads): each thread then normalizes and rotates as many q and k
- * heads as the others, and owns the kv heads kv_store gives it (the same
- * pool_split of the kv heads), so it stores them without a barrier between. */
-static bool qkv_by_group(const fwd_ctx *f, int nth) { return f->hp->n_head_kv % nth == 0; }
 
 /* Heads are the split unit, by GQA group (qkv_by_group) or else q heads, then
  * k heads, then v heads, so the thread that computes a head's rows also
@@ -643,7 +688,12 @@ static void forward_fused(fwd_ctx *f, int ith, int nth) {
         else
             stage_end(f, ith, FWD_ST_ROPE);
         kv_store(f, l, ith, nth);
-        stage_end(f, ith, FWD_ST_KV_STORE);
+        if (f->attn_after_store) {
+            atomic_store_explicit(&f->stored[ith].v, l + 1, memory_order_release);
+            MARK(f, ith, FWD_ST_KV_STORE);
+        } else {
+            stage_end(f, ith, FWD_ST_KV_STORE);
+        }
         attention_units(f, l, ith, nth, true);
         stage_end(f, ith, FWD_ST_ATTN);
         if (f->trim_last && l == f->hp->n_layer - 1) {
@@ -764,7 +814,9 @@ void fwd_free(fwd_ctx *f) {
     tk_free(f->seq_tok0);
     tk_free(f->out_tok);
     tk_free(f->units);
-    tk_free(f->unit_next);
+    tk_free_aligned(f->unit_next);
+    tk_free_aligned(f->stored);
+    tk_free(f->unit_own0);
     tk_free(f->merges);
     tk_free_aligned(f->part_recs);
     tk_free(f);
@@ -907,10 +959,12 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
     /* a sequence's slices: one more than its tokens / ATTN_SLICE at most */
     f->max_units = (o->max_seqs + o->max_tokens / ATTN_SLICE + ATTN_SPLIT_PARTS) * chunks;
     f->units = tk_calloc((size_t)f->max_units, sizeof *f->units);
-    f->unit_next = tk_calloc((size_t)hp->n_layer, sizeof *f->unit_next);
+    f->unit_next = tk_alloc_aligned((size_t)hp->n_layer * (size_t)f->nth * sizeof *f->unit_next, 64);
+    f->stored = tk_alloc_aligned((size_t)f->nth * sizeof *f->stored, 64);
+    f->unit_own0 = tk_calloc((size_t)f->nth + 1, sizeof *f->unit_own0);
     f->merges = tk_calloc((size_t)o->max_seqs * (size_t)chunks, sizeof *f->merges);
     f->part_recs = alloc_f32(ATTN_SPLIT_PARTS, (int64_t)hp->n_head * (int64_t)KV_PART_REC(hp->head_dim));
-    if (!f->units || !f->unit_next || !f->merges || !f->part_recs) {
+    if (!f->units || !f->unit_next || !f->stored || !f->unit_own0 || !f->merges || !f->part_recs) {
         fwd_free(f);
         return tk_fail(TK_ERR_NOMEM, "forward: out of memory for the attention plan");
     }
