@@ -216,11 +216,7 @@ void pool_barrier(tk_pool *p) {
         atomic_store_explicit(&p->bar_sense, sense + 1, memory_order_release);
     } else {
         unsigned spins = 0;
-        while (atomic_load_explicit(&p->bar_sense, memory_order_acquire) == sense) {
-            pool_pause();
-            /* More threads than cores (CI, tests): let the others run. */
-            if (++spins % 4096 == 0) sched_yield();
-        }
+        while (atomic_load_explicit(&p->bar_sense, memory_order_acquire) == sense) pool_spin(&spins);
     }
 }
 

@@ -8,6 +8,8 @@
 
 #include "tokamak.h"
 
+#include <sched.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -17,6 +19,14 @@ static inline void pool_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
 #endif
+}
+
+/* One turn of a wait on another pool thread (*spins counts the turns): a
+ * pause, and every 4,096th turn the core given up, for when there are more
+ * threads than cores (CI, tests) and the one waited on needs it. */
+static inline void pool_spin(unsigned *spins) {
+    pool_pause();
+    if (++*spins % 4096 == 0) sched_yield();
 }
 
 typedef struct tk_pool tk_pool;

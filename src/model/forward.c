@@ -473,13 +473,14 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
     for (int k = 0; k < nth; k++) {
         const int o = (ith + k) % nth, first = f->unit_own0[o], n = f->unit_own0[o + 1] - first;
         bool ready = o == ith || !f->attn_after_store;
+        unsigned spins = 0;
         int u0, u1;
         /* another's last unit is left to its owner, which has its data at hand */
         const int keep = o != ith && f->attn_after_store;
         while (grab_units(&f->unit_next[l * nth + o].v, n, keep, nth, &u0, &u1)) {
             /* the owner's stores (and q heads) are seen once it says so */
             while (!ready && !(ready = atomic_load_explicit(&f->stored[o].v, memory_order_acquire) > l))
-                pool_pause();
+                pool_spin(&spins);
             for (int u = first + u0; u < first + u1; u++) attention_unit(f, l, &f->units[u], quant, scratch);
         }
     }
