@@ -147,7 +147,7 @@ struct fwd_ctx {
     fwd_prof *prof; /* stage timing (fwd_set_profile); NULL: off */
 
     /* the attention plan of the current step (attn_plan) */
-    attn_unit *units; /* (max_units) largest cost first (attn_plan) */
+    attn_unit *units; /* (max_units) by owner, then largest cost first (attn_plan) */
     int n_units;
     int max_units;
     /* (n_layer, nth) the next unit of a layer's attention among those owned by a thread */
@@ -411,7 +411,7 @@ static void attn_plan(fwd_ctx *f) {
     qsort(f->units, (size_t)n, sizeof *f->units, unit_cmp);
     for (int o = 0, u = 0; o <= nth; o++) {
         while (u < n && f->units[u].owner < o) u++;
-        f->unit_own0[o] = o == nth ? n : u;
+        f->unit_own0[o] = u;
     }
     for (int i = 0; i < f->hp->n_layer * nth; i++)
         atomic_store_explicit(&f->unit_next[i].v, 0, memory_order_relaxed);
@@ -440,10 +440,9 @@ static bool grab_units(atomic_int *next, int n, int keep, int nth, int *u0, int 
 
 /* One unit of the plan (attn_unit); with quant, the thread quantizes the
  * output columns it wrote (whole blocks by construction). */
-static void attention_unit(fwd_ctx *f, int l, const attn_unit *w, bool quant, float *scratch) {
+static void attention_unit(fwd_ctx *f, int l, const attn_unit *w, float scale, bool quant, float *scratch) {
     const tk_batch *b = f->b;
     const int hd = f->hp->head_dim, nh = f->hp->n_head, s = w->seq;
-    const float scale = 1.0f / sqrtf((float)hd);
     const bool trim = f->trim_last && l == f->hp->n_layer - 1;
     /* trimmed: a sequence's wanted tokens are its last n_logits */
     const int i0 = trim && w->i0 < b->n[s] - b->n_logits[s] ? b->n[s] - b->n_logits[s] : w->i0;
@@ -469,6 +468,7 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
     const tk_batch *b = f->b;
     const int hd = f->hp->head_dim, nh = f->hp->n_head;
     float *scratch = f->scratch + (size_t)ith * f->attn_scratch;
+    const float scale = 1.0f / sqrtf((float)hd);
     const bool trim = f->trim_last && l == f->hp->n_layer - 1;
     for (int k = 0; k < nth; k++) {
         const int o = (ith + k) % nth, first = f->unit_own0[o], n = f->unit_own0[o + 1] - first;
@@ -481,7 +481,8 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
             /* the owner's stores (and q heads) are seen once it says so */
             while (!ready && !(ready = atomic_load_explicit(&f->stored[o].v, memory_order_acquire) > l))
                 pool_spin(&spins);
-            for (int u = first + u0; u < first + u1; u++) attention_unit(f, l, &f->units[u], quant, scratch);
+            for (int u = first + u0; u < first + u1; u++)
+                attention_unit(f, l, &f->units[u], scale, quant, scratch);
         }
     }
     if (f->n_merges == 0) return;
