@@ -195,6 +195,8 @@ typedef struct tk_engine_opts {
                               * non-zero step_tokens is the cap instead of a fixed budget. */
     bool no_chunking;        /* prefill a whole prompt in one step (for comparison) */
     bool unfused;            /* run the unfused reference stages (ablation) */
+    bool even_rows;          /* split the output, gate/up, down and vocabulary rows evenly between
+                              * the threads, not by their measured speed (for comparison) */
     bool static_batching;    /* a batch starts together and waits for its slowest */
     int max_queue;           /* waiting requests before submit says FULL (default 1024) */
     bool no_prefix_cache;    /* do not share the KV of full blocks by content (the prefix

@@ -133,7 +133,8 @@ typedef struct backend_cpu_opts {
     size_t kv_mem;
     int min_blocks; /* refuse a kv_mem that holds fewer (one sequence's context) */
     int max_tokens, max_seqs, max_ctx;
-    bool unfused; /* the unfused forward plan (ablation) */
+    bool unfused;   /* the unfused forward plan (ablation) */
+    bool even_rows; /* row-split projections in even shares, not measured ones (fwd_opts) */
     /* NULL: nothing observed (the step costs one untaken branch per stage).
      * Else every step shows each matmul input to observe (calibration tools;
      * not with unfused). */
@@ -154,6 +155,10 @@ struct fwd_prof;
  * or none (NULL); prof holds one row per thread (be->n_threads). Not during a
  * step. TK_ERR_INVALID when be is not a CPU backend. */
 tk_status backend_cpu_profile(const backend *be, struct fwd_prof *prof);
+/* The shares of the row-split projections the next step gives each thread
+ * (fwd_row_shares): be->n_threads values into out. TK_ERR_INVALID when be
+ * is not a CPU backend. */
+tk_status backend_cpu_row_shares(const backend *be, double *out);
 
 /* Destroy the backend (be->destroy) and zero it; NULL or zeroed: no-op. */
 void backend_free(backend *be);

@@ -140,6 +140,13 @@ tk_status backend_cpu_profile(const backend *be, struct fwd_prof *prof) {
     return fwd_set_profile(((cpu_be *)be->ctx)->fwd, prof);
 }
 
+tk_status backend_cpu_row_shares(const backend *be, double *out) {
+    if (!be || be->destroy != cb_destroy || !be->ctx || !out)
+        return tk_fail(TK_ERR_INVALID, "backend: not a CPU backend");
+    fwd_row_shares(((cpu_be *)be->ctx)->fwd, out);
+    return TK_OK;
+}
+
 tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backend *out) {
     if (!out) return tk_fail(TK_ERR_INVALID, "backend: out is NULL");
     memset(out, 0, sizeof *out);
@@ -175,6 +182,7 @@ tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backe
                        .max_seqs = o->max_seqs,
                        .max_ctx = o->max_ctx,
                        .unfused = o->unfused,
+                       .even_rows = o->even_rows,
                        .observe = o->observe,
                        .observe_ctx = o->observe_ctx};
         st = fwd_init(m, cb->kv, cb->pool, &fo, &cb->fwd);

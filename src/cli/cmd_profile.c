@@ -135,6 +135,7 @@ typedef struct pf_data {
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
     uint64_t fwd_bytes; /* backend last_bytes of a timed step */
+    double *row_shares; /* (threads) the row-split projections' shares after the last step */
 } pf_data;
 
 static int cmp_dbl(const void *a, const void *b) {
@@ -247,7 +248,8 @@ typedef struct pf_run {
     const char *weight_dtype;
     const char *kv_type;
     int batch, ctx, steps, threads;
-    int prefill; /* tokens of the timed chunk; 0: decode steps */
+    int prefill;    /* tokens of the timed chunk; 0: decode steps */
+    bool even_rows; /* --even-rows: the row-split projections in even shares */
 } pf_run;
 
 /* Tokens a timed step processes. */
@@ -324,6 +326,13 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
     printf("- forward %.3f ms + sampling %.3f ms; %.1f %s tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
            step_ms > 0 ? 1e3 * run_tokens(ru) / step_ms : 0, ru->prefill > 0 ? "prefill" : "output");
     printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
+    if (ru->threads > 1 && d->row_shares) {
+        printf("- the output, gate/up, down and vocabulary rows were split %s:",
+               ru->even_rows ? "evenly (--even-rows)"
+                             : "by each thread's measured speed; shares after the last step");
+        for (int t = 0; t < ru->threads; t++) printf("%s %.1f%%", t ? " /" : "", 100.0 * d->row_shares[t]);
+        printf("\n");
+    }
     printf("- the threads were off the CPU %.1f%% of their busy time (median)%s\n", 100.0 * off,
            off > 0.02 ? ": the machine was loaded; a stage's cpu ms is its work without the waits for a core"
                       : "");
@@ -404,6 +413,11 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(sp, "floor_ms_median_read", fm);
     cJSON_AddNumberToObject(sp, "x_floor_median_read", fm > 0 ? step_ms / fm : 0);
     cJSON_AddNumberToObject(sp, "barriers", d->n_steps ? (double)d->barriers / d->n_steps : 0);
+    if (d->row_shares) {
+        cJSON *rs = cJSON_AddArrayToObject(sp, "row_shares");
+        for (int t = 0; rs && t < ru->threads; t++)
+            cJSON_AddItemToArray(rs, cJSON_CreateNumber(d->row_shares[t]));
+    }
     cJSON_AddNumberToObject(sp, ru->prefill > 0 ? "prefill_tok_s" : "output_tok_s",
                             step_ms > 0 ? 1e3 * run_tokens(ru) / step_ms : 0);
     return root;
@@ -461,6 +475,7 @@ static void pf_free(pf_state *s, int batch) {
     tk_free(s->d.overlap_ns);
     tk_free(s->d.step_ns);
     tk_free(s->d.fwd_ns);
+    tk_free(s->d.row_shares);
     tk_free(s->tmp);
     tk_free(s->chunk);
     backend_free(&s->be); /* blocks go with the pool */
@@ -523,7 +538,8 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
                            .n_blocks = nbs * batch,
                            .max_tokens = max_tok,
                            .max_seqs = batch,
-                           .max_ctx = nbs * bs};
+                           .max_ctx = nbs * bs,
+                           .even_rows = e->even_rows};
     tk_status st = backend_cpu_create(m, &bo, &s->be);
     if (st != TK_OK) return st;
     int V = s->be.n_vocab, nth = s->be.n_threads;
@@ -704,6 +720,8 @@ int cmd_profile(int argc, char **argv) {
     if (st == TK_OK) {
         s.d.barriers = s.prof.barriers;
         backend_cpu_profile(&s.be, NULL);
+        s.d.row_shares = tk_calloc((size_t)s.be.n_threads, sizeof *s.d.row_shares);
+        if (s.d.row_shares) backend_cpu_row_shares(&s.be, s.d.row_shares);
         pf_row rows[PF_ROWS];
         set_ceiling(&s.d, &mc, s.tmp);
         for (int r = 0; r < PF_ROWS; r++) rows[r] = row_of(&s.d, &mc, r, s.tmp);
@@ -718,7 +736,8 @@ int cmd_profile(int argc, char **argv) {
                      .ctx = ctx,
                      .steps = steps,
                      .threads = s.be.n_threads,
-                     .prefill = prefill};
+                     .prefill = prefill,
+                     .even_rows = o.engine.even_rows};
         double off = median_of(s.d.offcpu, steps, s.tmp);
         s.d.overlap_ms = median_of(s.d.overlap_ns, steps, s.tmp) / 1e6;
         s.d.overlap_mean_ms = stats_mean(s.d.overlap_ns, (size_t)steps) / 1e6;

@@ -152,7 +152,8 @@ int cmd_run(int argc, char **argv) {
                            .max_tokens = chunk,
                            .max_seqs = 1,
                            .max_ctx = (int)ctx,
-                           .unfused = o.engine.unfused};
+                           .unfused = o.engine.unfused,
+                           .even_rows = o.engine.even_rows};
     if (backend_cpu_create(s.m, &bo, &s.be) != TK_OK) return fail(&s, "cannot set up the backend");
     if (runner_init(&s.be, &s.r) != TK_OK) return fail(&s, "cannot set up the runner");
     if (sampler_init(&o.sampling, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");

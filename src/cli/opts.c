@@ -69,6 +69,12 @@ static const cli_opt THREAD_ROWS[] = {
      .kind = CLI_FLAG,
      .dest = CLI_D_ENGINE,
      .off = offsetof(tk_engine_opts, pin_threads)},
+    {.name = "--even-rows",
+     .help = "split the output, gate/up, down and vocabulary rows evenly between the threads, not by "
+             "their measured speed (for comparison)",
+     .kind = CLI_FLAG,
+     .dest = CLI_D_ENGINE,
+     .off = offsetof(tk_engine_opts, even_rows)},
     {0},
 };
 

@@ -71,7 +71,7 @@ typedef enum cli_dest {
 /* Groups of shared rows a subcommand takes. */
 enum {
     CLI_G_MODEL = 1 << 0,    /* -m, --repack, --mmap, --row-layout */
-    CLI_G_THREADS = 1 << 1,  /* --threads, --pin */
+    CLI_G_THREADS = 1 << 1,  /* --threads, --pin, --even-rows */
     CLI_G_KV = 1 << 2,       /* --ctx, --kv-type, --kv-scale, --block-size, --kv-mem */
     CLI_G_SCHED = 1 << 3,    /* --max-batch, --max-seqs, --step-tokens, --step-ms, --no-chunking,
                               * --static-batching, --unfused */

@@ -1123,6 +1123,7 @@ tk_status tk_engine_create(const tk_model *m, const tk_engine_opts *opts, tk_eng
         .max_seqs = o.max_batch,
         .max_ctx = o.ctx,
         .unfused = o.unfused,
+        .even_rows = o.even_rows,
     };
     backend be;
     st = backend_cpu_create(m, &bo, &be);

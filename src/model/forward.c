@@ -27,6 +27,8 @@
  * the logits, and the layer's K and V are stored for all tokens before), moved
  * to rows [0, n_out) by trim_rows after one more barrier. Then
  * output_norm_quant (wanted tokens) and output_logits (vocabulary rows).
+ * The row stages split their rows in shares that follow the threads' measured
+ * speeds (row_range, balance_update), not halves: a slower core gets fewer.
  * The unfused plan (fwd_opts.unfused) runs one op per stage with a barrier after
  * each; it computes the same values with more synchronisation (the ablation). */
 #include "model/forward.h"
@@ -38,6 +40,7 @@
 
 #include "core/alloc.h"
 #include "core/checked.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
 #include "model/fwd_prof.h"
@@ -94,6 +97,13 @@ typedef struct attn_merge {
  * threads in pieces small enough to even out cores that run at different
  * speeds. */
 #define ATTN_SLICE 64
+
+/* One thread's work in the row-split stages of a step: busy ns and weight
+ * bytes x tokens. */
+typedef struct row_work {
+    uint64_t ns;
+    double work;
+} __attribute__((aligned(64))) row_work;
 
 struct fwd_ctx {
     const tk_model *m;
@@ -160,7 +170,17 @@ struct fwd_ctx {
     bool attn_after_store;
     line_int *stored; /* (nth) */
     float *part_recs; /* (ATTN_SPLIT_PARTS, n_head, KV_PART_REC(head_dim)) part records */
-    int attn_chunk;   /* heads per attention unit: whole quantization blocks and GQA groups */
+
+    /* the row-split stages' shares (row_range): thread i takes the rows from
+     * row_cum[i] to row_cum[i + 1] of every such matrix (row_cum[0] = 0,
+     * row_cum[nth] = 1), fixed for a step; between steps they follow the
+     * threads' measured speeds (balance_update) unless fixed by
+     * fwd_set_row_shares */
+    double *row_share; /* (nth) */
+    double *row_cum;   /* (nth + 1) */
+    bool shares_fixed;
+    row_work *work; /* (nth) what each thread did in those stages this step */
+    int attn_chunk; /* heads per attention unit: whole quantization blocks and GQA groups */
 };
 
 /* The end of a piece of work of stage s on thread ith (profiling only). */
@@ -244,6 +264,27 @@ static void split_tokens(int n, int ith, int nth, int *t0, int *t1) {
 }
 
 /* ---- stages shared by both plans ------------------------------------------------------ */
+
+/* Rows [*r0, *r1) of n for thread ith in the step's shares (row_cum), in
+ * multiples of align. Which thread computes a row never changes its value. */
+static void row_range(const fwd_ctx *f, int64_t n, int ith, long align, long *r0, long *r1) {
+    const long chunks = (long)((n + align - 1) / align);
+    const long a = (long)((double)chunks * f->row_cum[ith] + 0.5);
+    const long b = (long)((double)chunks * f->row_cum[ith + 1] + 0.5);
+    *r0 = a * align < n ? a * align : (long)n;
+    *r1 = b * align < n ? b * align : (long)n;
+}
+
+/* Rows [r0, r1) of w through matmul_rows, timed into the thread's row_work. */
+static void matmul_timed(fwd_ctx *f, int ith, const tk_tensor *w, int s, int n_tok, int64_t r0, int64_t r1,
+                         float *y, int64_t ldy) {
+    if (r0 >= r1 || n_tok <= 0) return;
+    const uint64_t t0 = tk_now_ns();
+    matmul_rows(f, w, s, n_tok, r0, r1, y, ldy);
+    row_work *wk = &f->work[ith];
+    wk->ns += tk_now_ns() - t0;
+    wk->work += (double)(r1 - r0) * ((double)w->nbytes / (double)w->ne[1]) * n_tok;
+}
 
 static void embed_tokens(fwd_ctx *f, int t0, int t1) {
     int hd = f->hp->head_dim;
@@ -576,10 +617,10 @@ static void attn_qkv_rope(fwd_ctx *f, int l, int ith, int nth) {
     heads_bias_norm_rope(f, f->v, f->kv_dim, L->bv, NULL, false, v0, v1, 0, n_tok);
 }
 
-static void attn_out_residual(fwd_ctx *f, int l, int ith, int nth) {
+static void attn_out_residual(fwd_ctx *f, int l, int ith) {
     long r0, r1;
-    pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(f, &f->m->layers[l].wo, SLOT_ATT, f->rows, r0, r1, f->y, f->hp->n_embd);
+    row_range(f, f->hp->n_embd, ith, ROW_ALIGN, &r0, &r1);
+    matmul_timed(f, ith, &f->m->layers[l].wo, SLOT_ATT, f->rows, r0, r1, f->y, f->hp->n_embd);
     MARK(f, ith, FWD_ST_O);
     add_rows(f, r0, r1);
 }
@@ -614,15 +655,15 @@ static void silu_mul_quant_l1(const fwd_ctx *f, int n_tok, int64_t c0, int64_t c
     }
 }
 
-static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
+static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith) {
     const tk_layer *L = &f->m->layers[l];
     int64_t ff = f->hp->n_ff;
     int n_tok = f->rows;
     long r0, r1;
-    pool_split(ff, ith, nth, f->ff_align, &r0, &r1);
+    row_range(f, ff, ith, (long)f->ff_align, &r0, &r1);
     if (r0 >= r1) return;
-    matmul_rows(f, &L->w_gate, SLOT_EMBD, n_tok, r0, r1, f->gate, ff);
-    matmul_rows(f, &L->w_up, SLOT_EMBD, n_tok, r0, r1, f->up, ff);
+    matmul_timed(f, ith, &L->w_gate, SLOT_EMBD, n_tok, r0, r1, f->gate, ff);
+    matmul_timed(f, ith, &L->w_up, SLOT_EMBD, n_tok, r0, r1, f->up, ff);
     MARK(f, ith, FWD_ST_GATE_UP);
     if (!f->ff_floats) {
         silu_mul_quant_l1(f, n_tok, r0, r1);
@@ -633,10 +674,10 @@ static void ffn_gate_up_silu_quant(fwd_ctx *f, int l, int ith, int nth) {
     quant_cols(f, SLOT_FF, 0, n_tok, r0, r1);
 }
 
-static void ffn_down_residual(fwd_ctx *f, int l, int ith, int nth) {
+static void ffn_down_residual(fwd_ctx *f, int l, int ith) {
     long r0, r1;
-    pool_split(f->hp->n_embd, ith, nth, ROW_ALIGN, &r0, &r1);
-    matmul_rows(f, &f->m->layers[l].w_down, SLOT_FF, f->rows, r0, r1, f->y, f->hp->n_embd);
+    row_range(f, f->hp->n_embd, ith, ROW_ALIGN, &r0, &r1);
+    matmul_timed(f, ith, &f->m->layers[l].w_down, SLOT_FF, f->rows, r0, r1, f->y, f->hp->n_embd);
     MARK(f, ith, FWD_ST_DOWN);
     add_rows(f, r0, r1);
 }
@@ -653,12 +694,12 @@ static void output_norm_quant(fwd_ctx *f, int ith, int nth) {
 
 /* When the gemv needs a padding row, the caller's buffer has no room for it:
  * the rows go to logits_pad and each thread copies out the columns it wrote. */
-static void output_logits(fwd_ctx *f, int ith, int nth) {
+static void output_logits(fwd_ctx *f, int ith) {
     long r0, r1;
     int64_t V = f->hp->n_vocab;
-    pool_split(V, ith, nth, ROW_ALIGN, &r0, &r1);
+    row_range(f, V, ith, ROW_ALIGN, &r0, &r1);
     bool pad = gemv_tokens(f->m->output.type, f->n_out) != f->n_out;
-    matmul_rows(f, &f->m->output, SLOT_EMBD, f->n_out, r0, r1, pad ? f->logits_pad : f->logits, V);
+    matmul_timed(f, ith, &f->m->output, SLOT_EMBD, f->n_out, r0, r1, pad ? f->logits_pad : f->logits, V);
     if (pad && r0 < r1)
         for (int i = 0; i < f->n_out; i++)
             memcpy(f->logits + i * V + r0, f->logits_pad + i * V + r0, (size_t)(r1 - r0) * sizeof(float));
@@ -703,21 +744,21 @@ static void forward_fused(fwd_ctx *f, int ith, int nth) {
             stage_end(f, ith, FWD_ST_ATTN);
         }
         if (obs) observe(f, ith, l, BACKEND_SITE_ATTN_OUT, f->att, f->q_dim);
-        attn_out_residual(f, l, ith, nth);
+        attn_out_residual(f, l, ith);
         stage_end(f, ith, FWD_ST_RESID);
         ffn_norm_quant(f, l, ith, nth);
         stage_end(f, ith, FWD_ST_NORM);
         if (obs) observe(f, ith, l, BACKEND_SITE_FFN_IN, f->xn, f->hp->n_embd);
-        ffn_gate_up_silu_quant(f, l, ith, nth);
+        ffn_gate_up_silu_quant(f, l, ith);
         stage_end(f, ith, FWD_ST_ACT);
         if (obs) observe(f, ith, l, BACKEND_SITE_FFN_MID, f->gate, f->hp->n_ff);
-        ffn_down_residual(f, l, ith, nth);
+        ffn_down_residual(f, l, ith);
         stage_end(f, ith, FWD_ST_RESID);
     }
     if (f->n_out == 0) return;
     output_norm_quant(f, ith, nth);
     stage_end(f, ith, FWD_ST_NORM);
-    output_logits(f, ith, nth);
+    output_logits(f, ith);
     MARK(f, ith, FWD_ST_LM_HEAD);
 }
 
@@ -789,7 +830,7 @@ static void forward_unfused(fwd_ctx *f, int ith, int nth) {
     if (f->n_out == 0) return;
     output_norm_quant(f, ith, nth);
     pool_barrier(f->pool);
-    output_logits(f, ith, nth);
+    output_logits(f, ith);
 }
 
 static void fwd_worker(void *ctx, int ith, int nth) {
@@ -818,10 +859,60 @@ void fwd_free(fwd_ctx *f) {
     tk_free(f->units);
     tk_free_aligned(f->unit_next);
     tk_free_aligned(f->stored);
+    tk_free(f->row_share);
+    tk_free(f->row_cum);
+    tk_free_aligned(f->work);
     tk_free(f->unit_own0);
     tk_free(f->merges);
     tk_free_aligned(f->part_recs);
     tk_free(f);
+}
+
+/* row_cum from row_share, and the work counters cleared. */
+static void shares_set(fwd_ctx *f) {
+    double c = 0;
+    f->row_cum[0] = 0;
+    for (int i = 0; i < f->nth; i++) {
+        c += f->row_share[i];
+        f->row_cum[i + 1] = c;
+    }
+    f->row_cum[f->nth] = 1; /* exactly: the last thread ends at the last row */
+    memset(f->work, 0, (size_t)f->nth * sizeof *f->work);
+}
+
+/* After a step: each thread's share moves a quarter of the way to its part
+ * of the threads' summed speed (work per busy ns in the row-split stages),
+ * kept within [1/2, 3/2] of an even share, so a core that runs slower (a
+ * shared VM's, or one the OS gives to another process) is handed fewer rows
+ * and the others wait less at the barriers after them. */
+#ifndef BALANCE_STEP
+#define BALANCE_STEP 0.01
+#endif
+static void balance_update(fwd_ctx *f) {
+    const int nth = f->nth;
+    if (nth == 1 || f->shares_fixed) return;
+    double sum = 0;
+    for (int i = 0; i < nth; i++) {
+        if (f->work[i].ns == 0 || f->work[i].work <= 0) { /* a thread without rows: nothing measured */
+            memset(f->work, 0, (size_t)nth * sizeof *f->work);
+            return;
+        }
+        sum += f->work[i].work / (double)f->work[i].ns;
+    }
+    double total = 0;
+    for (int i = 0; i < nth; i++) {
+        const double target = f->work[i].work / (double)f->work[i].ns / sum;
+        double d = 0.25 * (target - f->row_share[i]);
+        if (d > BALANCE_STEP) d = BALANCE_STEP;
+        if (d < -BALANCE_STEP) d = -BALANCE_STEP;
+        double v = f->row_share[i] + d;
+        if (v < 0.5 / nth) v = 0.5 / nth;
+        if (v > 1.5 / nth) v = 1.5 / nth;
+        f->row_share[i] = v;
+        total += v;
+    }
+    for (int i = 0; i < nth; i++) f->row_share[i] /= total;
+    shares_set(f);
 }
 
 /* A zeroed aligned (rows x cols) float buffer; NULL on overflow or no memory. */
@@ -970,6 +1061,16 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
         fwd_free(f);
         return tk_fail(TK_ERR_NOMEM, "forward: out of memory for the attention plan");
     }
+    f->row_share = tk_calloc((size_t)f->nth, sizeof *f->row_share);
+    f->row_cum = tk_calloc((size_t)f->nth + 1, sizeof *f->row_cum);
+    f->work = tk_alloc_aligned((size_t)f->nth * sizeof *f->work, 64);
+    if (!f->row_share || !f->row_cum || !f->work) {
+        fwd_free(f);
+        return tk_fail(TK_ERR_NOMEM, "forward: out of memory for the row shares");
+    }
+    for (int i = 0; i < f->nth; i++) f->row_share[i] = 1.0 / f->nth;
+    f->shares_fixed = o->even_rows;
+    shares_set(f);
     *out = f;
     return TK_OK;
 }
@@ -1036,7 +1137,10 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     unsigned long bar0 = f->prof ? pool_barrier_count(f->pool) : 0;
     if (b->n_tok > 0) attn_plan(f);
     MARK(f, 0, FWD_ST_PLAN);
-    if (b->n_tok > 0) pool_run(f->pool, fwd_worker, f);
+    if (b->n_tok > 0) {
+        pool_run(f->pool, fwd_worker, f);
+        balance_update(f);
+    }
     if (f->prof) {
         MARK(f, 0, FWD_ST_WAIT); /* thread 0 waiting for the others to return */
         f->prof->barriers += pool_barrier_count(f->pool) - bar0;
@@ -1047,6 +1151,29 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
 }
 
 uint64_t fwd_last_bytes(const fwd_ctx *f) { return f ? f->last_bytes : 0; }
+
+tk_status fwd_set_row_shares(fwd_ctx *f, const double *shares) {
+    if (!f) return tk_fail(TK_ERR_INVALID, "forward: NULL context");
+    if (shares) {
+        double sum = 0;
+        for (int i = 0; i < f->nth; i++) {
+            if (!(shares[i] >= 0 && shares[i] <= 1))
+                return tk_fail(TK_ERR_INVALID, "forward: row share %d is %g, not in [0, 1]", i, shares[i]);
+            sum += shares[i];
+        }
+        if (fabs(sum - 1) > 1e-6) return tk_fail(TK_ERR_INVALID, "forward: row shares sum to %g, not 1", sum);
+        for (int i = 0; i < f->nth; i++) f->row_share[i] = shares[i];
+    } else {
+        for (int i = 0; i < f->nth; i++) f->row_share[i] = 1.0 / f->nth;
+    }
+    f->shares_fixed = shares != NULL;
+    shares_set(f);
+    return TK_OK;
+}
+
+void fwd_row_shares(const fwd_ctx *f, double *out) {
+    for (int i = 0; f && i < f->nth; i++) out[i] = f->row_share[i];
+}
 
 tk_status fwd_set_profile(fwd_ctx *f, fwd_prof *p) {
     if (!f) return tk_fail(TK_ERR_INVALID, "forward: NULL context");

@@ -20,6 +20,7 @@ typedef struct fwd_opts {
     int max_seqs;               /* most sequences in one step */
     int max_ctx;                /* longest context (sizes attention scratch) */
     bool unfused;               /* the unfused reference stages: one barrier per op (ablation) */
+    bool even_rows;             /* the row-split projections in even shares (fwd_set_row_shares) */
     backend_observe_fn observe; /* NULL, or shown every matmul input (fused plan only) */
     void *observe_ctx;
 } fwd_opts;
@@ -36,6 +37,16 @@ void fwd_free(fwd_ctx *f);
 tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits);
 /* Weight + KV bytes the last step had to read (for the roofline). */
 uint64_t fwd_last_bytes(const fwd_ctx *f);
+
+/* The output, gate/up and down projections and the vocabulary rows are
+ * split between the threads in shares that follow each thread's measured
+ * speed in them (even at first; updated after every step). shares (one per
+ * pool thread, in [0, 1], summing to 1) fixes them instead; NULL returns to
+ * measuring from an even split. Which thread computes a row never changes
+ * its value, so the logits do not depend on the shares. Not during a step. */
+tk_status fwd_set_row_shares(fwd_ctx *f, const double *shares);
+/* The shares the next step uses: one per pool thread into out. */
+void fwd_row_shares(const fwd_ctx *f, double *out);
 
 struct fwd_prof;
 /* Attach stage timing (model/fwd_prof.h) to the following steps, or detach

@@ -42,7 +42,7 @@ for opt in "--kv-type T" "--kv-scale S" "--ctx N" "--step-tokens N" "--kv-mem SI
         [ "$(grep -F -- "  $opt" "$W/help.$c")" = "$ref" ] || fail "$opt differs in $c"
     done
 done
-for opt in "--max-batch N" "--block-size N" "--step-ms MS" "--static-batching, --static" "--pin "; do
+for opt in "--max-batch N" "--block-size N" "--step-ms MS" "--static-batching, --static" "--pin " "--even-rows "; do
     [ "$(grep -F -- "  $opt" "$W/help.bench")" = "$(grep -F -- "  $opt" "$W/help.serve")" ] || fail "$opt differs in serve"
 done
 for opt in "--port N" "--api-key KEY" "--max-queue N" "--drain-timeout S" "--http-threads N"; do

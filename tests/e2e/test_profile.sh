@@ -29,7 +29,14 @@ for b in 1 4; do
     grep -q '^| \*\*step\*\* | ' "$W/p$b.md" || fail "no step row (batch $b)"
     grep -q '^- barriers per step: ' "$W/p$b.md" || fail "no barrier count (batch $b)"
     grep -q '| uneven ms |$' "$W/p$b.md" || fail "no uneven ms column (batch $b)"
+    grep -q "^- the output, gate/up, down and vocabulary rows were split by each thread's measured speed; shares after the last step: [0-9.]*% / [0-9.]*%$" "$W/p$b.md" ||
+        fail "no row shares line (batch $b)"
 done
+# the rows in halves on request
+"$TK_CLI" profile -m "$W/m.gguf" --batch 4 --ctx 32 --steps 2 --threads 2 --even-rows \
+    --bw 20 --peak-int8 500 --peak-f32 100 --json "$W/pe.json" >"$W/pe.md" || fail "profile --even-rows exited $?"
+grep -q '^- the output, gate/up, down and vocabulary rows were split evenly (--even-rows): 50.0% / 50.0%$' "$W/pe.md" ||
+    fail "profile --even-rows: no even shares line"
 cat "$W/p4.md"
 # a prefill chunk: 8 tokens after 24 of context
 "$TK_CLI" profile -m "$W/m.gguf" --prefill 8 --ctx 24 --steps 2 --kv-type int8 --block-size 128 --threads 2 \
@@ -86,6 +93,9 @@ for b in (1, 4):
         want = decode + 35 * kv8
         assert fwd == want, f"stage bytes {fwd}, model says {decode} + 35 x {kv8} = {want}"
     assert step["barriers"] > 0, "no barriers counted"
+    # the row shares: one per thread, a split within [1/2, 3/2] of even
+    rs = step["row_shares"]
+    assert len(rs) == 2 and abs(sum(rs) - 1) < 1e-9 and all(0.25 - 1e-9 <= r <= 0.75 + 1e-9 for r in rs), rs
     assert step["floor_ms"] > 0 and step["x_floor"] > 0
     pr = j["probe"]
     assert pr["read_gbs"] > 0 and pr["read_gbs_min"] <= pr["read_gbs_median"] <= pr["read_gbs"]
@@ -107,6 +117,7 @@ for b in (1, 4):
     assert pr["floor_gops_int8"] >= pr["peak_gops_int8"] and pr["floor_gflops_f32"] >= pr["peak_gflops_f32"], pr
     for s in st:
         assert s["ops"] < 1e8 or s["peak_pct"] <= 100.0 + 1e-6, s
+assert json.load(open(w + "/pe.json"))["step"]["row_shares"] == [0.5, 0.5]
 j = json.load(open(w + "/ps.json"))
 pr = j["probe"]
 assert pr["peak_gops_int8"] == 1 and pr["floor_gops_int8"] > 1 and pr["int8_shortfall_stage"], pr

@@ -1,6 +1,7 @@
 /* The forward pass on tiny qwen3 / qwen2 / llama models: agreement with a
  * float64 reference, batch invariance bit for bit, fused vs unfused, chunked
  * prefill, thread-count invariance, GGUF-permuted vs HF llama, and batch checks. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -253,6 +254,75 @@ static void test_forward_split_decode_threads(void **state) {
                 fail_msg("kv type %d: %d threads differ from 1", (int)types[k], threads[t]);
     }
     for (int t = 0; t < 3; t++) free(out[t]);
+    tk_model_free(m);
+    fx_free(&fx);
+}
+
+/* The row-split projections in fixed, uneven shares (a thread with every
+ * row, one with none, three unequal ones): the prompt and three decode steps
+ * give the logits of one thread, bit for bit. Shares that are not a split
+ * are refused; measured shares stay a split within [1/2, 3/2] of even. */
+static void row_shares_run(tk_model *m, int nth, const double *shares, float *out) {
+    const int V = m->hp.n_vocab;
+    harness h;
+    h_init(&h, m, nth, false, TK_KV_INT8);
+    if (shares) assert_int_equal(fwd_set_row_shares(h.f, shares), TK_OK);
+    int s = 0;
+    int32_t n = 14, one = 1;
+    h_step(&h, 1, &s, &n, PROMPT, out);
+    for (int i = 0; i < 3; i++) h_step(&h, 1, &s, &one, &PROMPT[i + 3], out + (size_t)(i + 1) * V);
+    if (!shares) {
+        double got[4], sum = 0;
+        fwd_row_shares(h.f, got);
+        for (int t = 0; t < nth; t++) {
+            assert_true(got[t] >= 0.5 / nth - 1e-9 && got[t] <= 1.5 / nth + 1e-9);
+            sum += got[t];
+        }
+        assert_true(fabs(sum - 1) < 1e-9);
+    }
+    h_free(&h);
+}
+
+static void test_forward_row_shares(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_Q8_0, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    const size_t V = (size_t)m->hp.n_vocab, bytes = 4 * V * sizeof(float);
+    float *ref = malloc(bytes), *got = malloc(bytes);
+    row_shares_run(m, 1, NULL, ref);
+    const double two[][2] = {{0.8, 0.2}, {0.25, 0.75}, {1, 0}, {0, 1}};
+    for (int k = 0; k < 4; k++) {
+        row_shares_run(m, 2, two[k], got);
+        if (memcmp(ref, got, bytes))
+            fail_msg("2 threads, shares %g / %g: logits differ", two[k][0], two[k][1]);
+    }
+    const double three[3] = {0.6, 0.1, 0.3};
+    row_shares_run(m, 3, three, got);
+    assert_memory_equal(ref, got, bytes);
+    row_shares_run(m, 2, NULL, got);
+    assert_memory_equal(ref, got, bytes);
+    row_shares_run(m, 4, NULL, got);
+    assert_memory_equal(ref, got, bytes);
+
+    harness h;
+    h_init(&h, m, 2, false, TK_KV_F16);
+    const double bad[][2] = {{0.5, 0.6}, {-0.1, 1.1}, {NAN, 0.5}, {0.4, 0.4}};
+    for (int k = 0; k < 4; k++) assert_int_equal(fwd_set_row_shares(h.f, bad[k]), TK_ERR_INVALID);
+    double cur[2];
+    fwd_row_shares(h.f, cur);
+    assert_true(cur[0] == 0.5 && cur[1] == 0.5); /* a refused split leaves them */
+    assert_int_equal(fwd_set_row_shares(h.f, two[0]), TK_OK);
+    fwd_row_shares(h.f, cur);
+    assert_true(cur[0] == 0.8 && cur[1] == 0.2);
+    assert_int_equal(fwd_set_row_shares(h.f, NULL), TK_OK); /* measuring again, from even */
+    fwd_row_shares(h.f, cur);
+    assert_true(cur[0] == 0.5 && cur[1] == 0.5);
+    assert_int_equal(fwd_set_row_shares(NULL, NULL), TK_ERR_INVALID);
+    h_free(&h);
+    free(ref);
+    free(got);
     tk_model_free(m);
     fx_free(&fx);
 }
@@ -517,6 +587,7 @@ int main(void) {
         cmocka_unit_test(test_forward_batch_invariance),
         cmocka_unit_test(test_forward_thread_invariance),
         cmocka_unit_test(test_forward_split_decode_threads),
+        cmocka_unit_test(test_forward_row_shares),
         cmocka_unit_test(test_forward_fused_matches_unfused),
         cmocka_unit_test(test_forward_chunked_prefill),
         cmocka_unit_test(test_forward_chunked_prefill_bits),
