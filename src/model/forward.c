@@ -880,14 +880,17 @@ static void shares_set(fwd_ctx *f) {
     memset(f->work, 0, (size_t)f->nth * sizeof *f->work);
 }
 
+/* The most a thread's row share moves in one step: one descheduled step (a
+ * 50 ms outlier) then shifts the split by 1% of the rows, not by a quarter
+ * of its skew. */
+#define BALANCE_STEP 0.01
+
 /* After a step: each thread's share moves a quarter of the way to its part
  * of the threads' summed speed (work per busy ns in the row-split stages),
- * kept within [1/2, 3/2] of an even share, so a core that runs slower (a
- * shared VM's, or one the OS gives to another process) is handed fewer rows
- * and the others wait less at the barriers after them. */
-#ifndef BALANCE_STEP
-#define BALANCE_STEP 0.01
-#endif
+ * by at most BALANCE_STEP, kept within [1/2, 3/2] of an even share, so a
+ * core that runs slower (a shared VM's, or one the OS gives to another
+ * process) is handed fewer rows and the others wait less at the barriers
+ * after them. */
 static void balance_update(fwd_ctx *f) {
     const int nth = f->nth;
     if (nth == 1 || f->shares_fixed) return;
