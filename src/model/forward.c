@@ -1071,9 +1071,8 @@ tk_status fwd_init(const tk_model *m, tk_kv *kv, tk_pool *pool, const fwd_opts *
         fwd_free(f);
         return tk_fail(TK_ERR_NOMEM, "forward: out of memory for the row shares");
     }
-    for (int i = 0; i < f->nth; i++) f->row_share[i] = 1.0 / f->nth;
+    fwd_set_row_shares(f, NULL); /* even */
     f->shares_fixed = o->even_rows;
-    shares_set(f);
     *out = f;
     return TK_OK;
 }
