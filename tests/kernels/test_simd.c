@@ -573,7 +573,9 @@ static void test_simd_gemv_bf16_p16(void **state) {
  * kernel's on the same pool, for every KV type, GQA ratios that fill and
  * split the head tiles, decode and prefill queries, and blocks small enough
  * for K rows and large enough for K columns (kv_k_cols: 128, a context past
- * one part whose last block is ragged). */
+ * one part whose last block is ragged, and one of three whole blocks and a
+ * ragged one). The last query alone (a decode tile) must give the bits it
+ * gave inside the chunk's tiles. */
 static void test_simd_attention(void **state) {
     const tk_kernels *K = level_of(state);
     static const struct {
