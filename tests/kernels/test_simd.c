@@ -655,9 +655,9 @@ static void test_simd_attention(void **state) {
                 }
                 kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
                 kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_k, out, scratch);
-                /* the last query alone (a decode tile: fewer pairs, at the
-                 * avx512 level two blocks at a time where they fit) gives the
-                 * bits it gave inside the chunk's tiles */
+                /* the last query alone (a decode tile: its GQA group's
+                 * pairs only) gives the bits it gave inside the chunk's
+                 * tiles */
                 float *alone = malloc(qrow * 4);
                 kv_attention(kv, 0, bt, len - 1, 1, q + (n_q - 1) * qrow, n_head, 0, n_head, scale,
                              own ? own_k + (n_q - 1) * rec : NULL, alone, scratch);
