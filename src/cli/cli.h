@@ -13,6 +13,7 @@
 int cmd_synth(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

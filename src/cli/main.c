@@ -16,6 +16,7 @@ static const subcommand CMDS[] = {
     {"synth", cmd_synth, "write a synthetic model (real Qwen3 shapes, seeded weights)"},
     {"info", cmd_info, "show a model's shapes, bytes per token and TPOT floor"},
     {"run", cmd_run, "generate from one or many prompts"},
+    {"chat", cmd_chat, "a conversation in the terminal, in the model's chat format"},
     {"tokenize", cmd_tokenize, "text to token ids"},
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"bench", cmd_bench, "TTFT/TPOT/ITL/throughput and the bandwidth roofline"},

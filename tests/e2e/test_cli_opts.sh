@@ -28,10 +28,10 @@ expect() {
 }
 
 # --help: every shared row is the same line in every subcommand that takes it
-for c in run bench kvcheck info serve; do "$TK_CLI" $c --help >"$W/help.$c" || fail "$c --help exited $?"; done
+for c in run chat bench kvcheck info serve; do "$TK_CLI" $c --help >"$W/help.$c" || fail "$c --help exited $?"; done
 for opt in "--threads, -t N" "-m, --model MODEL" "--repack TYPE" "--mmap "; do
     ref=$(grep -F -- "  $opt" "$W/help.run") || fail "run --help lacks $opt"
-    for c in bench kvcheck info serve; do
+    for c in chat bench kvcheck info serve; do
         line=$(grep -F -- "  $opt" "$W/help.$c") || fail "$c --help lacks $opt"
         [ "$line" = "$ref" ] || fail "$c lists '$line', run lists '$ref'"
     done
