@@ -19,6 +19,7 @@
 #include "backend/runner.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/run.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
@@ -27,7 +28,6 @@
 #include "tokamak.h"
 #include "tokenizer/tokenizer.h"
 
-#define CHAT_BLOCK 64
 #define CHAT_CHUNK 512 /* prompt tokens per step */
 
 typedef struct chat_args {
@@ -298,21 +298,8 @@ int cmd_chat(int argc, char **argv) {
         return 2;
     }
     const int ctx = o.engine.ctx;
-    const int block = cli_opts_given(&o, "--block-size") ? o.engine.block_size : CHAT_BLOCK;
-    backend_cpu_opts bo = {.n_threads = o.engine.n_threads,
-                           .pin_threads = o.engine.pin_threads,
-                           .cpus = o.engine.cpus,
-                           .numa = o.engine.numa,
-                           .block_size = block,
-                           .kv_type = o.engine.kv_type,
-                           .kv_scale = o.engine.kv_scale,
-                           .n_blocks = (ctx + block - 1) / block,
-                           .max_tokens = ctx < CHAT_CHUNK ? ctx : CHAT_CHUNK,
-                           .max_seqs = 1,
-                           .max_ctx = ctx,
-                           .even_rows = o.engine.even_rows};
-    if (backend_cpu_create(s.m, &bo, &s.be) != TK_OK) return fail(&s, "cannot set up the backend");
-    if (runner_init(&s.be, &s.r) != TK_OK) return fail(&s, "cannot set up the runner");
+    if (run_one_sequence(&o, s.m, ctx, ctx < CHAT_CHUNK ? ctx : CHAT_CHUNK, &s.be, &s.r) != TK_OK)
+        return fail(&s, "cannot set up the backend");
     const tk_hparams *hp = model_hparams(s.m);
     if (sampler_init(&o.sampling, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");
     s.logits = tk_calloc((size_t)hp->n_vocab, sizeof *s.logits);

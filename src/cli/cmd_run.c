@@ -67,6 +67,27 @@ static void emit(run_state *s, int32_t tok) {
     fflush(stdout);
 }
 
+tk_status run_one_sequence(const cli_opts *o, const tk_model *m, int ctx, int max_tokens, backend *be,
+                           runner **r) {
+    const int block = cli_opts_given(o, "--block-size") ? o->engine.block_size : RUN_BLOCK;
+    backend_cpu_opts bo = {.n_threads = o->engine.n_threads,
+                           .pin_threads = o->engine.pin_threads,
+                           .cpus = o->engine.cpus,
+                           .numa = o->engine.numa,
+                           .block_size = block,
+                           .kv_type = o->engine.kv_type,
+                           .kv_scale = o->engine.kv_scale,
+                           .n_blocks = (ctx + block - 1) / block,
+                           .max_tokens = max_tokens,
+                           .max_seqs = 1,
+                           .max_ctx = ctx,
+                           .unfused = o->engine.unfused,
+                           .even_rows = o->engine.even_rows};
+    tk_status st = backend_cpu_create(m, &bo, be);
+    if (st != TK_OK) return st;
+    return runner_init(be, r);
+}
+
 static bool is_eog(const run_state *s, int32_t tok) {
     const tk_tokenizer *t = model_tokenizer(s->m);
     return t ? tok_is_eog(t, tok) : tok == model_hparams(s->m)->eos_id;
@@ -138,24 +159,9 @@ int cmd_run(int argc, char **argv) {
     tk_free(prompt);
 
     /* backend (pool, KV, forward), its runner, sampler */
-    int block = cli_opts_given(&o, "--block-size") ? o.engine.block_size : RUN_BLOCK;
-    int n_blocks = (int)((ctx + block - 1) / block);
-    int chunk = n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK;
-    backend_cpu_opts bo = {.n_threads = o.engine.n_threads,
-                           .pin_threads = o.engine.pin_threads,
-                           .cpus = o.engine.cpus,
-                           .numa = o.engine.numa,
-                           .block_size = block,
-                           .kv_type = o.engine.kv_type,
-                           .kv_scale = o.engine.kv_scale,
-                           .n_blocks = n_blocks,
-                           .max_tokens = chunk,
-                           .max_seqs = 1,
-                           .max_ctx = (int)ctx,
-                           .unfused = o.engine.unfused,
-                           .even_rows = o.engine.even_rows};
-    if (backend_cpu_create(s.m, &bo, &s.be) != TK_OK) return fail(&s, "cannot set up the backend");
-    if (runner_init(&s.be, &s.r) != TK_OK) return fail(&s, "cannot set up the runner");
+    const int chunk = n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK;
+    if (run_one_sequence(&o, s.m, (int)ctx, chunk, &s.be, &s.r) != TK_OK)
+        return fail(&s, "cannot set up the backend");
     if (sampler_init(&o.sampling, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");
     sampler_set_n_prompt(s.smp, n_prompt);
     s.logits = tk_calloc((size_t)hp->n_vocab, sizeof *s.logits);

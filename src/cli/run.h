@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
+#include "backend/runner.h"
 #include "cli/opts.h"
 #include "tokamak.h"
 
@@ -49,6 +51,13 @@ static inline bool run_is_many(const run_args *a) { return a->prompts || a->para
  * text itself, BOS added where the vocabulary asks, special-token text parsed
  * unless a->no_special. TK_ERR_UNSUPPORTED without a vocabulary. */
 tk_status run_encode(const tk_model *m, const run_args *a, const char *text, int32_t **ids, int *n);
+
+/* The backend and runner of one sequence of up to ctx tokens, fed at most
+ * max_tokens a step (run's one prompt, chat): o's threads, placement, KV type
+ * and scales, --unfused and --even-rows, and KV blocks of 64 tokens unless
+ * --block-size is given. The runner is to be freed before the backend. */
+tk_status run_one_sequence(const cli_opts *o, const tk_model *m, int ctx, int max_tokens, backend *be,
+                           runner **r);
 
 /* The many-prompt path: 0 ok, 1 runtime error, 2 usage error. */
 int run_many(const cli_opts *o, const run_args *a);
