@@ -223,7 +223,6 @@ static int chat_turn(chat_state *s, const chat_args *a, int ctx) {
     int keep = 0;
     while (keep < held && keep < n_prompt - 1 && had[keep] == s->seq[keep]) keep++;
     if (keep < held && runner_truncate(s->r, keep) != TK_OK) return 1;
-    keep = runner_len(s->r); /* INT8 per-head KV may keep less (runner_truncate) */
 
     const double t0 = tk_now_s();
     for (int p = keep; p < n_prompt; p += CHAT_CHUNK) {
@@ -238,8 +237,7 @@ static int chat_turn(chat_state *s, const chat_args *a, int ctx) {
     s->reply_len = 0;
     if (!reply_add(s, "", 0)) return 1;
     int n_gen = 0;
-    bool full = false;
-    interrupted = 0;
+    bool full = false; /* a Ctrl-C during the prompt stops the reply at its first token */
     const double t1 = tk_now_s();
     for (;;) {
         tk_token_event ev;
