@@ -8,7 +8,6 @@
  * /help, /reset (forget the conversation), /quit or /exit. End of input ends
  * the chat; Ctrl-C stops a reply where it is (kept as far as it got), and at
  * the prompt ends the chat. */
-#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +27,8 @@
 #include "tokamak.h"
 #include "tokenizer/tokenizer.h"
 
-#define CHAT_CHUNK 512 /* prompt tokens per step */
+#define CHAT_CHUNK   512       /* prompt tokens per step */
+#define CHAT_MSG_MAX (1 << 20) /* bytes of one message */
 
 typedef struct chat_args {
     const char *system; /* --system */
@@ -123,7 +123,7 @@ typedef struct chat_state {
 static void chat_free(chat_state *s) {
     log_cut(&s->log, 0);
     tk_free(s->log.msg);
-    free(s->line);
+    tk_free(s->line);
     tk_free(s->reply);
     tk_free(s->seq);
     tk_free(s->text);
@@ -155,37 +155,46 @@ static bool reply_add(chat_state *s, const char *t, size_t n) {
 }
 
 /* The next message from stdin into s->line (lines ending in '\' joined with a
- * newline): its length, or -1 at the end of input or on Ctrl-C. */
+ * newline), read through a fixed buffer so that no line takes more memory
+ * than CHAT_MSG_MAX: its length (0 for a message past that, which is named
+ * and skipped), or -1 at the end of input or on Ctrl-C. */
 static long read_message(chat_state *s, bool prompt) {
     size_t len = 0;
-    for (;;) {
-        if (prompt) fputs(len ? "... " : "> ", stderr);
-        char *part = NULL;
-        size_t cap = 0;
-        errno = 0;
-        ssize_t n = getline(&part, &cap, stdin);
-        if (n < 0) {
-            free(part);
-            return len && !interrupted ? (long)len : -1;
+    bool over = false, more = true;
+    char buf[1 << 14];
+    if (prompt) fputs("> ", stderr);
+    while (more) {
+        if (!fgets(buf, sizeof buf, stdin)) {
+            if (interrupted || (!len && !over)) return -1;
+            break; /* the end of input ends the message */
         }
-        while (n > 0 && (part[n - 1] == '\n' || part[n - 1] == '\r')) part[--n] = '\0';
-        const bool more = n > 0 && part[n - 1] == '\\';
-        if (more) part[--n] = '\0';
-        if (len + (size_t)n + 2 > s->line_cap) {
-            size_t c = 2 * (len + (size_t)n + 2);
-            char *l = realloc(s->line, c);
-            if (!l) {
-                free(part);
-                return -1;
-            }
+        size_t n = strlen(buf);
+        const bool eol = n > 0 && buf[n - 1] == '\n';
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
+        more = !eol;
+        if (eol && n > 0 && buf[n - 1] == '\\') { /* goes on with the next line */
+            buf[n - 1] = '\n';
+            more = true;
+            if (prompt) fputs("... ", stderr);
+        }
+        if (over || len + n > CHAT_MSG_MAX) {
+            over = true;
+            continue;
+        }
+        if (len + n + 1 > s->line_cap) {
+            const size_t c = 2 * (len + n + 1);
+            char *l = tk_realloc(s->line, c);
+            if (!l) return -1;
             s->line = l, s->line_cap = c;
         }
-        memcpy(s->line + len, part, (size_t)n);
-        len += (size_t)n;
-        free(part);
-        if (!more) break;
-        s->line[len++] = '\n';
+        memcpy(s->line + len, buf, n);
+        len += n;
     }
+    if (over) {
+        fprintf(stderr, "tokamak chat: a message of more than %d bytes is skipped\n", CHAT_MSG_MAX);
+        return 0;
+    }
+    if (!s->line && !(s->line = tk_malloc(s->line_cap = 1))) return -1;
     s->line[len] = '\0';
     return (long)len;
 }

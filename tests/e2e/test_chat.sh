@@ -4,8 +4,9 @@
 # /reset the same message gives the same reply from a runner rolled back to
 # the conversation's start (F16 KV, and INT8 per-head KV whose block is
 # written afresh), and the second turn's reply is the same again; a message
-# that no longer fits the context is refused and the chat goes on; commands,
-# continued lines, end of input; Ctrl-C stops a reply and the chat goes on,
+# that no longer fits the context is refused and the chat goes on; a line past
+# 1 MiB is skipped, empty and CRLF lines; commands, continued lines, end of
+# input; Ctrl-C stops a reply and the chat goes on,
 # and at the prompt ends the chat (130); bad options and a missing model.
 set -euo pipefail
 : "${TK_CLI:?}"
@@ -57,6 +58,13 @@ grep -q "/reset" "$W/c.err" || fail "/help lists no commands"
 grep -q "unknown command '/bogus'" "$W/c.err" || fail "/bogus: no message"
 [ "$(grep -c 'prompt tokens' "$W/c.err")" -eq 1 ] || fail "a continued line is not one message (or /quit did not stop)"
 printf '' | chat -q >"$W/e.out" 2>&1 || fail "empty input: exited $?"
+# a message past 1 MiB is skipped without being held; empty lines are no messages; CRLF ends a line
+{
+    head -c 2200000 /dev/zero | tr '\0' 'a'
+    printf '\n\n\r\nhi\r\n'
+} | chat -n 4 >"$W/big.out" 2>"$W/big.err" || fail "a long line: exited $?"
+grep -q "more than 1048576 bytes is skipped" "$W/big.err" || fail "a long line: no message"
+[ "$(grep -c 'prompt tokens' "$W/big.err")" -eq 1 ] || fail "a long line: not one reply, to 'hi'"
 
 # Ctrl-C: a reply stops where it is and the chat goes on; at the prompt it ends the chat
 mkfifo "$W/in"
