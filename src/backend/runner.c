@@ -92,6 +92,18 @@ tk_status runner_step(runner *r, const int32_t *toks, int n, int n_logits, float
     return TK_OK;
 }
 
+tk_status runner_feed(runner *r, const int32_t *toks, int n, float *logits) {
+    if (!r || !toks) return tk_fail(TK_ERR_INVALID, "runner: NULL argument");
+    if (n < 1) return tk_fail(TK_ERR_INVALID, "runner: %d tokens to feed", n);
+    for (int p = 0; p < n;) {
+        const int k = n - p < r->be->max_tokens ? n - p : r->be->max_tokens;
+        tk_status st = runner_step(r, toks + p, k, p + k == n && logits ? 1 : 0, logits);
+        if (st != TK_OK) return st;
+        p += k;
+    }
+    return TK_OK;
+}
+
 tk_status runner_truncate(runner *r, int n_pos) {
     if (!r) return tk_fail(TK_ERR_INVALID, "runner: NULL argument");
     if (n_pos < 0 || n_pos > r->len)
@@ -101,12 +113,7 @@ tk_status runner_truncate(runner *r, int n_pos) {
      * as another sequence may share it. */
     release_from(r, (w + bs - 1) / bs);
     r->len = w;
-    while (r->len < n_pos) {
-        int n = n_pos - r->len < r->be->max_tokens ? n_pos - r->len : r->be->max_tokens;
-        tk_status st = runner_step(r, r->toks + r->len, n, 0, NULL);
-        if (st != TK_OK) return st;
-    }
-    return TK_OK;
+    return n_pos > w ? runner_feed(r, r->toks + w, n_pos - w, NULL) : TK_OK;
 }
 
 tk_status runner_fork(const runner *r, int n_pos, runner **out) {

@@ -29,6 +29,11 @@ int runner_blocks_held(const runner *r);
  * the sequence is as before (blocks it took for the step stay held). */
 tk_status runner_step(runner *r, const int32_t *toks, int n, int n_logits, float *logits);
 
+/* Feed n >= 1 tokens after the last one in steps of at most be->max_tokens
+ * (a prompt longer than a step); the logits of the last of them land in
+ * logits (n_vocab; NULL: none). On failure the steps that ran stay fed. */
+tk_status runner_feed(runner *r, const int32_t *toks, int n, float *logits);
+
 /* Roll the sequence back to its first n_pos tokens (0 <= n_pos <= len).
  * Guarantee: the KV of positions [0, n_pos) afterwards is bit for bit the KV
  * of a run that fed the same steps up to position w = backend_rewrite_from(n_pos),

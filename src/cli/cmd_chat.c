@@ -27,7 +27,6 @@
 #include "tokamak.h"
 #include "tokenizer/tokenizer.h"
 
-#define CHAT_CHUNK   512       /* prompt tokens per step */
 #define CHAT_MSG_MAX (1 << 20) /* bytes of one message */
 
 typedef struct chat_args {
@@ -234,10 +233,7 @@ static int chat_turn(chat_state *s, const chat_args *a, int ctx) {
     if (keep < held && runner_truncate(s->r, keep) != TK_OK) return 1;
 
     const double t0 = tk_now_s();
-    for (int p = keep; p < n_prompt; p += CHAT_CHUNK) {
-        const int n = n_prompt - p < CHAT_CHUNK ? n_prompt - p : CHAT_CHUNK;
-        if (runner_step(s->r, s->seq + p, n, p + n == n_prompt, s->logits) != TK_OK) return 1;
-    }
+    if (runner_feed(s->r, s->seq + keep, n_prompt - keep, s->logits) != TK_OK) return 1;
     const double t_prompt = tk_now_s() - t0;
 
     /* the reply: until an end-of-generation token, -n, a full context or Ctrl-C */
@@ -305,7 +301,7 @@ int cmd_chat(int argc, char **argv) {
         return 2;
     }
     const int ctx = o.engine.ctx;
-    if (run_one_sequence(&o, s.m, ctx, ctx < CHAT_CHUNK ? ctx : CHAT_CHUNK, &s.be, &s.r) != TK_OK)
+    if (run_one_sequence(&o, s.m, ctx, ctx < RUN_CHUNK ? ctx : RUN_CHUNK, &s.be, &s.r) != TK_OK)
         return fail(&s, "cannot set up the backend");
     const tk_hparams *hp = model_hparams(s.m);
     if (sampler_init(&o.sampling, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");

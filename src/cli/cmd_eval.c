@@ -121,10 +121,7 @@ static tk_status ev_continue(cli_seq *q, const tk_model *m, const int32_t *promp
     const int vocab = model_hparams(m)->n_vocab, eos = model_hparams(m)->eos_id;
     tk_status st = runner_truncate(q->r, 0);
     *len = 0, *stopped = false;
-    for (int i = 0; !st && i < np; i += EV_CHUNK) {
-        int n = np - i < EV_CHUNK ? np - i : EV_CHUNK;
-        st = runner_step(q->r, prompt + i, n, i + n == np, logits);
-    }
+    if (!st) st = runner_feed(q->r, prompt, np, logits);
     while (!st && *len < max) {
         int32_t t = (int32_t)cli_argmax(logits, vocab);
         gen[(*len)++] = t;

@@ -24,7 +24,6 @@
 #include "tokenizer/tokenizer.h"
 
 #define RUN_BLOCK 64
-#define RUN_CHUNK 512 /* prefill tokens per step */
 
 /* Everything one run holds, freed in one place. */
 typedef struct run_state {
@@ -159,8 +158,8 @@ int cmd_run(int argc, char **argv) {
     tk_free(prompt);
 
     /* backend (pool, KV, forward), its runner, sampler */
-    const int chunk = n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK;
-    if (run_one_sequence(&o, s.m, (int)ctx, chunk, &s.be, &s.r) != TK_OK)
+    if (run_one_sequence(&o, s.m, (int)ctx, n_prompt < RUN_CHUNK ? n_prompt : RUN_CHUNK, &s.be, &s.r) !=
+        TK_OK)
         return fail(&s, "cannot set up the backend");
     if (sampler_init(&o.sampling, hp->n_vocab, &s.smp) != TK_OK) return fail(&s, "bad sampling parameters");
     sampler_set_n_prompt(s.smp, n_prompt);
@@ -178,11 +177,7 @@ int cmd_run(int argc, char **argv) {
 
     /* prefill in chunks; logits of the last prompt position only */
     double t0 = tk_now_s();
-    for (int p = 0; p < n_prompt; p += chunk) {
-        int n1 = n_prompt - p < chunk ? n_prompt - p : chunk;
-        bool last = p + n1 == n_prompt;
-        if (runner_step(s.r, s.ids + p, n1, last, s.logits) != TK_OK) return fail(&s, "prefill failed");
-    }
+    if (runner_feed(s.r, s.ids, n_prompt, s.logits) != TK_OK) return fail(&s, "prefill failed");
     double t_prefill = tk_now_s() - t0;
 
     /* decode: token i comes from the logits of step i (step 0 = prefill) */

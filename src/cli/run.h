@@ -16,6 +16,9 @@
 #include "cli/opts.h"
 #include "tokamak.h"
 
+/* Prompt tokens a step of one sequence (run's one prompt, chat) feeds at most. */
+#define RUN_CHUNK 512
+
 /* Bytes read from --prompts at most. */
 #define RUN_PROMPTS_MAX ((size_t)64 << 20)
 

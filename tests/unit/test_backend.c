@@ -400,6 +400,36 @@ static void test_backend_block_cow(void **state) {
     fix_free(&f);
 }
 
+/* runner_feed: a prompt longer than a step goes in steps of max_tokens with
+ * the last token's logits out, as the same steps by hand give them; nothing
+ * to feed, or no tokens, is refused. */
+static void test_backend_feed(void **state) {
+    (void)state;
+    fixture f;
+    fix_init(&f);
+    backend be;
+    be_make(&f, &KINDS[0], 8, 1, &be);
+    runner *a = run_make(&be), *b = run_make(&be);
+    const size_t lb = (size_t)f.V * sizeof(float);
+    float *la = malloc(lb), *lh = malloc(lb);
+    assert_int_equal(runner_feed(a, TOKS, 40, la), TK_OK); /* 32 + 8 */
+    step(b, TOKS, 32, 0, NULL);
+    step(b, TOKS + 32, 8, 1, lh);
+    assert_int_equal(runner_len(a), 40);
+    assert_memory_equal(runner_tokens(a), TOKS, 40 * sizeof(int32_t));
+    assert_memory_equal(la, lh, lb);
+    assert_int_equal(runner_feed(a, TOKS, 0, la), TK_ERR_INVALID);
+    assert_int_equal(runner_feed(a, NULL, 1, la), TK_ERR_INVALID);
+    assert_int_equal(runner_feed(a, TOKS, 1, NULL), TK_OK);
+    assert_int_equal(runner_len(a), 41);
+    free(la);
+    free(lh);
+    runner_free(a);
+    runner_free(b);
+    backend_free(&be);
+    fix_free(&f);
+}
+
 static void test_backend_bad_calls(void **state) {
     (void)state;
     fixture f;
@@ -595,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_backend_truncate_int8_head_needs_rewrite),
         cmocka_unit_test(test_backend_fork),
         cmocka_unit_test(test_backend_block_cow),
+        cmocka_unit_test(test_backend_feed),
         cmocka_unit_test(test_backend_bad_calls),
         cmocka_unit_test(test_backend_run_each),
         cmocka_unit_test(test_backend_observe),
