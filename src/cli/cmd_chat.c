@@ -114,8 +114,8 @@ typedef struct chat_state {
     float *logits; /* (n_vocab) */
     char *text;    /* (tok_stream_bound + 1) */
     int32_t *seq;  /* (ctx + 1): the rendered conversation, then the reply's tokens */
-    char *line, *reply;
-    size_t line_cap, reply_len, reply_cap;
+    char *line;
+    size_t line_cap;
     chat_log log;
 } chat_state;
 
@@ -123,7 +123,6 @@ static void chat_free(chat_state *s) {
     log_cut(&s->log, 0);
     tk_free(s->log.msg);
     tk_free(s->line);
-    tk_free(s->reply);
     tk_free(s->seq);
     tk_free(s->text);
     tk_free(s->logits);
@@ -138,19 +137,6 @@ static int fail(chat_state *s, const char *what) {
     fprintf(stderr, "tokamak chat: %s%s%s\n", what, *tk_last_error() ? ": " : "", tk_last_error());
     chat_free(s);
     return 1;
-}
-
-static bool reply_add(chat_state *s, const char *t, size_t n) {
-    if (s->reply_len + n + 1 > s->reply_cap) {
-        size_t cap = 2 * (s->reply_len + n + 1);
-        char *r = tk_realloc(s->reply, cap);
-        if (!r) return false;
-        s->reply = r, s->reply_cap = cap;
-    }
-    memcpy(s->reply + s->reply_len, t, n);
-    s->reply_len += n;
-    s->reply[s->reply_len] = '\0';
-    return true;
 }
 
 /* The next message from stdin into s->line (lines ending in '\' joined with a
@@ -239,8 +225,6 @@ static int chat_turn(chat_state *s, const chat_args *a, int ctx) {
     /* the reply: until an end-of-generation token, -n, a full context or Ctrl-C */
     const long room = (long)ctx - n_prompt + 1, n_max = a->n == 0 || a->n > room ? room : a->n;
     sampler_set_n_prompt(s->smp, n_prompt);
-    s->reply_len = 0;
-    if (!reply_add(s, "", 0)) return 1;
     int n_gen = 0;
     bool full = false; /* a Ctrl-C during the prompt stops the reply at its first token */
     const double t1 = tk_now_s();
@@ -254,7 +238,6 @@ static int chat_turn(chat_state *s, const chat_args *a, int ctx) {
         const size_t n = tok_stream_push(s->ts, t, s->text, tok_stream_bound(tok));
         fwrite(s->text, 1, n, stdout);
         fflush(stdout);
-        if (!reply_add(s, s->text, n)) return 1;
         if (interrupted || n_gen >= n_max) {
             full = !interrupted && n_gen >= room;
             break;
@@ -265,8 +248,15 @@ static int chat_turn(chat_state *s, const chat_args *a, int ctx) {
     fwrite(s->text, 1, n, stdout);
     fputc('\n', stdout);
     fflush(stdout);
-    if (!reply_add(s, s->text, n) || !log_add(&s->log, "assistant", s->reply, s->reply_len)) return 1;
     const double t_reply = tk_now_s() - t1;
+    /* the reply's text as streamed (tk_detokenize pushes and flushes the same way) */
+    char *reply = NULL;
+    size_t reply_len = 0;
+    const bool kept =
+        tk_detokenize(s->m, s->seq + n_prompt, (size_t)n_gen, false, &reply, &reply_len) == TK_OK &&
+        log_add(&s->log, "assistant", reply, reply_len);
+    tk_free_buf(reply);
+    if (!kept) return 1;
     if (interrupted) fprintf(stderr, "[stopped]\n");
     if (full) fprintf(stderr, "[the context of %d tokens is full: /reset starts over]\n", ctx);
     if (!a->quiet)
