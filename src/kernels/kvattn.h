@@ -103,6 +103,37 @@ static inline size_t kv_k8_index(int hd, int j, int c) {
            (size_t)(j % KV_KT) * 4 + (size_t)(c % 4);
 }
 
+/* 64-byte lines of one group of KV_KT positions of a head's K by columns. */
+static inline size_t kv_k_group_lines(tk_kv_type t, int hd) {
+    return ((size_t)hd * KV_KT * kv_type_size(t) + 63) / 64;
+}
+
+/* The order in which a tile's scores read a block's K by columns (dot_cols,
+ * dot_cols_q8 where a vector holds KV_KT positions): u groups at a time,
+ * line i of each group in turn, then line i + 1, one set of u groups after
+ * another; u = 1 and g = the block's lines is front to back. Attention asks
+ * for the next block's K in this order while it sums the current block's V:
+ * the same lines asked for front to back (one stream) read ~10% slower at
+ * batch 32 on an AMD EPYC VM, where u streams a few KB apart go out in
+ * parallel (docs/notes.md). */
+typedef struct kv_k_walk {
+    size_t u, g;    /* groups read at once, lines per group */
+    size_t m, i, k; /* next: line (m * u + k) * g + i */
+} kv_k_walk;
+static inline kv_k_walk kv_k_walk_start(int u, size_t g) { return (kv_k_walk){.u = (size_t)u, .g = g}; }
+/* The walk's next line (from the block's K start), and the walk one on. */
+static inline size_t kv_k_walk_next(kv_k_walk *w) {
+    const size_t line = (w->m * w->u + w->k) * w->g + w->i;
+    if (++w->k == w->u) {
+        w->k = 0;
+        if (++w->i == w->g) {
+            w->i = 0;
+            w->m++;
+        }
+    }
+    return line;
+}
+
 /* Element i of a float KV type's data as a float. */
 static inline float kv_float_at(tk_kv_type t, const uint8_t *p, size_t i) {
     return t == TK_KV_F16    ? tk_f16_to_f32(((const tk_f16 *)p)[i])

@@ -1190,16 +1190,68 @@ static void test_kv_attention_isa_agree(void **state) {
     }
 }
 
+/* The order attention asks for the next block's K in (kv_k_walk) is the
+ * order dot_cols / dot_cols_q8 first touch its lines, u groups of KV_KT
+ * positions at a time, for every type, head_dim, block size and u whose
+ * groups split evenly; it visits every line of the block's K once. */
+static void test_kv_k_walk(void **state) {
+    (void)state;
+    const tk_kv_type types[] = {TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8};
+    const int hds[] = {64, 128, 256}, bss[] = {128, 256}, us[] = {1, 2, 4, 8, 16};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+            for (size_t bi = 0; bi < sizeof bss / sizeof bss[0]; bi++)
+                for (size_t ui = 0; ui < sizeof us / sizeof us[0]; ui++) {
+                    const tk_kv_type t = types[ti];
+                    const int hd = hds[hi], bs = bss[bi], u = us[ui], groups = bs / KV_KT;
+                    if (groups % u) continue;
+                    const size_t es = kv_type_size(t), lines = (size_t)bs * (size_t)hd * es / 64;
+                    assert_int_equal(kv_k_group_lines(t, hd) * (size_t)groups, lines);
+                    /* the lines in the order the scores first read them */
+                    size_t *order = tk_calloc(lines, sizeof *order);
+                    unsigned char *seen = tk_calloc(lines, 1);
+                    assert_non_null(order);
+                    assert_non_null(seen);
+                    size_t n = 0;
+                    const int step = t == TK_KV_INT8 ? 4 : 1;
+                    for (int m = 0; m < groups / u; m++)
+                        for (int c = 0; c < hd; c += step)
+                            for (int k = 0; k < u; k++) {
+                                const int j = (m * u + k) * KV_KT;
+                                const size_t byte =
+                                    t == TK_KV_INT8 ? kv_k8_index(hd, j, c) : kv_k_index(hd, j, c) * es;
+                                if (!seen[byte / 64]) seen[byte / 64] = 1, order[n++] = byte / 64;
+                            }
+                    assert_int_equal(n, lines);
+                    kv_k_walk w = kv_k_walk_start(u, kv_k_group_lines(t, hd));
+                    for (size_t i = 0; i < lines; i++) assert_int_equal(kv_k_walk_next(&w), order[i]);
+                    tk_free(order);
+                    tk_free(seen);
+                }
+    /* front to back: u = 1 over the whole block */
+    kv_k_walk w = kv_k_walk_start(1, 7);
+    for (size_t i = 0; i < 20; i++) assert_int_equal(kv_k_walk_next(&w), i);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kv_pool_accounting),      cmocka_unit_test(test_kv_block_refs_and_copy),
-        cmocka_unit_test(test_kv_opts_validation),      cmocka_unit_test(test_kv_bytes_per_token),
-        cmocka_unit_test(test_kv_roundtrip_float),      cmocka_unit_test(test_kv_roundtrip_int8_token),
-        cmocka_unit_test(test_kv_int8_head_rescale),    cmocka_unit_test(test_kv_int8_head_vs_token_error),
-        cmocka_unit_test(test_kv_attention_vs_f64),     cmocka_unit_test(test_kv_attention_gqa),
-        cmocka_unit_test(test_kv_attention_invariance), cmocka_unit_test(test_kv_write_heads),
-        cmocka_unit_test(test_kv_attention_isa_agree),  cmocka_unit_test(test_kv_attention_parts),
-        cmocka_unit_test(test_kv_quant_kernels),        cmocka_unit_test(test_kv_attention_steps),
+        cmocka_unit_test(test_kv_pool_accounting),
+        cmocka_unit_test(test_kv_block_refs_and_copy),
+        cmocka_unit_test(test_kv_opts_validation),
+        cmocka_unit_test(test_kv_bytes_per_token),
+        cmocka_unit_test(test_kv_roundtrip_float),
+        cmocka_unit_test(test_kv_roundtrip_int8_token),
+        cmocka_unit_test(test_kv_int8_head_rescale),
+        cmocka_unit_test(test_kv_int8_head_vs_token_error),
+        cmocka_unit_test(test_kv_attention_vs_f64),
+        cmocka_unit_test(test_kv_attention_gqa),
+        cmocka_unit_test(test_kv_attention_invariance),
+        cmocka_unit_test(test_kv_write_heads),
+        cmocka_unit_test(test_kv_attention_isa_agree),
+        cmocka_unit_test(test_kv_attention_parts),
+        cmocka_unit_test(test_kv_quant_kernels),
+        cmocka_unit_test(test_kv_attention_steps),
+        cmocka_unit_test(test_kv_k_walk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -262,11 +262,12 @@ AI void prefetch_span(const uint8_t *p, size_t n) {
 
 /* acc[p*hd + c..] = acc * corr[p] + vs[c..] * sum_j w[p*bs + j] * V_j[c..] for
  * C chunks of VL dims from c (vs: the per-channel int8 scales; NULL means 1);
- * each (chunk, pair) is its own chain, rows in order. pf: NULL, or rows read
- * next (row_bytes apart) to ask the cache for, one per V row. */
+ * each (chunk, pair) is its own chain, rows in order. pf: NULL, or the K read
+ * next, asked for in the order its tile will read it (kv_k_walk: row_bytes of
+ * it per V row). */
 AI void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const float *corr, const float *w,
-                 int bs, float *acc, const float *vs, const uint8_t *pf, const int C, const int P,
-                 const tk_kv_type type) {
+                 int bs, float *acc, const float *vs, const uint8_t *pf, kv_k_walk *kw, const int C,
+                 const int P, const tk_kv_type type) {
     vf a[VL];
 #pragma GCC unroll 16
     for (int u = 0; u < C; u++)
@@ -275,7 +276,10 @@ AI void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const
             a[u * P + p] = vs ? vf_zero() : vf_mul(vf_load(acc + p * hd + c + VL * u), vf_set1(corr[p]));
     for (int j = 0; j < n; j++) {
         const uint8_t *vr = V + (size_t)j * row_bytes;
-        if (pf) prefetch_span(pf + (size_t)j * row_bytes, row_bytes);
+        /* the lines of the next K that start in this row's share of it */
+        if (pf)
+            for (size_t o = ((size_t)j * row_bytes + 63) / 64 * 64; o < (size_t)(j + 1) * row_bytes; o += 64)
+                __builtin_prefetch(pf + 64 * kv_k_walk_next(kw), 0, 3);
 #pragma GCC unroll 16
         for (int u = 0; u < C; u++) {
             const vf v = vf_load_kv(vr, c + VL * u, type);
@@ -429,11 +433,19 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
     /* C chunks of VL dims at a time, so C*P accumulations run as independent chains. */
     const float *vs_chan = per_chan ? vs : NULL;
     const int C = KV_ROWS(P);
+    /* the next block's K is asked for in the order its scores will read it:
+     * by columns (dot_cols, dot_cols_q8) KV_ROWS(P) groups of KV_KT
+     * positions at a time where a vector holds a group, else front to back */
+    const bool cols = kv_k_cols(type, g->q8, bs) && VL == KV_KT;
+    kv_k_walk kw = kv_k_walk_start(cols ? KV_ROWS(P) : 1,
+                                   cols ? kv_k_group_lines(type, hd) : ((size_t)bs * row_bytes + 63) / 64);
     int c = 0;
     for (; c + VL * C <= hd; c += VL * C)
-        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, c == 0 ? Kn : NULL, C, P, type);
+        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, c == 0 ? Kn : NULL, &kw, C, P,
+                 type);
     for (; c < hd; c += VL)
-        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, c == 0 ? Kn : NULL, 1, P, type);
+        acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, c == 0 ? Kn : NULL, &kw, 1, P,
+                 type);
 }
 
 /* st's m, l and acc start afresh for P pairs. */
