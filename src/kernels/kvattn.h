@@ -109,26 +109,38 @@ static inline size_t kv_k_group_lines(tk_kv_type t, int hd) {
 }
 
 /* The order in which a tile's scores read a block's K by columns (dot_cols,
- * dot_cols_q8 where a vector holds KV_KT positions): u groups at a time,
- * line i of each group in turn, then line i + 1, one set of u groups after
- * another; u = 1 and g = the block's lines is front to back. Attention asks
- * for the next block's K in this order while it sums the current block's V:
- * the same lines asked for front to back (one stream) read ~10% slower at
- * batch 32 on an AMD EPYC VM, where u streams a few KB apart go out in
- * parallel (docs/notes.md). */
+ * dot_cols_q8 where a vector holds KV_KT positions): sets of u groups of
+ * KV_KT positions, line i of each group of a set in turn, then line i + 1;
+ * when fewer than u groups are left, sets of the largest of 8, 4, 2, 1
+ * below u that fit (kvattn_body.h's KV_COLS_FROM). u = 1 with one group
+ * of all the block's lines is front to back. Attention asks for the next
+ * block's K in this order while it sums the current block's V: the same
+ * lines asked for front to back (one stream) read ~10% slower at batch 32
+ * on an AMD EPYC VM, where u streams 2 KiB apart go out in parallel
+ * (docs/notes.md). Past the block's groups the walk goes on front to back. */
 typedef struct kv_k_walk {
-    size_t u, g;    /* groups read at once, lines per group */
-    size_t m, i, k; /* next: line (m * u + k) * g + i */
+    size_t u, groups, g; /* set size, the block's groups, lines per group */
+    size_t b0, sz, i, k; /* next: line (b0 + k) * g + i, in the set [b0, b0 + sz) */
 } kv_k_walk;
-static inline kv_k_walk kv_k_walk_start(int u, size_t g) { return (kv_k_walk){.u = (size_t)u, .g = g}; }
+/* The size of the set that starts with rem groups left. */
+static inline size_t kv_k_walk_set(size_t u, size_t rem) {
+    if (rem >= u) return u;
+    for (size_t s = 8; s > 1; s /= 2)
+        if (s < u && s <= rem) return s;
+    return 1;
+}
+static inline kv_k_walk kv_k_walk_start(int u, size_t groups, size_t g) {
+    return (kv_k_walk){.u = (size_t)u, .groups = groups, .g = g, .sz = kv_k_walk_set((size_t)u, groups)};
+}
 /* The walk's next line (from the block's K start), and the walk one on. */
 static inline size_t kv_k_walk_next(kv_k_walk *w) {
-    const size_t line = (w->m * w->u + w->k) * w->g + w->i;
-    if (++w->k == w->u) {
+    const size_t line = (w->b0 + w->k) * w->g + w->i;
+    if (++w->k == w->sz) {
         w->k = 0;
         if (++w->i == w->g) {
             w->i = 0;
-            w->m++;
+            w->b0 += w->sz;
+            w->sz = w->b0 < w->groups ? kv_k_walk_set(w->u, w->groups - w->b0) : 1;
         }
     }
     return line;

@@ -1191,20 +1191,22 @@ static void test_kv_attention_isa_agree(void **state) {
 }
 
 /* The order attention asks for the next block's K in (kv_k_walk) is the
- * order dot_cols / dot_cols_q8 first touch its lines, u groups of KV_KT
- * positions at a time, for every type, head_dim, block size and u whose
- * groups split evenly; it visits every line of the block's K once. */
+ * order dot_cols / dot_cols_q8 first touch its lines, called as
+ * kvattn_body.h's KV_COLS_FROM calls them (sets of U groups of KV_KT
+ * positions while U fit, then 8, 4, 2, 1 below U), for every type,
+ * head_dim, block size and U = KV_ROWS(P) of 1 to 16 pairs; it visits every
+ * line of the block's K once. */
 static void test_kv_k_walk(void **state) {
     (void)state;
     const tk_kv_type types[] = {TK_KV_F32, TK_KV_F16, TK_KV_BF16, TK_KV_INT8};
-    const int hds[] = {64, 128, 256}, bss[] = {128, 256}, us[] = {1, 2, 4, 8, 16};
+    const int hds[] = {64, 128, 256}, bss[] = {128, 256};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
             for (size_t bi = 0; bi < sizeof bss / sizeof bss[0]; bi++)
-                for (size_t ui = 0; ui < sizeof us / sizeof us[0]; ui++) {
+                for (int pairs = 1; pairs <= 16; pairs++) {
                     const tk_kv_type t = types[ti];
-                    const int hd = hds[hi], bs = bss[bi], u = us[ui], groups = bs / KV_KT;
-                    if (groups % u) continue;
+                    const int hd = hds[hi], bs = bss[bi], groups = bs / KV_KT,
+                              u = 16 / pairs > 1 ? 16 / pairs : 1;
                     const size_t es = kv_type_size(t), lines = (size_t)bs * (size_t)hd * es / 64;
                     assert_int_equal(kv_k_group_lines(t, hd) * (size_t)groups, lines);
                     /* the lines in the order the scores first read them */
@@ -1213,23 +1215,30 @@ static void test_kv_k_walk(void **state) {
                     assert_non_null(order);
                     assert_non_null(seen);
                     size_t n = 0;
-                    const int step = t == TK_KV_INT8 ? 4 : 1;
-                    for (int m = 0; m < groups / u; m++)
-                        for (int c = 0; c < hd; c += step)
-                            for (int k = 0; k < u; k++) {
-                                const int j = (m * u + k) * KV_KT;
-                                const size_t byte =
-                                    t == TK_KV_INT8 ? kv_k8_index(hd, j, c) : kv_k_index(hd, j, c) * es;
-                                if (!seen[byte / 64]) seen[byte / 64] = 1, order[n++] = byte / 64;
-                            }
+                    int g0 = 0;
+                    const int sizes[] = {u, 8, 4, 2, 1};
+                    for (int si = 0; si < 5; si++) {
+                        const int set = sizes[si];
+                        if (si > 0 && !(u > set)) continue;
+                        for (; g0 + set <= groups; g0 += set)
+                            for (int c = 0; c < hd; c += t == TK_KV_INT8 ? 4 : 1)
+                                for (int k = 0; k < set; k++) {
+                                    const int j = (g0 + k) * KV_KT;
+                                    const size_t byte =
+                                        t == TK_KV_INT8 ? kv_k8_index(hd, j, c) : kv_k_index(hd, j, c) * es;
+                                    if (!seen[byte / 64]) seen[byte / 64] = 1, order[n++] = byte / 64;
+                                }
+                    }
                     assert_int_equal(n, lines);
-                    kv_k_walk w = kv_k_walk_start(u, kv_k_group_lines(t, hd));
+                    kv_k_walk w = kv_k_walk_start(u, (size_t)groups, kv_k_group_lines(t, hd));
                     for (size_t i = 0; i < lines; i++) assert_int_equal(kv_k_walk_next(&w), order[i]);
+                    /* past the block: front to back */
+                    assert_int_equal(kv_k_walk_next(&w), lines);
                     tk_free(order);
                     tk_free(seen);
                 }
-    /* front to back: u = 1 over the whole block */
-    kv_k_walk w = kv_k_walk_start(1, 7);
+    /* front to back: one group of all lines */
+    kv_k_walk w = kv_k_walk_start(1, 1, 7);
     for (size_t i = 0; i < 20; i++) assert_int_equal(kv_k_walk_next(&w), i);
 }
 

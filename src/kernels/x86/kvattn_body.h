@@ -437,8 +437,8 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
      * by columns (dot_cols, dot_cols_q8) KV_ROWS(P) groups of KV_KT
      * positions at a time where a vector holds a group, else front to back */
     const bool cols = kv_k_cols(type, g->q8, bs) && VL == KV_KT;
-    kv_k_walk kw = kv_k_walk_start(cols ? KV_ROWS(P) : 1,
-                                   cols ? kv_k_group_lines(type, hd) : ((size_t)bs * row_bytes + 63) / 64);
+    kv_k_walk kw = cols ? kv_k_walk_start(KV_ROWS(P), (size_t)bs / KV_KT, kv_k_group_lines(type, hd))
+                        : kv_k_walk_start(1, 1, ((size_t)bs * row_bytes + 63) / 64);
     int c = 0;
     for (; c + VL * C <= hd; c += VL * C)
         acc_rows(V, row_bytes, n, c, hd, corr, st->s, bs, st->acc, vs_chan, c == 0 ? Kn : NULL, &kw, C, P,
