@@ -197,7 +197,8 @@ void kern_gemv_bf16_p16r_ref(int64_t k, const void *w, int64_t r0, int64_t r1, c
 
 /* ---- attention over the paged KV cache (attn_ref.c) -------------------------------- */
 void kv_attn_ref(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                 int h1, float scale, const float *own, float *out, float *scratch);
+                 int h1, float scale, const float *own, float *out, float *scratch, int32_t next,
+                 int next_kvh);
 void kv_attn_part_ref(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                       int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_attn_own_ref(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0, int h1,
@@ -252,7 +253,8 @@ void kern_dequant_f16_avx2(const void *row, float *out, int64_t k);
 void kern_dequant_bf16_avx2(const void *row, float *out, int64_t k);
 /* x86/kvattn_avx2.c: head_dim % 8 == 0 */
 void kv_attn_avx2(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                  int h1, float scale, const float *own, float *out, float *scratch);
+                  int h1, float scale, const float *own, float *out, float *scratch, int32_t next,
+                  int next_kvh);
 void kv_attn_part_avx2(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                        int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_attn_own_avx2(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
@@ -342,7 +344,8 @@ void kern_dequant_f16_avx512(const void *row, float *out, int64_t k);
 void kern_dequant_bf16_avx512(const void *row, float *out, int64_t k);
 /* x86/kvattn_avx512.c: head_dim % 16 == 0 */
 void kv_attn_avx512(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                    int h0, int h1, float scale, const float *own, float *out, float *scratch);
+                    int h0, int h1, float scale, const float *own, float *out, float *scratch, int32_t next,
+                    int next_kvh);
 void kv_attn_part_avx512(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
                          int h0, int h1, float scale, float *part_out, float *scratch);
 void kv_attn_own_avx512(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,

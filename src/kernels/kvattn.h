@@ -181,9 +181,12 @@ static inline const float *kv_geom_vs(const kv_geom *g, int32_t b, int kvh) {
  * layer resolved. scratch holds kv_attn_scratch_need floats. own: NULL, or
  * own-block records ([n_q][n_head] of KV_PART_REC(hd) floats, kv_attn_own_fn):
  * query i then reads its context up to the start of its own block from the
- * pool and folds its record last. */
+ * pool and folds its record last. next, next_kvh: the pool block and kv head
+ * the caller reads after this call (next -1: not known, and a kernel may
+ * guess the same context's next kv head), a prefetch hint only. */
 typedef void (*kv_attn_fn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                           int h0, int h1, float scale, const float *own, float *out, float *scratch);
+                           int h0, int h1, float scale, const float *own, float *out, float *scratch,
+                           int32_t next, int next_kvh);
 /* Part `part` of a context that ends at `end` (positions [part*KV_ATTN_PART,
  * min((part+1)*KV_ATTN_PART, end))) for heads [h0, h1) of one token's q
  * ([n_head][head_dim]): one record (KV_PART_REC) per head at part_out +

@@ -457,7 +457,8 @@ int kv_attn_end(const tk_kv *kv, int pos) {
 }
 
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                  int h0, int h1, float scale, const float *own, float *out, float *scratch) {
+                  int h0, int h1, float scale, const float *own, float *out, float *scratch,
+                  const int32_t *next_bt, int next_kvh) {
     TK_ASSERT(l >= 0 && l < kv->o.n_layer && pos0 >= 0 && n_q >= 0);
     TK_ASSERT(n_head > 0 && n_head % kv->o.n_head_kv == 0 && 0 <= h0 && h0 <= h1 && h1 <= n_head);
     TK_ASSERT((own != NULL) == kv_attn_own_block(kv));
@@ -465,7 +466,9 @@ void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, 
     /* One compare per block read: cheap next to the block itself. */
     for (int p = 0; p < kv_attn_end(kv, pos0 + n_q - 1); p += kv->o.block_size) (void)block_at(kv, bt, p);
     kv_geom g = geom_of(kv, l);
-    kv->attn(&g, bt, pos0, n_q, q, n_head, h0, h1, scale, own, out, scratch);
+    TK_ASSERT(!next_bt || (next_kvh >= 0 && next_kvh < kv->o.n_head_kv));
+    kv->attn(&g, bt, pos0, n_q, q, n_head, h0, h1, scale, own, out, scratch,
+             next_bt ? block_at(kv, next_bt, 0) : -1, next_kvh);
 }
 
 void kv_attention_own(const tk_kv *kv, int l, const int32_t *bt, int pos, const float *q, int n_head, int h0,

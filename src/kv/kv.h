@@ -97,11 +97,16 @@ float kv_read_scale(const tk_kv *kv, int l, const int32_t *bt, int pos, int head
  * through a record: then [n_q][n_head] records of KV_PART_REC(head_dim)
  * floats, query i's taken by kv_attention_own right after position pos0 + i
  * was written (heads [h0, h1) are read).
+ * next_bt, next_kvh: what the caller reads next (next_bt NULL: not known),
+ * the sequence and kv head whose first block this call asks the cache for
+ * as it ends (a hint only; without it the kernel asks for the same
+ * context's next kv head, what a caller taking the heads in order reads).
  * Threads: read-only on the pool; many may run at once (own scratch each).
  * The kernel (reference, AVX2, AVX-512; see kv_simd.h) is picked at kv_init
  * from cpu_isa_from_env (TOKAMAK_ISA caps it). */
 void kv_attention(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
-                  int h0, int h1, float scale, const float *own, float *out, float *scratch);
+                  int h0, int h1, float scale, const float *own, float *out, float *scratch,
+                  const int32_t *next_bt, int next_kvh);
 /* Whether queries read their own block through own-block records: INT8 with
  * per-head scales, where writing a token may rescale its block's earlier
  * values. A query's record is its attention over its own block as the block

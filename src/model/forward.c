@@ -480,8 +480,11 @@ static bool grab_units(atomic_int *next, int n, int keep, int nth, int *u0, int 
 }
 
 /* One unit of the plan (attn_unit); with quant, the thread quantizes the
- * output columns it wrote (whole blocks by construction). */
-static void attention_unit(fwd_ctx *f, int l, const attn_unit *w, float scale, bool quant, float *scratch) {
+ * output columns it wrote (whole blocks by construction). next: the unit the
+ * thread runs after it, whose first block the attention asks for as it ends
+ * (NULL: not known). */
+static void attention_unit(fwd_ctx *f, int l, const attn_unit *w, const attn_unit *next, float scale,
+                           bool quant, float *scratch) {
     const tk_batch *b = f->b;
     const int hd = f->hp->head_dim, nh = f->hp->n_head, s = w->seq;
     const bool trim = f->trim_last && l == f->hp->n_layer - 1;
@@ -495,9 +498,11 @@ static void attention_unit(fwd_ctx *f, int l, const attn_unit *w, float scale, b
         return;
     }
     const int t0 = f->seq_tok0[s] + i0, n = w->i1 - i0;
+    const bool hint = next && next->part < 0;
     kv_attention(f->kv, l, b->bt[s], b->pos0[s] + i0, n, f->q + (size_t)t0 * f->q_dim, nh, w->h0, w->h1,
                  scale, f->own ? f->own + (size_t)t0 * nh * KV_PART_REC(hd) : NULL,
-                 f->att + (size_t)t0 * f->q_dim, scratch);
+                 f->att + (size_t)t0 * f->q_dim, scratch, hint ? b->bt[next->seq] : NULL,
+                 hint ? next->h0 / (nh / f->hp->n_head_kv) : 0);
     if (quant) quant_cols(f, SLOT_ATT, t0, t0 + n, (int64_t)w->h0 * hd, (int64_t)w->h1 * hd);
 }
 
@@ -523,7 +528,8 @@ static void attention_units(fwd_ctx *f, int l, int ith, int nth, bool quant) {
             while (!ready && !(ready = atomic_load_explicit(&f->stored[o].v, memory_order_acquire) > l))
                 pool_spin(&spins);
             for (int u = first + u0; u < first + u1; u++)
-                attention_unit(f, l, &f->units[u], scale, quant, scratch);
+                attention_unit(f, l, &f->units[u], u + 1 < first + u1 ? &f->units[u + 1] : NULL, scale, quant,
+                               scratch);
         }
     }
     if (f->n_merges == 0) return;

@@ -654,20 +654,22 @@ static void test_simd_attention(void **state) {
                         fail_msg("own-block record %s at %d: error %.3g", cpu_isa_name(K->isa), p, e);
                 }
                 kv_set_attn(kv, fn, kernels_get(want_level)->attn_part, own_fn);
-                kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_k, out, scratch);
+                kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_k, out, scratch, bt,
+                             nkv - 1); /* a prefetch hint: no bit changes */
                 /* the last query alone (a decode tile: its GQA group's
                  * pairs only) gives the bits it gave inside the chunk's
                  * tiles */
                 float *alone = malloc(qrow * 4);
                 kv_attention(kv, 0, bt, len - 1, 1, q + (n_q - 1) * qrow, n_head, 0, n_head, scale,
-                             own ? own_k + (n_q - 1) * rec : NULL, alone, scratch);
+                             own ? own_k + (n_q - 1) * rec : NULL, alone, scratch, NULL, 0);
                 if (memcmp(alone, out + (n_q - 1) * qrow, qrow * 4))
                     fail_msg("attention %s kv type %d heads %d/%d hd %d block %d: a query alone differs from "
                              "the same query in a chunk",
                              cpu_isa_name(K->isa), (int)kinds[ki].t, n_head, nkv, hd, bs);
                 free(alone);
                 kv_set_attn(kv, kv_attn_ref, kv_attn_part_ref, kv_attn_own_ref);
-                kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_r, want, scratch);
+                kv_attention(kv, 0, bt, len - n_q, n_q, q, n_head, 0, n_head, scale, own_r, want, scratch,
+                             NULL, 0);
                 double err = 0;
                 for (size_t i = 0; i < n_q * qrow; i++)
                     err = fmax(err, fabs((double)out[i] - want[i]) / vmax);

@@ -202,7 +202,7 @@ static void attend(const tk_kv *kv, int l, const int32_t *bt, int pos0, int n_q,
             kv_attention_own(kv, l, bt, pos0 + i, q + (size_t)i * n_head * hd, n_head, h0, h1, scale,
                              own + i * rec + (size_t)h0 * KV_PART_REC(hd), scratch, NULL, 0, 0);
     }
-    kv_attention(kv, l, bt, pos0, n_q, q, n_head, h0, h1, scale, own, out, scratch);
+    kv_attention(kv, l, bt, pos0, n_q, q, n_head, h0, h1, scale, own, out, scratch, NULL, 0);
     tk_free(own);
 }
 
@@ -921,7 +921,7 @@ static void test_kv_attention_steps(void **state) {
                         kv_attention_own(a, 0, bt, p, q + p * qrow, NH, 0, NH, 0.2f, own, scratch, NULL, 0,
                                          0);
                     kv_attention(a, 0, bt, p, 1, q + p * qrow, NH, 0, NH, 0.2f, ob ? own : NULL,
-                                 one + p * qrow, scratch);
+                                 one + p * qrow, scratch, NULL, 0);
                 }
                 bool final_differs = false;
                 for (int p0 = 0; p0 < len;) { /* random chunks */
@@ -936,7 +936,7 @@ static void test_kv_attention_steps(void **state) {
                                              0); /* the prefetch hint changes no bit */
                     }
                     kv_attention(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, ob ? own : NULL,
-                                 chunk + p0 * qrow, scratch);
+                                 chunk + p0 * qrow, scratch, bt, 0); /* a hint: no bit changes */
                     attend(b, 0, bt, p0, n, q + p0 * qrow, NH, 0, NH, 0.2f, fin + p0 * qrow, scratch);
                     final_differs |= memcmp(fin + p0 * qrow, chunk + p0 * qrow, (size_t)n * qrow * 4) != 0;
                     p0 += n;

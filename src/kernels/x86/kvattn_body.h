@@ -77,6 +77,8 @@ typedef struct tile_pairs {
     int len[KV_ATTN_TILE];
     const float *own[KV_ATTN_TILE]; /* the pair's own-block record, folded last (NULL: none) */
     const uint8_t *kn, *vn;         /* KV_PART_OWN: the K and V rows read next, to prefetch (NULL: none) */
+    int32_t nblk;                   /* else: the block and kv head read after this tile (nblk -1: not */
+    int nkvh;                       /* known; the context's next kv head is asked for) */
 } tile_pairs;
 
 /* tile_run's part for own-block records (kv_attn_own_fn). */
@@ -520,13 +522,14 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
             const int n = end - b * bs < bs ? end - b * bs : bs;
             /* the K read next: the own block's caller's hint; else the next
              * block's (in the next part too), or after the context's last
-             * block the next kv head's first block (the caller's next tile) */
+             * block the one tp names, or without a name the next kv head's
+             * first block */
             const uint8_t *Kn = tp->kn, *Vn = tp->vn;
             const float *KSn = NULL;
             if (!own) {
                 const bool more = (b + 1) * bs < len;
-                const int32_t nb = more ? bt[b + 1] : bt[0];
-                const int nh = more ? kvh : kvh + 1; /* past the last kv head: nothing next */
+                const int32_t nb = more ? bt[b + 1] : tp->nblk >= 0 ? tp->nblk : bt[0];
+                const int nh = more ? kvh : tp->nblk >= 0 ? tp->nkvh : kvh + 1; /* past the last: nothing */
                 Kn = nh < g->n_head_kv ? kv_geom_k(g, nb, nh) : NULL;
                 Vn = NULL;
                 KSn = nh < g->n_head_kv ? kv_geom_ks(g, nb, nh) : NULL;
@@ -597,7 +600,10 @@ TILE_TYPE(tile_int8, TK_KV_INT8)
  * Pair (i, h) writes to out + i * tok_stride + (h - h0) * head_stride. own
  * (part -1 only): NULL, or the own-block records [n_q][n_head], and then a
  * pair's context from the pool ends where its own block starts. next,
- * next_kvh (KV_PART_OWN only): kv_attn_own_fn's prefetch hint. */
+ * next_kvh: the caller's prefetch hint, what it reads after the call (the
+ * next record's block with KV_PART_OWN; next -1: none). Between tiles of the
+ * call, each asks for the next tile's first block: the same heads' for the
+ * next query tokens, else the next kv head's. */
 static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                       int h0, int h1, int part, float scale, const float *own, float *out, size_t tok_stride,
                       size_t head_stride, float *scratch, int32_t next, int next_kvh) {
@@ -625,6 +631,8 @@ static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, co
             const int nq = n_q - i0 < Q ? n_q - i0 : Q;
             tile_pairs tp;
             tp.kn = kn, tp.vn = vn;
+            tp.nblk = i0 + Q < n_q || h + T < h1 ? bt[0] : next;
+            tp.nkvh = i0 + Q < n_q ? kvh : h + T < h1 ? (h + T) / ratio : next_kvh;
             for (int i = 0; i < nq; i++)
                 for (int t = 0; t < T; t++) {
                     const size_t qi = (size_t)(i0 + i), hi = (size_t)(h + t);
@@ -641,10 +649,11 @@ static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, co
 }
 
 void KFN(kv_attn)(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head, int h0,
-                  int h1, float scale, const float *own, float *out, float *scratch) {
+                  int h1, float scale, const float *own, float *out, float *scratch, int32_t next,
+                  int next_kvh) {
     const size_t hd = (size_t)g->head_dim;
     run_heads(g, bt, pos0, n_q, q, n_head, h0, h1, -1, scale, own, out + (size_t)h0 * hd, (size_t)n_head * hd,
-              hd, scratch, -1, 0);
+              hd, scratch, next, next_kvh);
 }
 
 void KFN(kv_attn_part)(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
