@@ -77,8 +77,8 @@ typedef struct tile_pairs {
     int len[KV_ATTN_TILE];
     const float *own[KV_ATTN_TILE]; /* the pair's own-block record, folded last (NULL: none) */
     const uint8_t *kn, *vn;         /* KV_PART_OWN: the K and V rows read next, to prefetch (NULL: none) */
-    int32_t nblk;                   /* else: the block and kv head read after this tile (nblk -1: not */
-    int nkvh;                       /* known; the context's next kv head is asked for) */
+    int32_t nblk;                   /* else: the block and kv head read after this tile's context */
+    int nkvh;                       /* (nkvh past the last kv head: nothing), set by run_heads */
 } tile_pairs;
 
 /* tile_run's part for own-block records (kv_attn_own_fn). */
@@ -522,14 +522,13 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
             const int n = end - b * bs < bs ? end - b * bs : bs;
             /* the K read next: the own block's caller's hint; else the next
              * block's (in the next part too), or after the context's last
-             * block the one tp names, or without a name the next kv head's
-             * first block */
+             * block the one tp names */
             const uint8_t *Kn = tp->kn, *Vn = tp->vn;
             const float *KSn = NULL;
             if (!own) {
                 const bool more = (b + 1) * bs < len;
-                const int32_t nb = more ? bt[b + 1] : tp->nblk >= 0 ? tp->nblk : bt[0];
-                const int nh = more ? kvh : tp->nblk >= 0 ? tp->nkvh : kvh + 1; /* past the last: nothing */
+                const int32_t nb = more ? bt[b + 1] : tp->nblk;
+                const int nh = more ? kvh : tp->nkvh;
                 Kn = nh < g->n_head_kv ? kv_geom_k(g, nb, nh) : NULL;
                 Vn = NULL;
                 KSn = nh < g->n_head_kv ? kv_geom_ks(g, nb, nh) : NULL;
@@ -603,7 +602,8 @@ TILE_TYPE(tile_int8, TK_KV_INT8)
  * next_kvh: the caller's prefetch hint, what it reads after the call (the
  * next record's block with KV_PART_OWN; next -1: none). Between tiles of the
  * call, each asks for the next tile's first block: the same heads' for the
- * next query tokens, else the next kv head's. */
+ * next query tokens, else the next kv head's; the last tile for the caller's
+ * hint, or without one the same context's next kv head. */
 static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
                       int h0, int h1, int part, float scale, const float *own, float *out, size_t tok_stride,
                       size_t head_stride, float *scratch, int32_t next, int next_kvh) {
@@ -631,8 +631,9 @@ static void run_heads(const kv_geom *g, const int32_t *bt, int pos0, int n_q, co
             const int nq = n_q - i0 < Q ? n_q - i0 : Q;
             tile_pairs tp;
             tp.kn = kn, tp.vn = vn;
-            tp.nblk = i0 + Q < n_q || h + T < h1 ? bt[0] : next;
-            tp.nkvh = i0 + Q < n_q ? kvh : h + T < h1 ? (h + T) / ratio : next_kvh;
+            const bool more_q = i0 + Q < n_q, hint = !more_q && h + T >= h1 && next >= 0;
+            tp.nblk = hint ? next : bt[0];
+            tp.nkvh = more_q ? kvh : hint ? next_kvh : h + T < h1 ? (h + T) / ratio : kvh + 1;
             for (int i = 0; i < nq; i++)
                 for (int t = 0; t < T; t++) {
                     const size_t qi = (size_t)(i0 + i), hi = (size_t)(h + t);
