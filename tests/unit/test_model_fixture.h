@@ -155,9 +155,11 @@ static inline void fx_role(fx_model *fx, tk_role role, int layer, tk_dtype wtype
     free(v);
 }
 
-static inline void fx_build(fx_model *fx, tk_arch arch, tk_dtype wtype, tk_naming naming) {
+/* fx_build with other shapes (hp from fx_hparams, then changed). */
+static inline void fx_build_hp(fx_model *fx, const tk_hparams *hp, tk_dtype wtype, tk_naming naming) {
     memset(fx, 0, sizeof *fx);
-    fx_hparams(&fx->hp, arch);
+    fx->hp = *hp;
+    const tk_arch arch = hp->arch;
     fx->naming = naming;
     fx->permuted = naming == TK_NAMING_GGUF && arch == TK_ARCH_LLAMA;
     for (int l = 0; l < fx->hp.n_layer; l++)
@@ -172,6 +174,12 @@ static inline void fx_build(fx_model *fx, tk_arch arch, tk_dtype wtype, tk_namin
     if (!fx->hp.tied) fx_role(fx, TK_ROLE_OUTPUT, 0, wtype);
     if (naming == TK_NAMING_GGUF && fx->hp.rope_scaling == TK_ROPE_SCALING_LLAMA3)
         fx_role(fx, TK_ROLE_ROPE_FREQS, 0, wtype);
+}
+
+static inline void fx_build(fx_model *fx, tk_arch arch, tk_dtype wtype, tk_naming naming) {
+    tk_hparams hp;
+    fx_hparams(&hp, arch);
+    fx_build_hp(fx, &hp, wtype, naming);
 }
 
 static inline void fx_free(fx_model *fx) {
@@ -212,10 +220,8 @@ static inline tk_status fx_open(fx_model *fx, const tk_model_opts *o, tk_model *
 
 static inline void fx_rows(const tk_tensor *t, int64_t r, double *out) {
     int64_t k = t->ne[0];
-    uint64_t rb = 0;
-    dtype_row_bytes(t->type, (uint64_t)k, &rb);
     float *tmp = malloc((size_t)k * sizeof(float));
-    kernels_get(TK_ISA_SCALAR)->dequant_row[t->type]((const uint8_t *)t->data + (size_t)r * rb, tmp, k);
+    kern_dequant_tensor_row(kernels_get(TK_ISA_SCALAR), t, r, tmp); /* any layout */
     for (int64_t i = 0; i < k; i++) out[i] = tmp[i];
     free(tmp);
 }
