@@ -315,8 +315,10 @@ int cmd_eval(int argc, char **argv) {
         f ? cli_read_all(f, a.file, EV_MAX_TEXT, &text, &len) : tk_fail(TK_ERR_IO, "cannot read %s", a.file);
     if (f) fclose(f);
     if (!st) st = tk_model_open(o.model_path, &o.model, &m);
+    /* the reference keeps its file's weights and multiplies f32 activations */
     tk_model_opts ref_opts = o.model;
-    ref_opts.bf16_dot = false; /* the reference multiplies f32 activations */
+    ref_opts.repack = ref_opts.repack_output = TK_WEIGHTS_KEEP;
+    ref_opts.bf16_dot = ref_opts.q8_coarse = false;
     if (!st && a.ref) st = tk_model_open(a.ref, &ref_opts, &ref);
     if (!st) st = tk_tokenize(m, text, len, true, false, &ids, &n_ids);
     long n = (long)n_ids;
