@@ -88,6 +88,14 @@ typedef struct tk_model_opts {
      * (vdpbf16ps's arithmetic; a dot within 2^-8 of sum |w x| of the
      * unrounded one, docs/kernels.md). Ignored with use_mmap or row_layout. */
     bool bf16_dot;
+    /* false (default): Q8_0 matmuls read the file's blocks (a scale per 32
+     * values) with Q8_0 activations. true: in that copy, Q8_0 matmuls whose
+     * rows are a multiple of 16 and k of 256 are requantized to one scale per
+     * 256 values and read with Q8_K activations (one scale step per 256
+     * values: faster batched decode and prefill, at a quality cost that
+     * `tokamak eval` measures; docs/kernels.md). Ignored with use_mmap or
+     * row_layout. */
+    bool q8_coarse;
 } tk_model_opts;
 
 void tk_model_opts_default(tk_model_opts *o);

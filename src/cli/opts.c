@@ -51,6 +51,12 @@ static const cli_opt MODEL_ROWS[] = {
      .kind = CLI_FLAG,
      .dest = CLI_D_MODEL,
      .off = offsetof(tk_model_opts, bf16_dot)},
+    {.name = "--q8-coarse",
+     .help = "Q8_0 weights: requantize to one scale per 256 values, read with per-256 activations\n"
+             "(fewer scale steps: faster at batch and in prefill; costs quality, see tokamak eval)",
+     .kind = CLI_FLAG,
+     .dest = CLI_D_MODEL,
+     .off = offsetof(tk_model_opts, q8_coarse)},
     {0},
 };
 

@@ -47,7 +47,7 @@ static const tk_weight_kernels WEIGHTS[TK_DTYPE_COUNT][TK_LAYOUT_COUNT] = {
                                        .gemv =
                                            BY_ISA(kern_gemv_bf16_p16r_ref, kern_gemv_bf16_p16r_avx2,
                                                   kern_gemv_bf16_p16r_avxvnni, kern_gemv_bf16_p16r_avx512),
-                                       .rounds_act = true},
+                                       .opt_in = true},
     [TK_DTYPE_Q8_0][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_0,
                                        .gemv = BY_ISA(kern_gemv_q8_0_ref, kern_gemv_q8_0_avx2,
                                                       kern_gemv_q8_0_avxvnni, kern_gemv_q8_0_avx512)},
@@ -61,6 +61,14 @@ static const tk_weight_kernels WEIGHTS[TK_DTYPE_COUNT][TK_LAYOUT_COUNT] = {
                                      .dequant_row = kern_dequant_q8_0_x8_row,
                                      .gemv = BY_ISA(kern_gemv_q8_0_x8_ref, kern_gemv_q8_0_x8_avx2,
                                                     kern_gemv_q8_0_x8_avxvnni, kern_gemv_q8_0_x8_avx512)},
+    [TK_DTYPE_Q8_0][TK_LAYOUT_X16S] = {.act = TK_DTYPE_Q8_K,
+                                       .pack = kern_pack_q8_0_x16s,
+                                       .dequant_row = kern_dequant_q8_0_x16s_row,
+                                       .packed_bytes = kern_q8_0_x16s_bytes,
+                                       .gemv =
+                                           BY_ISA(kern_gemv_q8_0_x16s_ref, kern_gemv_q8_0_x16s_avx2,
+                                                  kern_gemv_q8_0_x16s_avxvnni, kern_gemv_q8_0_x16s_avx512),
+                                       .opt_in = true},
     [TK_DTYPE_Q4_0][TK_LAYOUT_ROWS] = {.act = TK_DTYPE_Q8_0,
                                        .gemv = BY_ISA(kern_gemv_q4_0_ref, kern_gemv_q4_0_avx2,
                                                       kern_gemv_q4_0_avxvnni, kern_gemv_q4_0_avx512)},
@@ -101,15 +109,15 @@ tk_gemv_fn kern_gemv(const tk_kernels *K, tk_dtype t, tk_layout layout) {
 tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {
     for (int l = TK_LAYOUT_ROWS + 1; l < TK_LAYOUT_COUNT; l++) {
         const tk_weight_kernels *w = kern_weight(t, (tk_layout)l);
-        if (w && w->pack && !w->rounds_act && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
+        if (w && w->pack && !w->opt_in && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
     }
     return TK_LAYOUT_ROWS;
 }
 
-tk_layout kern_pack_rounding(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {
+tk_layout kern_pack_opt_in(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {
     for (int l = TK_LAYOUT_ROWS + 1; l < TK_LAYOUT_COUNT; l++) {
         const tk_weight_kernels *w = kern_weight(t, (tk_layout)l);
-        if (w && w->pack && w->rounds_act && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
+        if (w && w->pack && w->opt_in && w->pack(rows_in, out, rows, k)) return (tk_layout)l;
     }
     return kern_pack(t, rows_in, out, rows, k);
 }
@@ -126,21 +134,22 @@ void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t ro
     K->dequant_row[t->type]((const uint8_t *)t->data + (size_t)row * rb, out, k);
 }
 
-tk_dtype kern_act_type(tk_dtype wtype) {
-    const tk_weight_kernels *w = kern_weight(wtype, TK_LAYOUT_ROWS);
+tk_dtype kern_act_type(tk_dtype wtype, tk_layout layout) {
+    const tk_weight_kernels *w = kern_weight(wtype, layout);
     return w ? w->act : TK_DTYPE_COUNT; /* no gemv for this weight type */
 }
 
-size_t kern_act_row_bytes(tk_dtype wtype, int64_t k) {
-    tk_dtype a = kern_act_type(wtype);
+size_t kern_act_row_bytes(tk_dtype wtype, tk_layout layout, int64_t k) {
+    tk_dtype a = kern_act_type(wtype, layout);
     uint64_t bytes;
     if (a == TK_DTYPE_COUNT || k < 0 || !dtype_row_bytes(a, (uint64_t)k, &bytes) || bytes > SIZE_MAX)
         return 0;
     return (size_t)bytes;
 }
 
-void kern_quant_act(const tk_kernels *K, tk_dtype wtype, const float *x, void *xq, int64_t k) {
-    switch (kern_act_type(wtype)) {
+void kern_quant_act(const tk_kernels *K, tk_dtype wtype, tk_layout layout, const float *x, void *xq,
+                    int64_t k) {
+    switch (kern_act_type(wtype, layout)) {
     case TK_DTYPE_Q8_0:
         K->quant_q8_0(x, xq, k);
         break;

@@ -193,6 +193,32 @@ void kern_gemv_q4_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, co
     gemv_xr(1, 16, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 
+/* Reads the per-256-scale layout directly: per super-block the integer dot
+ * of the 256 values, then one float step, as its tiles do. */
+void kern_gemv_q8_0_x16s_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy) {
+    const int64_t nb = k / TK_QK_K;
+    const size_t bb = 64 + 16 * TK_QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * bb;
+        const int i = (int)(r % 16);
+        for (int t = 0; t < n_tok; t++) {
+            const tk_block_q8_k *x = (const tk_block_q8_k *)((const char *)xq + (size_t)t * xq_stride);
+            float s = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = g + (size_t)b * bb;
+                int32_t acc = 0;
+                for (int e = 0; e < TK_QK_K; e++)
+                    acc += (int8_t)blk[64 + 64 * (e / 4) + 4 * i + e % 4] * x[b].qs[e];
+                float d;
+                memcpy(&d, blk + 4 * i, sizeof d);
+                s = fmaf((float)acc, d * x[b].d, s);
+            }
+            y[t * ldy + r] = s;
+        }
+    }
+}
+
 /* Reads the 4-row interleaved BF16 layout directly; the same sums in the same
  * order as kern_dot_bf16_ref over the row. */
 void kern_gemv_bf16_x4_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,

@@ -6,11 +6,12 @@
  * (docs/kernels.md). Kernels never create threads: callers split rows by
  * (ith, nth).
  *
- * Activations: every weight type has one activation format, the same on every
- * ISA, so quantizing activations does not depend on the ISA:
+ * Activations: every (weight type, layout) has one activation format, the
+ * same on every ISA, so quantizing activations does not depend on the ISA:
  *   F32, F16, BF16 weights  -> f32 activations
  *   Q8_0, Q4_0 weights      -> Q8_0 activations (tk_block_q8_0)
  *   Q4_K, Q6_K weights      -> Q8_K activations (tk_block_q8_k)
+ *   Q8_0 in layout X16S     -> Q8_K activations (its scale per 256 values)
  */
 #ifndef TK_KERNELS_H
 #define TK_KERNELS_H
@@ -82,7 +83,7 @@ tk_isa kernels_top_isa(void);
  * layout. The layouts themselves are described in kernels_ref.h and
  * docs/kernels.md. */
 typedef struct tk_weight_kernels {
-    tk_dtype act; /* activation format: F32, Q8_0 or Q8_K (the same for every layout of a type) */
+    tk_dtype act; /* activation format: F32, Q8_0 or Q8_K */
     /* Rows in file order -> this layout, rows x k elements into out (the same
      * bytes as the input); false, writing nothing, when the shape does not fit.
      * NULL for TK_LAYOUT_ROWS. */
@@ -91,10 +92,14 @@ typedef struct tk_weight_kernels {
      * for TK_LAYOUT_ROWS (tk_kernels.dequant_row at row * row bytes). */
     void (*dequant_row)(const void *w, int64_t k, int64_t row, float *out);
     tk_gemv_fn gemv[TK_ISA_COUNT]; /* by tk_isa; every level of the build is filled */
-    /* The gemv rounds its f32 activations to BF16 (it does not give the f32
-     * activations' result): kern_pack never picks the layout, only
-     * kern_pack_rounding, when the model asks for it. */
-    bool rounds_act;
+    /* The packed matrix's bytes where fewer than the input's (X16S); NULL:
+     * the same. */
+    uint64_t (*packed_bytes)(int64_t rows, int64_t k);
+    /* The layout changes the arithmetic, so it is the model's choice: P16R's
+     * gemv rounds its f32 activations to BF16, X16S's pack rounds the
+     * weights to a scale per 256 values and its activations are Q8_K.
+     * kern_pack never picks it, only kern_pack_opt_in. */
+    bool opt_in;
 } tk_weight_kernels;
 
 /* The row for (t, layout); NULL when no matmul reads t in that layout. */
@@ -110,11 +115,12 @@ static inline tk_gemv_fn kern_gemv_of(const tk_kernels *K, const tk_tensor *w) {
 /* Packs rows x k elements of type t from file order into the first layout
  * after TK_LAYOUT_ROWS whose row takes the shape, and returns it; returns
  * TK_LAYOUT_ROWS, writing nothing, when no layout takes it (the caller copies
- * the rows as they are). out holds as many bytes as the input. */
+ * the rows as they are). out holds as many bytes as the input; the layout
+ * uses them all unless its row has packed_bytes. */
 tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k);
-/* As kern_pack, but a layout whose gemv rounds the activations (rounds_act:
- * BF16's vdpbf16ps layout) comes first when it takes the shape. */
-tk_layout kern_pack_rounding(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k);
+/* As kern_pack, but an opt_in layout (BF16's vdpbf16ps one, Q8_0's X16S)
+ * comes first when it takes the shape. */
+tk_layout kern_pack_opt_in(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k);
 /* Row `row` of weight tensor t (any layout) as floats; t->type has a dequant_row. */
 void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t row, float *out);
 
@@ -125,13 +131,15 @@ void kern_dequant_tensor_row(const tk_kernels *K, const tk_tensor *t, int64_t ro
  * which runs AVX2's attention. */
 kv_attn_fn kern_attn_for(tk_isa isa, int head_dim, tk_isa *level);
 
-/* Activation format for a weight type, and its row size for k elements
- * (TK_DTYPE_COUNT and 0 for a weight type without a gemv; 0 too when k is not
- * a multiple of the activation block). kern_quant_act does nothing for those. */
-tk_dtype kern_act_type(tk_dtype wtype);
-size_t kern_act_row_bytes(tk_dtype wtype, int64_t k);
-/* Quantize one row for wtype's activation format (f32: memcpy). */
-void kern_quant_act(const tk_kernels *K, tk_dtype wtype, const float *x, void *xq, int64_t k);
+/* Activation format for weights of type wtype in layout, and its row size
+ * for k elements (TK_DTYPE_COUNT and 0 where the weight table has no row; 0
+ * too when k is not a multiple of the activation block). kern_quant_act does
+ * nothing for those. */
+tk_dtype kern_act_type(tk_dtype wtype, tk_layout layout);
+size_t kern_act_row_bytes(tk_dtype wtype, tk_layout layout, int64_t k);
+/* Quantize one row for that activation format (f32: memcpy). */
+void kern_quant_act(const tk_kernels *K, tk_dtype wtype, tk_layout layout, const float *x, void *xq,
+                    int64_t k);
 
 /* Reference quantizers for weights (synth, repack at load). k % block == 0.
  * Return false for a type that cannot be written. */

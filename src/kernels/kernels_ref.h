@@ -96,6 +96,25 @@ void kern_dequant_q8_0_x8_row(const void *w, int64_t k, int64_t row, float *out)
 bool kern_pack_q8_0_x16(const void *rows_in, void *out, int64_t rows, int64_t k);
 void kern_dequant_q8_0_x16_row(const void *w, int64_t k, int64_t row, float *out);
 
+/* Q8_0 requantized to one f32 scale per 256 values, interleaved by 16 rows
+ * (TK_LAYOUT_X16S), read with Q8_K activations. For rows % 16 == 0 and
+ * k % 256 == 0, group g takes nb * 4160 bytes (nb = k / 256; fewer than its
+ * rows' nb * 4352 in Q8_0), one 4160-byte super-block after another:
+ *   64 bytes: row i's f32 scale d of these 256 values, i = 0..15
+ *   4096 bytes at 64: 4-byte chunk c (0..63), row i at 64 + 64c + 4i holds
+ *                     q[16g + i][256b + 4c .. 256b + 4c + 3]
+ * The pack rounds: each row's 256 values d_b q (eight Q8_0 blocks) become
+ * d = max |d_b q| / 127 and q' = round(d_b q / d) in -127..127, so the
+ * block with the largest scale keeps its values and the others lose up to
+ * half a step of d. X16's tiles read it with 64 chunks per block: one
+ * scale step (convert, scale product, FMA) per 256 values instead of eight,
+ * the integer chain corrected by -128 sum(x) from the Q8_K bsums. */
+bool kern_pack_q8_0_x16s(const void *rows_in, void *out, int64_t rows, int64_t k);
+void kern_dequant_q8_0_x16s_row(const void *w, int64_t k, int64_t row, float *out);
+uint64_t kern_q8_0_x16s_bytes(int64_t rows, int64_t k); /* rows / 16 * k / 256 * 4160 */
+void kern_gemv_q8_0_x16s_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+
 /* Q4_0 interleaved by 16 rows (TK_LAYOUT_X16), for rows % 16 == 0: group g
  * takes nb * 288 bytes, one 288-byte block after another:
  *   32 bytes of scales: row i's f16 d of this block, i = 0..15
@@ -178,7 +197,7 @@ void kern_dequant_bf16_x4_row(const void *w, int64_t k, int64_t row, float *out)
  * rows' pair (the operand of vdpbf16ps, or two FMAs after a shift and a
  * mask) against a broadcast activation pair. Each (row, token) is one chain
  * over the pairs: s = fma(w[2j+1], x[2j+1], s), then s = fma(w[2j], x[2j], s).
- * P16 takes the f32 activations. P16R (opt-in, tk_weight_kernels.rounds_act)
+ * P16 takes the f32 activations. P16R (opt-in, tk_weight_kernels.opt_in)
  * first rounds them to BF16 (kern_act_bf16_ref), which makes each product
  * exact in f32: vdpbf16ps's arithmetic (which also reads subnormal BF16 as
  * zero). */
@@ -226,6 +245,8 @@ void kern_gemv_q8_0_x8_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, co
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x16s_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_x16_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_x4_avx2(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
@@ -279,6 +300,8 @@ void kern_gemv_q8_0_x8_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1,
                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                                 size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x16s_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                 size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                                 size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_x4_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
@@ -312,6 +335,8 @@ void kern_gemv_q8_0_x8_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, 
                               size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q8_0_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
+void kern_gemv_q8_0_x16s_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
+                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q4_0_x16_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                                size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_bf16_x4_avx512(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,

@@ -191,15 +191,15 @@ struct fwd_ctx {
 
 /* ---- activation helpers -------------------------------------------------------------- */
 
-static int act_of(tk_dtype wtype) {
-    tk_dtype a = kern_act_type(wtype);
+static int act_of(const tk_tensor *w) {
+    tk_dtype a = kern_act_type(w->type, w->layout);
     return a == TK_DTYPE_Q8_0 ? ACT_Q8_0 : a == TK_DTYPE_Q8_K ? ACT_Q8_K : -1;
 }
 
 /* Activation rows for weight w from slot s. */
-static const void *act_rows(const fwd_ctx *f, int s, tk_dtype wtype, size_t *stride) {
+static const void *act_rows(const fwd_ctx *f, int s, const tk_tensor *w, size_t *stride) {
     const act_slot *sl = &f->slot[s];
-    int a = act_of(wtype);
+    int a = act_of(w);
     if (a < 0) {
         *stride = (size_t)sl->k * sizeof(float);
         return sl->f;
@@ -252,7 +252,7 @@ static void matmul_rows(const fwd_ctx *f, const tk_tensor *w, int s, int n_tok, 
                         float *y, int64_t ldy) {
     if (r0 >= r1 || n_tok <= 0) return;
     size_t stride;
-    const void *xq = act_rows(f, s, w->type, &stride);
+    const void *xq = act_rows(f, s, w, &stride);
     kern_gemv_of(f->K, w)(w->ne[0], w->data, r0, r1, xq, stride, gemv_tokens(w->type, n_tok), y, ldy);
 }
 
@@ -934,7 +934,7 @@ static float *alloc_f32(int64_t rows, int64_t cols) {
 }
 
 static void slot_need(bool need[SLOT_COUNT][ACT_COUNT], int s, const tk_tensor *w) {
-    int a = act_of(w->type);
+    int a = act_of(w);
     if (a >= 0) need[s][a] = true;
 }
 
@@ -950,7 +950,7 @@ static tk_status slots_init(fwd_ctx *f) {
         slot_need(need, SLOT_EMBD, &L->w_up);
         slot_need(need, SLOT_ATT, &L->wo);
         slot_need(need, SLOT_FF, &L->w_down);
-        if (act_of(L->w_down.type) < 0) f->ff_floats = true;
+        if (act_of(&L->w_down) < 0) f->ff_floats = true;
     }
     if (f->o.observe) f->ff_floats = true;
     slot_need(need, SLOT_EMBD, &m->output);

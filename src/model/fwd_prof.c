@@ -18,7 +18,7 @@ const char *fwd_stage_name(fwd_stage s) { return (unsigned)s < FWD_ST_COUNT ? ST
 static void add_matmul(fwd_stage_cost *c, const tk_tensor *w, int n) {
     c->bytes += w->nbytes;
     c->ops += 2.0 * (double)w->ne[0] * (double)w->ne[1] * n;
-    c->int8 = kern_act_type(w->type) != TK_DTYPE_F32;
+    c->int8 = kern_act_type(w->type, w->layout) != TK_DTYPE_F32;
 }
 
 void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8, const fwd_step_shape *sh,

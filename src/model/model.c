@@ -419,8 +419,11 @@ static bool is_matmul_weight(const tk_model *m, const tk_tensor *t) {
  * anonymous region advised for transparent huge pages, packing each matrix
  * into its type's interleaved layout on the way where the kernels have one
  * (kern_pack: Q8_0 by 16 or 8 rows, Q4_0 and Q4_K by 16, BF16 by pairs of 16 rows or by 4; with
- * o->bf16_dot, BF16 pairs whose gemv rounds activations to BF16), unless
- * o->row_layout. Decode
+ * o->bf16_dot, BF16 pairs whose gemv rounds activations to BF16; with
+ * o->q8_coarse, Q8_0 requantized to a scale per 256 values), unless
+ * o->row_layout. A layout that packs into fewer bytes (X16S) sets the
+ * tensor's nbytes to them, so the byte counts (model_account) are what the
+ * step reads. Decode
  * streams all weights every token; with 4 KiB file pages each page costs a
  * TLB walk and stops the hardware prefetcher, which measured 10-15% of the
  * read bandwidth here. */
@@ -462,18 +465,25 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         tk_tensor *t = sel[i];
         const void *old = t->data;
         int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        const size_t slot = ((size_t)t->nbytes + 63) & ~(size_t)63;
         tk_layout lay = TK_LAYOUT_ROWS;
-        if (!o->row_layout && is_matmul_weight(m, t))
-            lay = (o->bf16_dot ? kern_pack_rounding : kern_pack)(t->type, old, p + off, rows, t->ne[0]);
+        if (!o->row_layout && is_matmul_weight(m, t)) {
+            const bool opt =
+                t->type == TK_DTYPE_BF16 ? o->bf16_dot : t->type == TK_DTYPE_Q8_0 && o->q8_coarse;
+            lay = (opt ? kern_pack_opt_in : kern_pack)(t->type, old, p + off, rows, t->ne[0]);
+        }
         if (lay == TK_LAYOUT_ROWS) memcpy(p + off, old, (size_t)t->nbytes);
+        const tk_weight_kernels *wk = kern_weight(t->type, lay);
+        const uint64_t bytes = wk && wk->packed_bytes ? wk->packed_bytes(rows, t->ne[0]) : t->nbytes;
         /* A tied output shares the embedding's data: move both. */
         for (int j = 0; j < n; j++)
             if (ts[j]->data == old) {
                 ts[j]->data = p + off;
                 ts[j]->layout = lay;
+                ts[j]->nbytes = bytes;
             }
         model_disown(m, old);
-        off += ((size_t)t->nbytes + 63) & ~(size_t)63;
+        off += slot;
     }
     mprotect(p, size, PROT_READ);
     m->resident = p;
@@ -499,7 +509,7 @@ tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_m
     if (!m) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
     m->hp = *hp;
     tk_status st = model_build(m, src, o);
-    if (!st && !o->use_mmap) st = model_make_resident(m, o);
+    if (!st && !o->use_mmap && !(st = model_make_resident(m, o))) model_account(m);
     if (st) {
         tk_model_free(m);
         return st;

@@ -62,7 +62,7 @@ static inline void kt_check_invariance(tk_gemv_fn fn, tk_dtype t, kt_rng *r, con
     const int n_tok = 7;
     uint64_t rb;
     assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
-    size_t xb = kern_act_row_bytes(t, k);
+    size_t xb = kern_act_row_bytes(t, TK_LAYOUT_ROWS, k);
     float *f = malloc((size_t)k * sizeof *f), all[7 * 13], part[7 * 13];
     char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
     for (int64_t i = 0; i < rows; i++) {
@@ -71,7 +71,7 @@ static inline void kt_check_invariance(tk_gemv_fn fn, tk_dtype t, kt_rng *r, con
     }
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, f, k, 1.0f);
-        kern_quant_act(R, t, f, xq + i * xb, k);
+        kern_quant_act(R, t, TK_LAYOUT_ROWS, f, xq + i * xb, k);
     }
     fn(k, wq, 0, rows, xq, xb, n_tok, all, rows);
     for (int i = 0; i < n_tok; i++) fn(k, wq, 0, rows, xq + i * xb, xb, 1, part + i * rows, rows);
@@ -86,9 +86,11 @@ static inline void kt_check_invariance(tk_gemv_fn fn, tk_dtype t, kt_rng *r, con
     free(xq);
 }
 
-/* Random rows of type t (Q8_0, Q4_0, Q4_K or Q6_K; rows a multiple of R) and
- * their R-row interleaved copy (Q8_0 R = 8: X8, 16: X16; the others R = 16: X16). */
-static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int64_t k, char **wq, char **w8) {
+/* Random rows of type t (Q8_0, Q4_0, Q4_K or Q6_K; rows a multiple of the
+ * layout's 8 or 16) and their copy in layout lay (Q8_0: X8, X16 or X16S; the
+ * others X16). */
+static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, tk_layout lay, int64_t rows, int64_t k, char **wq,
+                                char **w8) {
     uint64_t rb;
     assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
     float *f = malloc((size_t)k * sizeof *f);
@@ -107,39 +109,48 @@ static inline void kt_xr_matrix(tk_dtype t, kt_rng *r, int R, int64_t rows, int6
             for (int j = 0; j < TK_QK_K / 16; j++)
                 if (kt_int(r, 0, 1)) b->scales[j] = (int8_t)(j == 7 && i % 5 == 0 ? -128 : -b->scales[j]);
         }
-    if (t == TK_DTYPE_Q4_0)
-        assert_true(R == 16 && kern_pack_q4_0_x16(*wq, *w8, rows, k));
-    else if (t == TK_DTYPE_Q4_K)
-        assert_true(R == 16 && kern_pack_q4_k_x16(*wq, *w8, rows, k));
-    else if (t == TK_DTYPE_Q6_K)
-        assert_true(R == 16 && kern_pack_q6_k_x16(*wq, *w8, rows, k));
-    else
-        assert_true(R == 16 ? kern_pack_q8_0_x16(*wq, *w8, rows, k) : kern_pack_q8_0_x8(*wq, *w8, rows, k));
+    const tk_weight_kernels *w = kern_weight(t, lay);
+    assert_true(w && w->pack && w->pack(*wq, *w8, rows, k));
     free(f);
 }
 
-/* One case of an R-row interleaved gemv of type t against the row-order
- * reference: ragged [r0, r1) (groups cut anywhere), padded activation stride,
- * NaN-filled y to catch stray writes. exact: the result must equal the
- * reference bit for bit (the scalar one). */
-static inline void kt_xr_shape(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int64_t rows, int64_t k,
+/* Rows per group of an interleaved layout. */
+static inline int kt_xr_rows(tk_layout lay) { return lay == TK_LAYOUT_X8 ? 8 : 16; }
+
+/* The reference of an interleaved layout of tw, and whether it reads the
+ * packed copy: the row-order gemv, or the layout's own scalar gemv where the
+ * pack rounds the weights (its activations differ from the row order's:
+ * X16S). */
+static inline tk_gemv_fn kt_xr_ref(tk_dtype tw, tk_layout lay, bool *packed) {
+    *packed = kern_act_type(tw, lay) != kern_act_type(tw, TK_LAYOUT_ROWS);
+    return kern_gemv(kernels_get(TK_ISA_SCALAR), tw, *packed ? lay : TK_LAYOUT_ROWS);
+}
+
+/* One case of an interleaved gemv of type tw in layout lay against its
+ * reference (kt_xr_ref): ragged [r0, r1) (groups cut anywhere), padded
+ * activation stride, NaN-filled y to catch stray writes. exact: the result
+ * must equal the reference bit for bit (the scalar one). */
+static inline void kt_xr_shape(tk_dtype tw, tk_gemv_fn fn, tk_layout lay, kt_rng *r, int64_t rows, int64_t k,
                                int n_tok, bool exact, const char *what) {
     const tk_kernels *R0 = kernels_get(TK_ISA_SCALAR);
+    const int R = kt_xr_rows(lay);
+    bool packed;
+    const tk_gemv_fn ref = kt_xr_ref(tw, lay, &packed);
     int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
             ldy = rows + kt_int(r, 0, 3);
     /* padding keeps the activation block's alignment (2 bytes Q8_0, 4 Q8_K) */
-    const size_t pad = kern_act_type(tw) == TK_DTYPE_Q8_K ? 4 : 2;
-    size_t xb = kern_act_row_bytes(tw, k) + (size_t)kt_int(r, 0, 3) * pad;
+    const size_t pad = kern_act_type(tw, lay) == TK_DTYPE_Q8_K ? 4 : 2;
+    size_t xb = kern_act_row_bytes(tw, lay, k) + (size_t)kt_int(r, 0, 3) * pad;
     char *wq, *w8, *xq = malloc(xb * (size_t)n_tok);
-    kt_xr_matrix(tw, r, R, rows, k, &wq, &w8);
+    kt_xr_matrix(tw, r, lay, rows, k, &wq, &w8);
     float *xf = malloc((size_t)k * sizeof *xf), *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
           *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, xf, k, 2.0f);
-        kern_quant_act(R0, tw, xf, xq + (size_t)i * xb, k);
+        kern_quant_act(R0, tw, lay, xf, xq + (size_t)i * xb, k);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
-    kern_gemv(R0, tw, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
+    ref(k, packed ? w8 : wq, r0, r1, xq, xb, n_tok, want, ldy);
     fn(k, w8, r0, r1, xq, xb, n_tok, y, ldy);
     double num = 0, den = 0;
     for (int t = 0; t < n_tok; t++)
@@ -165,28 +176,31 @@ static inline void kt_xr_shape(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int
     free(want);
 }
 
-/* kt_xr_shape at a random shape: k with odd and even block counts, 1..4 groups. */
-static inline void kt_xr_case(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int n_tok, bool exact,
+/* kt_xr_shape at a random shape: k with odd and even block counts (of the
+ * layout's activation blocks), 1..4 groups. */
+static inline void kt_xr_case(tk_dtype tw, tk_gemv_fn fn, tk_layout lay, kt_rng *r, int n_tok, bool exact,
                               const char *what) {
-    int64_t k = dtype_block_elems(tw) * kt_int(r, 1, 12), rows = R * kt_int(r, 1, 4);
-    kt_xr_shape(tw, fn, R, r, rows, k, n_tok, exact, what);
+    int64_t k = dtype_block_elems(kern_act_type(tw, lay)) * kt_int(r, 1, 12),
+            rows = kt_xr_rows(lay) * kt_int(r, 1, 4);
+    kt_xr_shape(tw, fn, lay, r, rows, k, n_tok, exact, what);
 }
 
 /* kt_check_invariance for an R-row interleaved Q8_0 layout: n_tok tokens
  * (at most 32) against 3 groups, rows cut inside groups too. */
-static inline void kt_check_invariance_xr(tk_dtype tw, tk_gemv_fn fn, int R, kt_rng *r, int64_t k, int n_tok,
-                                          const char *what) {
+static inline void kt_check_invariance_xr(tk_dtype tw, tk_gemv_fn fn, tk_layout lay, kt_rng *r, int64_t k,
+                                          int n_tok, const char *what) {
     const tk_kernels *R0 = kernels_get(TK_ISA_SCALAR);
+    const int R = kt_xr_rows(lay);
     const int64_t rows = 3 * R;
-    size_t xb = kern_act_row_bytes(tw, k);
+    size_t xb = kern_act_row_bytes(tw, lay, k);
     char *wq, *w8, *xq = malloc(xb * (size_t)n_tok);
-    kt_xr_matrix(tw, r, R, rows, k, &wq, &w8);
+    kt_xr_matrix(tw, r, lay, rows, k, &wq, &w8);
     float *f = malloc((size_t)k * sizeof *f), all[32 * 48], part[32 * 48];
     const size_t sz = (size_t)(n_tok * rows) * sizeof(float);
     assert_true(n_tok <= 32 && rows <= 48);
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, f, k, 1.0f);
-        kern_quant_act(R0, tw, f, xq + (size_t)i * xb, k);
+        kern_quant_act(R0, tw, lay, f, xq + (size_t)i * xb, k);
     }
     fn(k, w8, 0, rows, xq, xb, n_tok, all, rows);
     for (int i = 0; i < n_tok; i++) fn(k, w8, 0, rows, xq + (size_t)i * xb, xb, 1, part + i * rows, rows);

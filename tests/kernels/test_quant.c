@@ -251,13 +251,13 @@ static void test_quant_gemv_ref_vs_dequant(void **state) {
     kt_fill(&r, w, rows * k, 1.0f);
     kt_fill(&r, x, n_tok * k, 1.0f);
     for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
-        tk_dtype t = types[c], at = kern_act_type(t);
+        tk_dtype t = types[c], at = kern_act_type(t, TK_LAYOUT_ROWS);
         uint64_t rb;
         assert_true(dtype_row_bytes(t, k, &rb));
-        size_t xb = kern_act_row_bytes(t, k);
+        size_t xb = kern_act_row_bytes(t, TK_LAYOUT_ROWS, k);
         char *wq = malloc(rows * rb), *xq = malloc(n_tok * xb);
         for (int64_t i = 0; i < rows; i++) assert_true(kern_quantize_row(t, w + i * k, wq + i * rb, k));
-        for (int i = 0; i < n_tok; i++) kern_quant_act(K, t, x + i * k, xq + i * xb, k);
+        for (int i = 0; i < n_tok; i++) kern_quant_act(K, t, TK_LAYOUT_ROWS, x + i * k, xq + i * xb, k);
         float y[3 * 5], want[3 * 5];
         kern_gemv(K, t, TK_LAYOUT_ROWS)(k, wq, 0, rows, xq, xb, n_tok, y, rows);
         for (int64_t i = 0; i < rows; i++) {
@@ -348,14 +348,14 @@ static void test_quant_rope_cs(void **state) {
 
 static void test_quant_dispatch(void **state) {
     (void)state;
-    assert_int_equal(kern_act_type(TK_DTYPE_BF16), TK_DTYPE_F32);
-    assert_int_equal(kern_act_type(TK_DTYPE_Q4_0), TK_DTYPE_Q8_0);
-    assert_int_equal(kern_act_type(TK_DTYPE_Q6_K), TK_DTYPE_Q8_K);
-    assert_int_equal(kern_act_type((tk_dtype)13), TK_DTYPE_COUNT);
-    assert_int_equal(kern_act_row_bytes(TK_DTYPE_F16, 10), 40);
-    assert_int_equal(kern_act_row_bytes(TK_DTYPE_Q8_0, 64), 68);
-    assert_int_equal(kern_act_row_bytes(TK_DTYPE_Q4_K, 512), 584);
-    assert_int_equal(kern_act_row_bytes(TK_DTYPE_Q4_K, 100), 0);
+    assert_int_equal(kern_act_type(TK_DTYPE_BF16, TK_LAYOUT_ROWS), TK_DTYPE_F32);
+    assert_int_equal(kern_act_type(TK_DTYPE_Q4_0, TK_LAYOUT_ROWS), TK_DTYPE_Q8_0);
+    assert_int_equal(kern_act_type(TK_DTYPE_Q6_K, TK_LAYOUT_ROWS), TK_DTYPE_Q8_K);
+    assert_int_equal(kern_act_type((tk_dtype)13, TK_LAYOUT_ROWS), TK_DTYPE_COUNT);
+    assert_int_equal(kern_act_row_bytes(TK_DTYPE_F16, TK_LAYOUT_ROWS, 10), 40);
+    assert_int_equal(kern_act_row_bytes(TK_DTYPE_Q8_0, TK_LAYOUT_ROWS, 64), 68);
+    assert_int_equal(kern_act_row_bytes(TK_DTYPE_Q4_K, TK_LAYOUT_ROWS, 512), 584);
+    assert_int_equal(kern_act_row_bytes(TK_DTYPE_Q4_K, TK_LAYOUT_ROWS, 100), 0);
     tk_cpu c;
     cpu_detect(&c);
     const tk_kernels *d = kernels_default();

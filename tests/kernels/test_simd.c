@@ -59,7 +59,7 @@ static void gemv_case(const tk_kernels *K, tk_dtype t, int n_tok, kt_rng *r) {
     int64_t ldy = rows + kt_int(r, 0, 5);
     uint64_t rb;
     assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
-    size_t xb = kern_act_row_bytes(t, k) + (size_t)kt_int(r, 0, 3) * 4; /* padded stride */
+    size_t xb = kern_act_row_bytes(t, TK_LAYOUT_ROWS, k) + (size_t)kt_int(r, 0, 3) * 4; /* padded stride */
     float *wf = malloc((size_t)k * sizeof *wf), *xf = malloc((size_t)k * sizeof *xf);
     char *wq = malloc((size_t)(rows * rb)), *xq = malloc(xb * (size_t)n_tok);
     float *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
@@ -70,7 +70,7 @@ static void gemv_case(const tk_kernels *K, tk_dtype t, int n_tok, kt_rng *r) {
     }
     for (int i = 0; i < n_tok; i++) {
         kt_fill(r, xf, k, 2.0f);
-        kern_quant_act(R, t, xf, xq + (size_t)i * xb, k);
+        kern_quant_act(R, t, TK_LAYOUT_ROWS, xf, xq + (size_t)i * xb, k);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
     kern_gemv(R, t, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, ldy);
@@ -120,7 +120,7 @@ static void test_simd_gemv_model_shapes(void **state) {
         tk_dtype t = types[c];
         uint64_t rb;
         assert_true(dtype_row_bytes(t, k, &rb));
-        size_t xb = kern_act_row_bytes(t, k);
+        size_t xb = kern_act_row_bytes(t, TK_LAYOUT_ROWS, k);
         char *wq = malloc(rows * rb), *xq = malloc(xb * 4);
         for (int64_t i = 0; i < rows; i++) {
             kt_fill(&r, wf, k, 0.05f);
@@ -128,7 +128,7 @@ static void test_simd_gemv_model_shapes(void **state) {
         }
         for (int i = 0; i < 4; i++) {
             kt_fill(&r, xf, k, 1.0f);
-            kern_quant_act(K, t, xf, xq + i * xb, k);
+            kern_quant_act(K, t, TK_LAYOUT_ROWS, xf, xq + i * xb, k);
         }
         float y[4 * 64], want[4 * 64];
         for (int n_tok = 1; n_tok <= 4; n_tok += 3) {
@@ -183,14 +183,14 @@ static void test_simd_gemv_raw_blocks(void **state) {
     for (size_t c = 0; c < sizeof types / sizeof types[0]; c++) {
         tk_dtype t = types[c];
         int64_t nb = k / dtype_block_elems(t);
-        size_t rb = (size_t)nb * dtype_block_bytes(t), xb = kern_act_row_bytes(t, k);
+        size_t rb = (size_t)nb * dtype_block_bytes(t), xb = kern_act_row_bytes(t, TK_LAYOUT_ROWS, k);
         char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
         fill_raw_blocks(&r, t, wq, rows * nb);
         for (int i = 0; i < n_tok; i++) {
             kt_fill(&r, xf, k, 1.0f);
             if (i == 0) /* full-scale activations: q = +-127 everywhere */
                 for (int64_t j = 0; j < k; j++) xf[j] = j % 3 ? 1.0f : -1.0f;
-            kern_quant_act(R, t, xf, xq + i * xb, k);
+            kern_quant_act(R, t, TK_LAYOUT_ROWS, xf, xq + i * xb, k);
         }
         float y[5 * 9], want[5 * 9];
         kern_gemv(R, t, TK_LAYOUT_ROWS)(k, wq, 0, rows, xq, xb, n_tok, want, rows);
@@ -216,10 +216,10 @@ static void test_simd_quant_act_exact(void **state) {
         if (rep == 3) x[17] = 1e30f; /* one huge value */
         kern_quant_q8_0_ref(x, a, k);
         K->quant_q8_0(x, b, k);
-        assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q8_0, k));
+        assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q8_0, TK_LAYOUT_ROWS, k));
         kern_quant_q8_k_ref(x, a, k);
         K->quant_q8_k(x, b, k);
-        assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q4_K, k));
+        assert_memory_equal(a, b, kern_act_row_bytes(TK_DTYPE_Q4_K, TK_LAYOUT_ROWS, k));
     }
     free(x);
     free(a);
@@ -286,7 +286,10 @@ static void test_simd_gemv_invariance(void **state) {
  * packed by the row's pack against the file-order reference gemv (NMSE <=
  * GEMV_TOL, nothing written outside [r0, r1)), split and batch invariant, and
  * each row read back through kern_dequant_tensor_row equal to the file-order
- * row. A new row is checked here without a new test. */
+ * row. A layout whose pack rounds the weights (its activation format differs
+ * from the file order's: X16S) is held instead to its own scalar gemv, bit
+ * for bit, and its rows read back to within half its step of the file's. A
+ * new row is checked here without a new test. */
 static bool weight_matrix(kt_rng *r, const tk_weight_kernels *w, tk_dtype t, int64_t rows, int64_t k,
                           char **wq, char **wl) {
     uint64_t rb;
@@ -312,7 +315,9 @@ static bool weight_matrix(kt_rng *r, const tk_weight_kernels *w, tk_dtype t, int
 static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, kt_rng *r) {
     const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
     const tk_weight_kernels *w = kern_weight(t, layout);
-    const tk_gemv_fn fn = kern_gemv(K, t, layout), ref = kern_gemv(R, t, TK_LAYOUT_ROWS);
+    /* the pack rounds: the reference reads the packed matrix */
+    const bool requant = w->act != kern_act_type(t, TK_LAYOUT_ROWS);
+    const tk_gemv_fn fn = kern_gemv(K, t, layout), ref = kern_gemv(R, t, requant ? layout : TK_LAYOUT_ROWS);
     const int be = dtype_block_elems(t);
     for (int n_tok = 1; n_tok <= 11; n_tok++) {
         /* Shapes the layout takes, drawn at random (packs refuse the others). */
@@ -321,14 +326,14 @@ static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, 
         for (int tries = 0; tries < 1000; tries++) {
             rows = kt_int(r, 1, 32);
             k = be == 1 ? kt_int(r, 1, 20) * 16 + (kt_int(r, 0, 3) ? 0 : kt_int(r, 1, 15))
-                        : be * kt_int(r, 1, 6);
+                        : be * kt_int(r, 1, 6) * (kt_int(r, 0, 1) ? 8 : 1);
             if (weight_matrix(r, w, t, rows, k, &wq, &wl)) break;
             wq = NULL;
         }
         if (!wq) fail_msg("%s layout %d: no random shape taken by its pack", dtype_name(t), (int)layout);
         int64_t r0 = kt_int(r, 0, (int)rows - 1), r1 = kt_int(r, (int)r0 + 1, (int)rows),
                 ldy = rows + kt_int(r, 0, 3);
-        size_t xb = kern_act_row_bytes(t, k) + (size_t)kt_int(r, 0, 3) * 4;
+        size_t xb = kern_act_row_bytes(t, layout, k) + (size_t)kt_int(r, 0, 3) * 4;
         char *xq = malloc(xb * (size_t)n_tok);
         float *xf = malloc((size_t)k * sizeof *xf), *y = malloc((size_t)(ldy * n_tok) * sizeof *y),
               *want = malloc((size_t)(ldy * n_tok) * sizeof *want);
@@ -337,13 +342,13 @@ static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, 
         char *xr = malloc(xb * (size_t)n_tok);
         for (int i = 0; i < n_tok; i++) {
             kt_fill(r, xf, k, 2.0f);
-            kern_quant_act(R, t, xf, xq + (size_t)i * xb, k);
-            if (w->rounds_act)
+            kern_quant_act(R, t, layout, xf, xq + (size_t)i * xb, k);
+            if (w->opt_in && !requant) /* P16R */
                 for (int64_t j = 0; j < k; j++) xf[j] = tk_bf16_to_f32(kern_act_bf16_ref(xf[j]));
-            kern_quant_act(R, t, xf, xr + (size_t)i * xb, k);
+            kern_quant_act(R, t, layout, xf, xr + (size_t)i * xb, k);
         }
         for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = want[i] = NAN;
-        ref(k, wq, r0, r1, xr, xb, n_tok, want, ldy);
+        ref(k, requant ? wl : wq, r0, r1, xr, xb, n_tok, want, ldy);
         free(xr);
         fn(k, wl, r0, r1, xq, xb, n_tok, y, ldy);
         double num = 0, den = 0;
@@ -359,7 +364,7 @@ static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, 
                 num += ((double)a - b) * ((double)a - b);
                 den += (double)b * b;
             }
-        if (!(num <= GEMV_TOL * den))
+        if (!(num <= GEMV_TOL * den) || (requant && num != 0))
             fail_msg("%s %s layout %d k %lld rows [%lld,%lld) n_tok %d: nmse %.3g", cpu_isa_name(K->isa),
                      dtype_name(t), (int)layout, (long long)k, (long long)r0, (long long)r1, n_tok,
                      num / den);
@@ -386,9 +391,20 @@ static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, 
         for (int64_t i = 0; i < rows; i++) {
             R->dequant_row[t](wq + i * (int64_t)rb, a, k);
             kern_dequant_tensor_row(K, &tw, i, b);
-            if (memcmp(a, b, (size_t)k * sizeof *a))
+            if (requant) { /* round(a / d) d, d = max |a| / 127 per 256 values */
+                for (int64_t j0 = 0; j0 < k; j0 += 256) {
+                    float amax = 0.0f;
+                    for (int64_t j = j0; j < j0 + 256; j++) amax = fmaxf(amax, fabsf(a[j]));
+                    for (int64_t j = j0; j < j0 + 256; j++)
+                        if (!(fabsf(a[j] - b[j]) <= 0.5001f * amax / 127.0f))
+                            fail_msg("%s %s layout %d: row %lld element %lld: %g read back as %g",
+                                     cpu_isa_name(K->isa), dtype_name(t), (int)layout, (long long)i,
+                                     (long long)j, a[j], b[j]);
+                }
+            } else if (memcmp(a, b, (size_t)k * sizeof *a)) {
                 fail_msg("%s %s layout %d: row %lld read back differs", cpu_isa_name(K->isa), dtype_name(t),
                          (int)layout, (long long)i);
+            }
         }
         free(a), free(b), free(part), free(wq), free(wl), free(xq), free(xf), free(y), free(want);
     }
@@ -418,8 +434,8 @@ static void test_simd_gemv_q8_0_x8(void **state) {
     kt_rng r = {808};
     for (int n_tok = 1; n_tok <= 11; n_tok++)
         for (int rep = 0; rep < 4; rep++)
-            kt_xr_case(TK_DTYPE_Q8_0, fn, 8, &r, n_tok, exact, cpu_isa_name(K->isa));
-    kt_check_invariance_xr(TK_DTYPE_Q8_0, fn, 8, &r, 96, 11, cpu_isa_name(K->isa));
+            kt_xr_case(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X8, &r, n_tok, exact, cpu_isa_name(K->isa));
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X8, &r, 96, 11, cpu_isa_name(K->isa));
 }
 
 /* The 16-row interleaved layouts (Q8_0 and Q4_0), as X8, with token counts
@@ -439,12 +455,31 @@ static void test_simd_gemv_x16(void **state) {
         const tk_dtype t = types[c];
         const tk_gemv_fn fn = kern_gemv(K, t, TK_LAYOUT_X16);
         for (int n_tok = 1; n_tok <= 30; n_tok++)
-            for (int rep = 0; rep < 2; rep++) kt_xr_case(t, fn, 16, &r, n_tok, exact, what);
-        kt_check_invariance_xr(t, fn, 16, &r, 96, 29, what);
-        kt_check_invariance_xr(t, fn, 16, &r, 16384, 29, what);
-        kt_xr_shape(t, fn, 16, &r, 48, 16384, 29, exact, what);
-        kt_xr_shape(t, fn, 16, &r, 16, 32 * 8200, 2, exact, what);
+            for (int rep = 0; rep < 2; rep++) kt_xr_case(t, fn, TK_LAYOUT_X16, &r, n_tok, exact, what);
+        kt_check_invariance_xr(t, fn, TK_LAYOUT_X16, &r, 96, 29, what);
+        kt_check_invariance_xr(t, fn, TK_LAYOUT_X16, &r, 16384, 29, what);
+        kt_xr_shape(t, fn, TK_LAYOUT_X16, &r, 48, 16384, 29, exact, what);
+        kt_xr_shape(t, fn, TK_LAYOUT_X16, &r, 16, 32 * 8200, 2, exact, what);
     }
+}
+
+/* Q8_0 by one scale per 256 values (X16S) gives its own scalar gemv's bits
+ * at every level (exact integer sums, the same float step per block), for
+ * 1..30 tokens (past the AVX-512 tile of 14: pairs of groups), rows cut
+ * inside groups, several passes of the activation table (k = 16384: 64
+ * blocks, 16 tokens a pass) and a k beyond the table (the definition). */
+static void test_simd_gemv_x16s(void **state) {
+    const tk_kernels *K = level_of(state);
+    const char *what = cpu_isa_name(K->isa);
+    const tk_gemv_fn fn = kern_gemv(K, TK_DTYPE_Q8_0, TK_LAYOUT_X16S);
+    kt_rng r = {2560};
+    for (int n_tok = 1; n_tok <= 30; n_tok++)
+        for (int rep = 0; rep < 2; rep++)
+            kt_xr_case(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X16S, &r, n_tok, true, what);
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X16S, &r, 512, 29, what);
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X16S, &r, 16384, 29, what);
+    kt_xr_shape(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X16S, &r, 48, 16384, 29, true, what);
+    kt_xr_shape(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X16S, &r, 16, 256 * 1100, 2, true, what);
 }
 
 /* The 16-row interleaved Q4_K and Q6_K layouts give the row-order
@@ -462,11 +497,11 @@ static void test_simd_gemv_qk_x16(void **state) {
         const tk_dtype t = types[c];
         const tk_gemv_fn fn = kern_gemv(K, t, TK_LAYOUT_X16);
         for (int n_tok = 1; n_tok <= 32; n_tok++)
-            for (int rep = 0; rep < 2; rep++) kt_xr_case(t, fn, 16, &r, n_tok, true, what);
-        kt_check_invariance_xr(t, fn, 16, &r, 512, 29, what);
-        kt_check_invariance_xr(t, fn, 16, &r, 24576, 29, what);
-        kt_xr_shape(t, fn, 16, &r, 48, 24576, 29, true, what);
-        kt_xr_shape(t, fn, 16, &r, 16, 256 * 961, 2, true, what);
+            for (int rep = 0; rep < 2; rep++) kt_xr_case(t, fn, TK_LAYOUT_X16, &r, n_tok, true, what);
+        kt_check_invariance_xr(t, fn, TK_LAYOUT_X16, &r, 512, 29, what);
+        kt_check_invariance_xr(t, fn, TK_LAYOUT_X16, &r, 24576, 29, what);
+        kt_xr_shape(t, fn, TK_LAYOUT_X16, &r, 48, 24576, 29, true, what);
+        kt_xr_shape(t, fn, TK_LAYOUT_X16, &r, 16, 256 * 961, 2, true, what);
     }
 }
 
@@ -712,14 +747,15 @@ static void test_simd_tables_complete(void **state) {
                 if (kern_weight((tk_dtype)t, (tk_layout)l))
                     assert_non_null(kern_gemv(K, (tk_dtype)t, (tk_layout)l));
     }
-    /* a row's layouts share its type's activation format; other layouts are
-     * made from file order and read back by the row */
+    /* a row's layouts share its type's activation format, but for opt-in
+     * ones; other layouts are made from file order and read back by the row */
     for (int t = 0; t < TK_DTYPE_COUNT; t++)
         for (int l = 0; l < TK_LAYOUT_COUNT; l++) {
             const tk_weight_kernels *w = kern_weight((tk_dtype)t, (tk_layout)l);
             if (!w) continue;
             assert_non_null(kern_weight((tk_dtype)t, TK_LAYOUT_ROWS));
-            assert_int_equal(w->act, kern_act_type((tk_dtype)t));
+            assert_true(w->opt_in || w->act == kern_act_type((tk_dtype)t, TK_LAYOUT_ROWS));
+            assert_int_equal(w->act, kern_act_type((tk_dtype)t, (tk_layout)l));
             assert_true(l == TK_LAYOUT_ROWS ? !w->pack && !w->dequant_row : w->pack && w->dequant_row);
             for (int isa = 0; isa <= (int)kernels_top_isa(); isa++)
                 assert_non_null(kernels_get((tk_isa)isa)->dequant_row[t]);
@@ -740,8 +776,8 @@ static void test_simd_pack(void **state) {
     kt_rng r = {808};
     const int64_t k = 160, rows = 24;
     char *wq, *w8, *w16, *wq16;
-    kt_xr_matrix(TK_DTYPE_Q8_0, &r, 8, rows, k, &wq, &w8);
-    kt_xr_matrix(TK_DTYPE_Q8_0, &r, 16, 32, k, &wq16, &w16);
+    kt_xr_matrix(TK_DTYPE_Q8_0, &r, TK_LAYOUT_X8, rows, k, &wq, &w8);
+    kt_xr_matrix(TK_DTYPE_Q8_0, &r, TK_LAYOUT_X16, 32, k, &wq16, &w16);
     float a[160], b[160];
     for (int64_t i = 0; i < rows; i++) {
         kern_dequant_q8_0_ref(wq + i * (int64_t)(k / 32 * sizeof(tk_block_q8_0)), a, k);
@@ -795,9 +831,9 @@ static void test_simd_pack(void **state) {
     assert_true(kern_pack_bf16_p16(wb16, wp, 16, 32));
     assert_int_equal(kern_pack(TK_DTYPE_BF16, wb16, wpb, 16, 32), TK_LAYOUT_P16);
     assert_memory_equal(wp, wpb, sizeof wp);
-    assert_int_equal(kern_pack_rounding(TK_DTYPE_BF16, wb16, wpb, 16, 32), TK_LAYOUT_P16R);
+    assert_int_equal(kern_pack_opt_in(TK_DTYPE_BF16, wb16, wpb, 16, 32), TK_LAYOUT_P16R);
     assert_memory_equal(wp, wpb, sizeof wp);
-    assert_int_equal(kern_pack_rounding(TK_DTYPE_BF16, w, w4b, rb, kb), TK_LAYOUT_X4);
+    assert_int_equal(kern_pack_opt_in(TK_DTYPE_BF16, w, w4b, rb, kb), TK_LAYOUT_X4);
     for (int64_t i = 0; i < 16; i++) {
         kern_dequant_bf16_ref(wb16 + i * 32, a, 32);
         kern_dequant_bf16_p16_row(wp, 32, i, b);
@@ -810,7 +846,7 @@ static void test_simd_pack(void **state) {
      * scales and mins cover all 6-bit values */
     const int64_t kk = 512, rk = 32, nbk = kk / 256;
     char *qk, *qk16;
-    kt_xr_matrix(TK_DTYPE_Q4_K, &r, 16, rk, kk, &qk, &qk16);
+    kt_xr_matrix(TK_DTYPE_Q4_K, &r, TK_LAYOUT_X16, rk, kk, &qk, &qk16);
     for (int64_t i = 0; i < rk; i++) {
         tk_block_q4_k *blk = (tk_block_q4_k *)(qk + i * nbk * (int64_t)sizeof(tk_block_q4_k));
         for (int64_t bk = 0; bk < nbk; bk++)
@@ -838,7 +874,7 @@ static void test_simd_pack(void **state) {
 
     /* Q6_K by 16 rows: every row reads back, scales of every sign included */
     char *q6, *q616;
-    kt_xr_matrix(TK_DTYPE_Q6_K, &r, 16, rk, kk, &q6, &q616);
+    kt_xr_matrix(TK_DTYPE_Q6_K, &r, TK_LAYOUT_X16, rk, kk, &q6, &q616);
     for (int64_t i = 0; i < rk; i++) {
         tk_block_q6_k *blk = (tk_block_q6_k *)(q6 + i * nbk * (int64_t)sizeof(tk_block_q6_k));
         for (int64_t bk = 0; bk < nbk; bk++) blk[bk].scales[(i + bk) % 16] = (int8_t)-128;
@@ -926,6 +962,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_prestate(test_simd_gemv_q8_0_x8, &level),
         cmocka_unit_test_prestate(test_simd_gemv_x16, &level),
         cmocka_unit_test_prestate(test_simd_gemv_qk_x16, &level),
+        cmocka_unit_test_prestate(test_simd_gemv_x16s, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_x4, &level),
         cmocka_unit_test_prestate(test_simd_gemv_bf16_p16, &level),
         cmocka_unit_test_prestate(test_simd_attention, &level),

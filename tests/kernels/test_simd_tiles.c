@@ -62,7 +62,7 @@ static void test_simd_tiles_four_tokens(void **state) {
                     r1 = kt_int(&r, (int)r0 + 1, (int)rows);
             uint64_t rb;
             assert_true(dtype_row_bytes(t, (uint64_t)k, &rb));
-            size_t xb = kern_act_row_bytes(t, k);
+            size_t xb = kern_act_row_bytes(t, TK_LAYOUT_ROWS, k);
             float *f = malloc((size_t)k * sizeof *f);
             char *wq = malloc(rows * rb), *xq = malloc(xb * n_tok);
             float *y = malloc(rows * n_tok * sizeof *y), *want = malloc(rows * n_tok * sizeof *want);
@@ -72,7 +72,7 @@ static void test_simd_tiles_four_tokens(void **state) {
             }
             for (int i = 0; i < n_tok; i++) {
                 kt_fill(&r, f, k, 1.0f);
-                kern_quant_act(R, t, f, xq + i * xb, k);
+                kern_quant_act(R, t, TK_LAYOUT_ROWS, f, xq + i * xb, k);
             }
             for (int64_t i = 0; i < rows * n_tok; i++) y[i] = want[i] = NAN;
             kern_gemv(R, t, TK_LAYOUT_ROWS)(k, wq, r0, r1, xq, xb, n_tok, want, rows);
@@ -102,20 +102,33 @@ static void test_simd_tiles_four_tokens(void **state) {
         kt_check_invariance(T4[types[ci]], types[ci], &r, "avx2 4-token tiles");
     /* the interleaved Q8_0 kernel with AVX-512's 8-token tile */
     for (int n_tok = 1; n_tok <= 17; n_tok++)
-        kt_xr_case(TK_DTYPE_Q8_0, t4_gemv_q8_0_x8, 8, &r, n_tok, false, "avx2 8-token x8 tiles");
-    kt_check_invariance_xr(TK_DTYPE_Q8_0, t4_gemv_q8_0_x8, 8, &r, 96, 11, "avx2 8-token x8 tiles");
+        kt_xr_case(TK_DTYPE_Q8_0, t4_gemv_q8_0_x8, TK_LAYOUT_X8, &r, n_tok, false, "avx2 8-token x8 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, t4_gemv_q8_0_x8, TK_LAYOUT_X8, &r, 96, 11, "avx2 8-token x8 tiles");
     for (int n_tok = 1; n_tok <= 17; n_tok++)
-        kt_xr_case(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16, 16, &r, n_tok, false, "avx2 8-token x16 tiles");
-    kt_check_invariance_xr(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16, 16, &r, 96, 11, "avx2 8-token x16 tiles");
+        kt_xr_case(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16, TK_LAYOUT_X16, &r, n_tok, false,
+                   "avx2 8-token x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16, TK_LAYOUT_X16, &r, 96, 11,
+                           "avx2 8-token x16 tiles");
     for (int n_tok = 1; n_tok <= 17; n_tok++)
-        kt_xr_case(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, 16, &r, n_tok, false, "avx2 8-token x16 tiles");
-    kt_check_invariance_xr(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, 16, &r, 96, 11, "avx2 8-token x16 tiles");
+        kt_xr_case(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, TK_LAYOUT_X16, &r, n_tok, false,
+                   "avx2 8-token x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q4_0, t4_gemv_q4_0_x16, TK_LAYOUT_X16, &r, 96, 11,
+                           "avx2 8-token x16 tiles");
     for (int n_tok = 1; n_tok <= 17; n_tok++)
-        kt_xr_case(TK_DTYPE_Q4_K, t4_gemv_q4_k_x16, 16, &r, n_tok, true, "avx2 8-token q4_k x16 tiles");
-    kt_check_invariance_xr(TK_DTYPE_Q4_K, t4_gemv_q4_k_x16, 16, &r, 768, 17, "avx2 8-token q4_k x16 tiles");
+        kt_xr_case(TK_DTYPE_Q4_K, t4_gemv_q4_k_x16, TK_LAYOUT_X16, &r, n_tok, true,
+                   "avx2 8-token q4_k x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q4_K, t4_gemv_q4_k_x16, TK_LAYOUT_X16, &r, 768, 17,
+                           "avx2 8-token q4_k x16 tiles");
     for (int n_tok = 1; n_tok <= 17; n_tok++)
-        kt_xr_case(TK_DTYPE_Q6_K, t4_gemv_q6_k_x16, 16, &r, n_tok, true, "avx2 8-token q6_k x16 tiles");
-    kt_check_invariance_xr(TK_DTYPE_Q6_K, t4_gemv_q6_k_x16, 16, &r, 768, 17, "avx2 8-token q6_k x16 tiles");
+        kt_xr_case(TK_DTYPE_Q6_K, t4_gemv_q6_k_x16, TK_LAYOUT_X16, &r, n_tok, true,
+                   "avx2 8-token q6_k x16 tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q6_K, t4_gemv_q6_k_x16, TK_LAYOUT_X16, &r, 768, 17,
+                           "avx2 8-token q6_k x16 tiles");
+    for (int n_tok = 1; n_tok <= 17; n_tok++)
+        kt_xr_case(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16s, TK_LAYOUT_X16S, &r, n_tok, true,
+                   "avx2 8-token x16s tiles");
+    kt_check_invariance_xr(TK_DTYPE_Q8_0, t4_gemv_q8_0_x16s, TK_LAYOUT_X16S, &r, 768, 17,
+                           "avx2 8-token x16s tiles");
     for (int n_tok = 1; n_tok <= 9; n_tok++)
         kt_bf16_x4_case(t4_gemv_bf16_x4, t4_gemv_bf16, &r, n_tok, "avx2 4-token tiles");
 #endif

@@ -536,6 +536,98 @@ static void test_forward_repack(void **state) {
     free(b);
 }
 
+/* q8_coarse: the Q8_0 matmuls whose shapes take it are requantized to a
+ * scale per 256 values (X16S) and read with Q8_K activations, beside the
+ * output matrix, whose 300 rows do not (so one slot feeds both formats); the
+ * model counts the fewer bytes; the logits stay near the float64 reference
+ * (within 2.5x the file layout's error), do not depend on the thread count
+ * or the batch; use_mmap and row_layout leave the option be. */
+static void test_forward_q8_coarse(void **state) {
+    (void)state;
+    tk_hparams hp;
+    fx_hparams(&hp, TK_ARCH_QWEN3);
+    hp.n_layer = 2;
+    hp.n_embd = 256;
+    hp.n_ff = 512;
+    hp.head_dim = 64;
+    fx_model fx;
+    fx_build_hp(&fx, &hp, TK_DTYPE_Q8_0, TK_NAMING_HF);
+    tk_model_opts o;
+    tk_model_opts_default(&o);
+    o.q8_coarse = true;
+    tk_model *mc, *mq;
+    assert_int_equal(fx_open(&fx, &o, &mc), TK_OK);
+    assert_int_equal(fx_open(&fx, NULL, &mq), TK_OK);
+    const tk_tensor *w[5] = {&mc->layers[1].wq, &mc->layers[1].wk, &mc->layers[0].wo, &mc->layers[0].w_up,
+                             &mc->layers[1].w_down};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(w[i]->layout, TK_LAYOUT_X16S);
+        assert_int_equal(w[i]->nbytes, (uint64_t)(w[i]->ne[0] / 256 * w[i]->ne[1]) * 260);
+    }
+    assert_int_equal(mq->layers[1].wq.layout, TK_LAYOUT_X16);
+    assert_int_not_equal(mc->output.layout, TK_LAYOUT_X16S);
+    assert_true(model_decode_bytes(mc) < model_decode_bytes(mq));
+    const int V = hp.n_vocab, n = 14;
+    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float)),
+          *one = malloc(3 * (size_t)V * sizeof(float));
+    double err[2];
+    tk_model *ms[2] = {mq, mc};
+    for (int i = 0; i < 2; i++) {
+        fx_reference(ms[i], PROMPT, n, ref);
+        harness h;
+        h_init(&h, ms[i], 2, false, TK_KV_F32);
+        for (int p = 0; p < n; p++) {
+            int s = 0;
+            int32_t t1 = 1;
+            h_step(&h, 1, &s, &t1, &PROMPT[p], got + (size_t)p * V);
+        }
+        err[i] = fx_rel_err(got, ref, (size_t)n * V);
+        h_free(&h);
+    }
+    print_message("relative error against the float64 reference: q8_0 %.3g, q8_coarse %.3g\n", err[0],
+                  err[1]);
+    assert_true(err[1] > 0 && err[1] < 2.5 * err[0]);
+    /* 1, 2 and 3 threads; then the same sequence beside two others */
+    for (int t = 0; t < 3; t++) {
+        harness h;
+        h_init(&h, mc, t + 1, false, TK_KV_F16);
+        int s = 0;
+        int32_t n14 = 14;
+        h_step(&h, 1, &s, &n14, PROMPT, one + (size_t)t * V);
+        h_free(&h);
+    }
+    assert_memory_equal(one, one + V, (size_t)V * sizeof(float));
+    assert_memory_equal(one, one + 2 * (size_t)V, (size_t)V * sizeof(float));
+    harness h;
+    h_init(&h, mc, 2, false, TK_KV_F16);
+    int seqs[3] = {1, 0, 2};
+    int32_t nn[3] = {5, 14, 9}, toks[28];
+    memcpy(toks, PROMPT + 3, 5 * sizeof(int32_t));
+    memcpy(toks + 5, PROMPT, 14 * sizeof(int32_t));
+    memcpy(toks + 19, PROMPT + 1, 9 * sizeof(int32_t));
+    float *batch = malloc(3 * (size_t)V * sizeof(float));
+    h_step(&h, 3, seqs, nn, toks, batch);
+    assert_memory_equal(batch + V, one, (size_t)V * sizeof(float));
+    h_free(&h);
+    free(batch);
+    tk_model_free(mc);
+    /* the option chooses a layout of the resident copy: none without it */
+    o.row_layout = true;
+    assert_int_equal(fx_open(&fx, &o, &mc), TK_OK);
+    assert_int_equal(mc->layers[0].wq.layout, TK_LAYOUT_ROWS);
+    tk_model_free(mc);
+    o.row_layout = false;
+    o.use_mmap = true;
+    assert_int_equal(fx_open(&fx, &o, &mc), TK_OK);
+    assert_int_equal(mc->layers[0].wq.layout, TK_LAYOUT_ROWS);
+    tk_model_free(mc);
+    tk_model_free(mq);
+    fx_free(&fx);
+    free(ref);
+    free(got);
+    free(one);
+}
+
 /* Bad batches are refused before the KV cache is touched. */
 static void test_forward_batch_checks(void **state) {
     (void)state;
@@ -593,6 +685,7 @@ int main(void) {
         cmocka_unit_test(test_forward_chunked_prefill_bits),
         cmocka_unit_test(test_forward_llama_unpermute),
         cmocka_unit_test(test_forward_repack),
+        cmocka_unit_test(test_forward_q8_coarse),
         cmocka_unit_test(test_forward_batch_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -460,25 +460,37 @@ void KFN(gemv_q8_0_x8)(int64_t k, const void *w, int64_t r0, int64_t r1, const v
     }
 }
 
-/* ---- 16-row interleaved Q8_0 and Q4_0 (TK_LAYOUT_X16) ---------------------------------- */
+/* ---- 16-row interleaved Q8_0 and Q4_0 (TK_LAYOUT_X16), Q8_0 by 256 (X16S) ---------------- */
 
 /* The VNNI dot is u8 x s8. Q8_0 weights are made unsigned by w ^ 0x80
  * (= w + 128, one op per 64 weights, shared by the token tile), Q4_0 ones
  * are their 0..15 nibbles; the activations stay signed, so
  * sum(u x) - off * sum(x) (off 128 or 8) is the exact integer block dot.
  *
+ * Three kinds of block share the tiles: X16's Q8_0 and Q4_0 blocks of 32
+ * values (8 four-byte chunks, f16 scales, Q8_0 activations) and X16S's of
+ * 256 (64 chunks, f32 scales, Q8_K activations): one integer chain and one
+ * scale step per block either way.
+ *
  * The activations of a call are rewritten once (x16_act) into a table read
- * by one pointer: per token tile of nt tokens and per block, the 8 four-byte
- * chunks of the nt tokens (chunk-major), then the nt corrections
+ * by one pointer: per token tile of nt tokens and per block, the block's
+ * four-byte chunks of the nt tokens (chunk-major), then the nt corrections
  * -off * sum(x) that start each block's integer chain, then the nt activation
- * scales as floats: X16_ENT words per (token, block). A tile's loop then
+ * scales as floats: x16_ent words per (token, block). A tile's loop then
  * addresses every activation operand at a constant offset from one pointer
  * (a broadcast memory operand of its instruction), instead of keeping one
  * pointer per token in registers. */
+enum { X16_Q8, X16_Q4, X16_Q8S };
+AI int x16_chunks(int kind) { return kind == X16_Q8S ? TK_QK_K / 4 : TK_QK8_0 / 4; }
+AI int x16_ent(int kind) { return x16_chunks(kind) + 2; } /* chunks, correction, scale */
+AI size_t x16_block_bytes(int kind) {
+    return kind == X16_Q4 ? 288 : kind == X16_Q8S ? 64 + 16 * TK_QK_K : 544;
+}
+AI size_t x16_head_bytes(int kind) { return kind == X16_Q8S ? 64 : 32; } /* the 16 scales */
 #ifndef X16_ACT_MAX
-#define X16_ACT_MAX 7168 /* (token, block) terms per pass: 280 KB of stack */
+#define X16_ACT_MAX 7168 /* Q8_0 (token, block) terms per pass: 280 KB of stack */
 #endif
-#define X16_ENT 10 /* 32-bit words per (token, block): 8 chunks, correction, scale */
+#define X16_TAB_WORDS (X16_ACT_MAX * 10)
 /* How far ahead the 512-bit X16 tile fetches its weight stream (bytes; 0
  * turns it off): 4 KB (~7 Q8_0 blocks of 16 rows) read a DRAM-resident
  * matrix faster than 2 KB at 1 and at 32 tokens, 8 KB no better. */
@@ -580,29 +592,42 @@ AI int x16_tiles(int np) {
 }
 AI int x16_tile_start(int i, int n, int np) { return i * np / n; }
 
-/* Fills the table for np tokens (tiles of x16_tile_start). */
-AI void x16_act(int off, const void *x, size_t xs, int np, int64_t nb, int32_t *tab) {
+/* Fills the table for np tokens (tiles of x16_tile_start): Q8_0 activation
+ * rows, or Q8_K ones for X16S (whose sums come from the bsums). */
+AI void x16_act(int kind, int off, const void *x, size_t xs, int np, int64_t nb, int32_t *tab) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
-    const int ntl = x16_tiles(np);
+    const int ntl = x16_tiles(np), nc = x16_chunks(kind), ent = x16_ent(kind);
     for (int i = 0; i < ntl; i++) {
         const int t0 = x16_tile_start(i, ntl, np), nt = x16_tile_start(i + 1, ntl, np) - t0;
-        int32_t *tt = tab + (size_t)t0 * (size_t)nb * X16_ENT;
+        int32_t *tt = tab + (size_t)t0 * (size_t)nb * (size_t)ent;
         for (int j = 0; j < nt; j++) {
-            const tk_block_q8_0 *xt = (const tk_block_q8_0 *)((const char *)x + (size_t)(t0 + j) * xs);
+            const char *xr = (const char *)x + (size_t)(t0 + j) * xs;
             for (int64_t b = 0; b < nb; b++) {
-                int32_t *e = tt + (size_t)b * (size_t)(nt * X16_ENT);
-                for (int c = 0; c < 8; c++) memcpy(&e[c * nt + j], xt[b].qs + 4 * c, 4);
+                int32_t *e = tt + (size_t)b * (size_t)(nt * ent);
+                const int8_t *qs;
+                float d;
                 int32_t sum = 0; /* no correction (off 0, the sign trick): no sum */
-                if (off) {
-                    /* sum(x + 128) by byte absolute differences from 0, in four 64-bit lanes */
-                    __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)xt[b].qs), flip);
-                    __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
-                    __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-                    sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
+                if (kind == X16_Q8S) {
+                    const tk_block_q8_k *xb = (const tk_block_q8_k *)xr + b;
+                    qs = xb->qs;
+                    d = xb->d;
+                    for (int s = 0; s < TK_QK_K / 16 && off; s++) sum += xb->bsums[s];
+                } else {
+                    const tk_block_q8_0 *xb = (const tk_block_q8_0 *)xr + b;
+                    qs = xb->qs;
+                    d = f16_to_f32(xb->d);
+                    if (off) {
+                        /* sum(x + 128) by byte absolute differences from 0, in four 64-bit lanes */
+                        __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)qs), flip);
+                        __m256i s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
+                        __m128i s2 =
+                            _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+                        sum = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 2) - 32 * 128;
+                    }
                 }
-                e[8 * nt + j] = -off * sum;
-                float d = f16_to_f32(xt[b].d);
-                memcpy(&e[9 * nt + j], &d, 4);
+                for (int c = 0; c < nc; c++) memcpy(&e[c * nt + j], qs + 4 * c, 4);
+                e[nc * nt + j] = -off * sum;
+                memcpy(&e[(nc + 1) * nt + j], &d, 4);
             }
         }
     }
@@ -639,49 +664,55 @@ AI __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t *x) {
  * instead of 1.3, and the tile runs at the rate its 3 float ops per 8 dots
  * allow: 322 against 295 GMAC/s over L2-resident weights (one core, 32
  * tokens; docs/notes.md). */
-AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
+AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
-    const size_t bb = q4 ? 288 : 544;
+    const size_t bb = x16_block_bytes(kind), fu = bb / (size_t)(x16_chunks(kind) / 8);
+    const int nc = x16_chunks(kind), ent = x16_ent(kind);
     __m512 acc[2][X16_NT];
 #pragma GCC unroll 16
     for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
     const __m512i flip = _mm512_set1_epi8((char)0x80), m4 = _mm512_set1_epi8(0x0f);
-    for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
+    for (int64_t b = 0; b < nb; b++, e += nt * ent) {
         const unsigned char *blk = g + (size_t)b * bb;
-        x16_fetch(pf, blk, gb, ng, b, bb);
         __m512i is[2][X16_NT];
 #pragma GCC unroll 16
-        for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm512_set1_epi32(e[8 * nt + t]);
+        for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm512_set1_epi32(e[nc * nt + t]);
+        /* eight chunks at a time, each eight with its share of the prefetch */
+        for (int c0 = 0; c0 < nc; c0 += 8) {
+            x16_fetch(pf, blk + fu * (size_t)(c0 / 8), gb, ng, b * (nc / 8) + c0 / 8, fu);
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-            __m512i wv[2];
+            for (int c = c0; c < c0 + 8; c++) {
+                __m512i wv[2];
 #pragma GCC unroll 2
-            for (int j = 0; j < ng; j++) {
-                const unsigned char *qb = blk + (size_t)j * gb + 32;
-                if (q4) { /* chunk c: elements 4c..4c+3, nibbles of the 64 bytes at c / 2 */
-                    __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * (c / 2)));
-                    wv[j] = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
-                } else {
-                    wv[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
+                for (int j = 0; j < ng; j++) {
+                    const unsigned char *qb = blk + (size_t)j * gb + x16_head_bytes(kind);
+                    if (kind == X16_Q4) { /* chunk c: elements 4c..4c+3, nibbles of the 64 bytes at c / 2 */
+                        __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * (c / 2)));
+                        wv[j] = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+                    } else {
+                        wv[j] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * c)), flip);
+                    }
                 }
-            }
 #pragma GCC unroll 16
-            for (int t = 0; t < nt; t++) {
-                if (ng == 1) {
-                    is[0][t] = dpbusd_bcast(is[0][t], wv[0], &e[c * nt + t]);
-                } else {
-                    const __m512i x = _mm512_set1_epi32(e[c * nt + t]);
-                    is[0][t] = _mm512_dpbusd_epi32(is[0][t], wv[0], x);
-                    is[1][t] = _mm512_dpbusd_epi32(is[1][t], wv[1], x);
+                for (int t = 0; t < nt; t++) {
+                    if (ng == 1) {
+                        is[0][t] = dpbusd_bcast(is[0][t], wv[0], &e[c * nt + t]);
+                    } else {
+                        const __m512i x = _mm512_set1_epi32(e[c * nt + t]);
+                        is[0][t] = _mm512_dpbusd_epi32(is[0][t], wv[0], x);
+                        is[1][t] = _mm512_dpbusd_epi32(is[1][t], wv[1], x);
+                    }
                 }
             }
         }
 #pragma GCC unroll 2
         for (int j = 0; j < ng; j++) {
-            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + (size_t)j * gb)));
+            const unsigned char *hd = blk + (size_t)j * gb;
+            const __m512 dw = kind == X16_Q8S ? _mm512_loadu_ps((const void *)hd)
+                                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hd));
 #pragma GCC unroll 16
             for (int t = 0; t < nt; t++) {
-                __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x16_scale(&e[9 * nt + t])));
+                __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x16_scale(&e[(nc + 1) * nt + t])));
                 acc[j][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[j][t]), d, acc[j][t]);
             }
         }
@@ -697,44 +728,53 @@ AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, 
  * is a vpbroadcastd load beside its dot, and shared by the two halves it
  * halves the loads that bound a tile taking the halves one after the other.
  * The same integer block dots and float steps as the halves one at a time. */
-AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
+AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
     (void)ng; /* one group (X16_PAIR) */
-    const size_t bb = q4 ? 288 : 544;
+    const size_t bb = x16_block_bytes(kind), fu = bb / (size_t)(x16_chunks(kind) / 8);
+    const int nc = x16_chunks(kind), ent = x16_ent(kind);
     const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[2][X16_NT];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
-        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32;
-        x16_fetch(pf, blk, gb, 1, b, bb);
+    for (int64_t b = 0; b < nb; b++, e += nt * ent) {
+        const unsigned char *blk = g + (size_t)b * bb, *qb = blk + x16_head_bytes(kind);
         __m256i is[2][X16_NT];
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm256_set1_epi32(e[8 * nt + t]);
+        for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm256_set1_epi32(e[nc * nt + t]);
+        for (int c0 = 0; c0 < nc; c0 += 8) {
+            x16_fetch(pf, blk + fu * (size_t)(c0 / 8), gb, 1, b * (nc / 8) + c0 / 8, fu);
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-            __m256i w0, w1;
-            if (q4) { /* chunk c: nibbles of the 64 bytes at c / 2, halves 32 bytes apart */
-                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
-                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2) + 32));
-                w0 = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v0, 4) : v0, m4);
-                w1 = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v1, 4) : v1, m4);
-            } else {
-                w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c)), flip);
-                w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c + 32)), flip);
-            }
+            for (int c = c0; c < c0 + 8; c++) {
+                __m256i w0, w1;
+                if (kind == X16_Q4) { /* chunk c: nibbles of the 64 bytes at c / 2, halves 32 bytes apart */
+                    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
+                    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2) + 32));
+                    w0 = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v0, 4) : v0, m4);
+                    w1 = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v1, 4) : v1, m4);
+                } else {
+                    w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c)), flip);
+                    w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qb + 64 * c + 32)), flip);
+                }
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                const __m256i x = _mm256_set1_epi32(e[c * nt + t]);
-                is[0][t] = dot_u8s8_acc(is[0][t], w0, x);
-                is[1][t] = dot_u8s8_acc(is[1][t], w1, x);
+                for (int t = 0; t < nt; t++) {
+                    const __m256i x = _mm256_set1_epi32(e[c * nt + t]);
+                    is[0][t] = dot_u8s8_acc(is[0][t], w0, x);
+                    is[1][t] = dot_u8s8_acc(is[1][t], w1, x);
+                }
             }
         }
-        const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-        const __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+        __m256 dw0, dw1;
+        if (kind == X16_Q8S) {
+            dw0 = _mm256_loadu_ps((const float *)blk);
+            dw1 = _mm256_loadu_ps((const float *)(blk + 32));
+        } else {
+            dw0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            dw1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+        }
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
-            const __m256 s = _mm256_set1_ps(x16_scale(&e[9 * nt + t]));
+            const __m256 s = _mm256_set1_ps(x16_scale(&e[(nc + 1) * nt + t]));
             acc[0][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[0][t]), _mm256_mul_ps(dw0, s), acc[0][t]);
             acc[1][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[1][t]), _mm256_mul_ps(dw1, s), acc[1][t]);
         }
@@ -750,19 +790,19 @@ AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, 
  * integer block dots. Q4_0 as there; Q8_0 by the sign trick (dot_s8: |w|
  * once per vector, x carrying w's sign per token), whose chains start at 0
  * (the table's corrections are 0: x16_act's off). */
-AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e0, float *y,
+AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e0, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
     (void)ng; /* one group (X16_PAIR) */
-    const size_t bb = q4 ? 288 : 544;
+    const size_t bb = x16_block_bytes(kind), fu = bb / (size_t)(x16_chunks(kind) / 8);
+    const int nc = x16_chunks(kind), ent = x16_ent(kind), q4 = kind == X16_Q4;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
         const int32_t *e = e0;
         __m256 acc[X16_NT];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++, e += nt * X16_ENT) {
-            const unsigned char *blk = g + (size_t)b * bb, *qb = blk + 32 + 32 * h;
-            if (h == 0) x16_fetch(pf, blk, gb, 1, b, bb);
+        for (int64_t b = 0; b < nb; b++, e += nt * ent) {
+            const unsigned char *blk = g + (size_t)b * bb, *qb = blk + x16_head_bytes(kind) + 32 * h;
             /* Q4_0: the vpmaddubsw pair sums of the block's 8 chunks added as
              * int16 (16 products of a nibble and an int8 of at most 127 per
              * lane: |sum| <= 30480), widened once by vpmaddwd: the same
@@ -771,33 +811,38 @@ AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, 
             __m256i is[X16_NT];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
+            for (int c0 = 0; c0 < nc; c0 += 8) {
+                if (h == 0) x16_fetch(pf, blk + fu * (size_t)(c0 / 8), gb, 1, b * (nc / 8) + c0 / 8, fu);
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                __m256i wv;
-                if (q4) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
-                    wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
-                } else { /* the sign trick: wv signed, aw = |wv| */
-                    wv = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
-                    const __m256i aw = _mm256_sign_epi8(wv, wv);
+                for (int c = c0; c < c0 + 8; c++) {
+                    __m256i wv;
+                    if (q4) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
+                        wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+                    } else { /* the sign trick: wv signed, aw = |wv| */
+                        wv = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
+                        const __m256i aw = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 8
+                        for (int t = 0; t < nt; t++)
+                            is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(e[c * nt + t]));
+                        continue;
+                    }
 #pragma GCC unroll 8
                     for (int t = 0; t < nt; t++)
-                        is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(e[c * nt + t]));
-                    continue;
+                        is[t] = dot_u8s8_acc16(is[t], wv, _mm256_set1_epi32(e[c * nt + t]));
                 }
-#pragma GCC unroll 8
-                for (int t = 0; t < nt; t++)
-                    is[t] = dot_u8s8_acc16(is[t], wv, _mm256_set1_epi32(e[c * nt + t]));
             }
             if (q4)
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++)
-                    is[t] = _mm256_add_epi32(_mm256_set1_epi32(e[8 * nt + t]),
+                    is[t] = _mm256_add_epi32(_mm256_set1_epi32(e[nc * nt + t]),
                                              _mm256_madd_epi16(is[t], _mm256_set1_epi16(1)));
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            const __m256 dw = kind == X16_Q8S
+                                  ? _mm256_loadu_ps((const float *)(blk + 32 * h))
+                                  : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
-                __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x16_scale(&e[9 * nt + t])));
+                __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x16_scale(&e[(nc + 1) * nt + t])));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), d, acc[t]);
             }
         }
@@ -807,22 +852,29 @@ AI void x16_tile(int q4, int ng, int64_t nb, const unsigned char *g, size_t gb, 
 }
 #endif
 
-/* Tokens in passes of at most X16_ACT_MAX / nb (their table on the stack),
- * each pass over the 16-row groups [r0, r1) touches; a group cut by r0 or r1
+/* Tokens in passes whose table fits X16_TAB_WORDS (on the stack), each
+ * pass over the 16-row groups [r0, r1) touches; a group cut by r0 or r1
  * is computed whole into a scratch tile, as in gemv_q8_0_x8. */
-AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+AI void x16_gemv(int kind, int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                  int n_tok, float *y, int64_t ldy) {
-    const int64_t nb = k / TK_QK8_0;
-    if (nb > X16_ACT_MAX) { /* k beyond 229376: no pass fits; the definition */
-        (q4 ? kern_gemv_q4_0_x16_ref : kern_gemv_q8_0_x16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    const int64_t nb = k / (kind == X16_Q8S ? TK_QK_K : TK_QK8_0);
+    const int ent = x16_ent(kind);
+    if (nb * ent > X16_TAB_WORDS) { /* k beyond 229376 (X16S: 278528): no pass fits; the definition */
+        (kind == X16_Q4    ? kern_gemv_q4_0_x16_ref
+         : kind == X16_Q8S ? kern_gemv_q8_0_x16s_ref
+                           : kern_gemv_q8_0_x16_ref)(k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
         return;
     }
-    const int pass = (int)(X16_ACT_MAX / nb);
-    const size_t gb = (size_t)nb * (q4 ? 288 : 544);
-    int32_t tab[X16_ACT_MAX * X16_ENT];
+    const int pass = (int)(X16_TAB_WORDS / (nb * ent));
+    const size_t gb = (size_t)nb * x16_block_bytes(kind);
+    int32_t tab[X16_TAB_WORDS];
     for (int p0 = 0; p0 < n_tok; p0 += pass) {
         const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
-        x16_act(q4 ? 8 : X16_U8 ? 128 : 0, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
+        x16_act(kind,
+                kind == X16_Q4 ? 8
+                : X16_U8       ? 128
+                               : 0,
+                (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
         const int ntl = x16_tiles(np);
         for (int64_t g0 = r0 / 16 * 16; g0 < r1;) {
             const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
@@ -834,15 +886,15 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
                 float tmp[X16_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
-                const int32_t *et = tab + (size_t)t * (size_t)nb * X16_ENT;
+                const int32_t *et = tab + (size_t)t * (size_t)nb * (size_t)ent;
                 switch (nt) {
 #define X16_CASE(n)                                                                                          \
     case n:                                                                                                  \
         if (n > X16_NT) break;                                                                               \
         if (X16_PAIR == 2 && n <= X16_NT2 && ng == 2) /* no pair tile past its registers */                  \
-            x16_tile(q4, 2, nb, g, gb, et, dst, ld, n, pf);                                                  \
+            x16_tile(kind, 2, nb, g, gb, et, dst, ld, n, pf);                                                \
         else                                                                                                 \
-            x16_tile(q4, 1, nb, g, gb, et, dst, ld, n, pf);                                                  \
+            x16_tile(kind, 1, nb, g, gb, et, dst, ld, n, pf);                                                \
         break;
                     X16_CASE(1)
                     X16_CASE(2)
@@ -871,15 +923,20 @@ AI void x16_gemv(int q4, int64_t k, const void *w, int64_t r0, int64_t r1, const
 
 void KFN(gemv_q4_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
-    x16_gemv(1, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    x16_gemv(X16_Q4, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 
 void KFN(gemv_q8_0_x16)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                         int n_tok, float *y, int64_t ldy) {
-    x16_gemv(0, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+    x16_gemv(X16_Q8, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
+}
+
+void KFN(gemv_q8_0_x16s)(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
+                         int n_tok, float *y, int64_t ldy) {
+    x16_gemv(X16_Q8S, k, w, r0, r1, xq, xq_stride, n_tok, y, ldy);
 }
 #undef X16_NT
-#undef X16_ENT
+#undef X16_TAB_WORDS
 #undef X16_U8
 #undef X16_PAIR
 #undef X16_NT2
