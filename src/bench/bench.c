@@ -608,9 +608,10 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
     return st;
 }
 
-static tk_status open_model(const char *path, const series_spec *sp, bench_info *info, tk_model **m) {
-    tk_model_opts mo;
-    tk_model_opts_default(&mo);
+/* The model with the user's options (mapping, layouts), the series' types. */
+static tk_status open_model(const char *path, const tk_model_opts *user, const series_spec *sp,
+                            bench_info *info, tk_model **m) {
+    tk_model_opts mo = *user;
     mo.repack = sp->repack;
     mo.repack_output = sp->repack_output;
     tk_status st = tk_model_open(path, &mo, m);
@@ -763,7 +764,7 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
             tk_model_free(m);
             m = NULL;
             if (!o->quiet) fprintf(stderr, "bench: loading %s\n", o->model_path);
-            st = open_model(o->model_path, &specs[i], info, &m);
+            st = open_model(o->model_path, &o->model, &specs[i], info, &m);
             if (st != TK_OK) break;
             if (o->ablation && i == 0 && strcmp(info->model_dtype, "bf16") != 0) {
                 st = tk_fail(TK_ERR_INVALID, "bench: --ablation needs a BF16 model; %s holds %s weights",

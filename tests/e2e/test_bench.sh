@@ -112,6 +112,19 @@ for p in s["points"]:
 print("json ok")
 PY
 
+# The model options reach the benchmarked model: --q8-coarse's layout reads fewer bytes per token.
+for opt in "" "--q8-coarse"; do
+  # shellcheck disable=SC2086
+  "$TK_CLI" bench -m "$model" --repack q8_0 $opt --in 4 --out 2 --batch 1 --requests 1 --warmup 0 --threads 1 -q \
+    --json "$dir/q8$opt.json" >/dev/null
+done
+"$TK_PYTHON" - "$dir/q8.json" "$dir/q8--q8-coarse.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f))["model"]["decode_bytes"] for f in sys.argv[1:3])
+assert 0 < b < a, (a, b)
+print("model options ok")
+PY
+
 # The ablation: each rung must run (and report through engine stats) what it names.
 "$TK_CLI" bench -m "$model" --ablation --in 8 --out 4 --batch 1,2 --requests 2 --warmup 0 --threads 1 -q \
   --json "$dir/a.json" >"$dir/a.md"
