@@ -515,12 +515,17 @@ AI const unsigned char *x16_tile_fetch(int t, int nt_max, int64_t g0, int64_t r1
     if (t == 0) return X16_AHEAD;
     return t == nt_max && X16_NEXT && g0 + 16 < r1 ? next : NULL;
 }
-/* A Q8_0/Q4_0 X16 tile's prefetch. The tiles of a unit (the groups one
- * tile reads) run one after another over its weights: the first (ahead)
- * streams them X16_PREFETCH ahead, the later ones read them from cache and
- * share the next unit's blocks (next: ng groups gb bytes apart), fetching
- * into L2 those b with b % step == phase, so the next first tile does not
- * wait on DRAM alone and the reads stay spread over the unit's time. */
+/* A Q8_0/Q4_0 X16 (and X16S) tile's prefetch. The tiles of a unit (the
+ * groups one tile reads) run one after another over its weights: the first
+ * (ahead) streams them X16_PREFETCH ahead, the later ones read them from
+ * cache and share the next unit's blocks (next: ng groups gb bytes apart),
+ * fetching into L2 those b with b % step == phase, so the next first tile
+ * does not wait on DRAM alone and the reads stay spread over the unit's
+ * time. A Q8_0 pass of one token (batch-1 decode) asks for nothing ahead
+ * (ahead false): its tile is bound by the weight stream alone, which the
+ * hardware prefetcher keeps full, and the asks cost it (docs/notes.md:
+ * batch-1 projections ~1.1x faster without them on the AMD EPYC, X16 and
+ * X16S alike; Q4_0's, with more work per byte, kept them). */
 typedef struct x16_pf {
     bool ahead;
     const unsigned char *next;
@@ -528,8 +533,8 @@ typedef struct x16_pf {
 } x16_pf;
 /* Tile i of n of a unit whose next unit (ngn groups from next; 0: none in
  * this call) follows. */
-AI x16_pf x16_unit_fetch(int i, int n, const unsigned char *next, int ngn) {
-    x16_pf pf = {i == 0, i > 0 && ngn > 0 && X16_NEXT ? next : NULL, ngn, i - 1, n > 1 ? n - 1 : 1};
+AI x16_pf x16_unit_fetch(int i, int n, bool ahead, const unsigned char *next, int ngn) {
+    x16_pf pf = {i == 0 && ahead, i > 0 && ngn > 0 && X16_NEXT ? next : NULL, ngn, i - 1, n > 1 ? n - 1 : 1};
     return pf;
 }
 /* Tile pf's prefetch for block b (bb bytes at blk in each of its ng groups,
@@ -876,13 +881,14 @@ AI void x16_gemv(int kind, int64_t k, const void *w, int64_t r0, int64_t r1, con
                                : 0,
                 (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
         const int ntl = x16_tiles(np);
+        const bool ahead = np > 1 || kind == X16_Q4;
         for (int64_t g0 = r0 / 16 * 16; g0 < r1;) {
             const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
             const int ng = x16_unit(g0, r0, r1, np), ngn = x16_unit(g0 + 16 * ng, r0, r1, np);
             const bool whole = g0 >= r0 && g0 + 16 <= r1;
             for (int i = 0; i < ntl; i++) {
                 const int t = x16_tile_start(i, ntl, np), nt = x16_tile_start(i + 1, ntl, np) - t;
-                const x16_pf pf = x16_unit_fetch(i, ntl, g + (size_t)ng * gb, ngn);
+                const x16_pf pf = x16_unit_fetch(i, ntl, ahead, g + (size_t)ng * gb, ngn);
                 float tmp[X16_NT * 16];
                 float *dst = whole ? y + (size_t)(p0 + t) * (size_t)ldy + g0 : tmp;
                 int64_t ld = whole ? ldy : 16;
