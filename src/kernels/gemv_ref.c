@@ -198,7 +198,7 @@ void kern_gemv_q4_0_x16_ref(int64_t k, const void *w, int64_t r0, int64_t r1, co
 void kern_gemv_q8_0_x16s_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                              size_t xq_stride, int n_tok, float *y, int64_t ldy) {
     const int64_t nb = k / TK_QK_K;
-    const size_t bb = 64 + 16 * TK_QK_K;
+    const size_t bb = TK_X16S_BLOCK_BYTES;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *g = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * bb;
         const int i = (int)(r % 16);
@@ -208,8 +208,7 @@ void kern_gemv_q8_0_x16s_ref(int64_t k, const void *w, int64_t r0, int64_t r1, c
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *blk = g + (size_t)b * bb;
                 int32_t acc = 0;
-                for (int e = 0; e < TK_QK_K; e++)
-                    acc += (int8_t)blk[64 + 64 * (e / 4) + 4 * i + e % 4] * x[b].qs[e];
+                for (int e = 0; e < TK_QK_K; e++) acc += kern_q8_0_x16s_q(blk, i, e) * x[b].qs[e];
                 float d;
                 memcpy(&d, blk + 4 * i, sizeof d);
                 s = fmaf((float)acc, d * x[b].d, s);

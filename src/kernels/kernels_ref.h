@@ -109,9 +109,12 @@ void kern_dequant_q8_0_x16_row(const void *w, int64_t k, int64_t row, float *out
  * half a step of d. X16's tiles read it with 64 chunks per block: one
  * scale step (convert, scale product, FMA) per 256 values instead of eight,
  * the integer chain corrected by -128 sum(x) from the Q8_K bsums. */
+#define TK_X16S_BLOCK_BYTES (64 + 16 * TK_QK_K) /* one 16-row group's 256 values */
 bool kern_pack_q8_0_x16s(const void *rows_in, void *out, int64_t rows, int64_t k);
 void kern_dequant_q8_0_x16s_row(const void *w, int64_t k, int64_t row, float *out);
 uint64_t kern_q8_0_x16s_bytes(int64_t rows, int64_t k); /* rows / 16 * k / 256 * 4160 */
+/* q[e] (e 0..255, -127..127) of row i in a 4160-byte block. */
+int kern_q8_0_x16s_q(const uint8_t *blk, int i, int e);
 void kern_gemv_q8_0_x16s_ref(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                              size_t xq_stride, int n_tok, float *y, int64_t ldy);
 

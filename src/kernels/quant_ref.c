@@ -352,8 +352,13 @@ void kern_dequant_q8_0_x16_row(const void *w, int64_t k, int64_t row, float *out
 
 /* ---- Q8_0 by one scale per 256 values, 16 rows (kernels_ref.h) -------------------- */
 
-#define X16S_BYTES (64 + 16 * TK_QK_K) /* one super-block of a 16-row group */
+/* Byte offset, within a 4160-byte X16S block, of row i's element e (0..255). */
+static size_t q8_0_x16s_at(int i, int e) {
+    return 64 + 64 * (size_t)(e / 4) + 4 * (size_t)i + (size_t)(e % 4);
+}
 
+/* Each row's 256 values as Q8_K's quantizer rounds them (d = max |x| / 127,
+ * round to nearest even), its d and quants regrouped. */
 bool kern_pack_q8_0_x16s(const void *rows_in, void *out, int64_t rows, int64_t k) {
     if (rows <= 0 || rows % 16 || k <= 0 || k % TK_QK_K) return false;
     const int64_t nb = k / TK_QK_K, per = TK_QK_K / TK_QK8_0;
@@ -363,34 +368,33 @@ bool kern_pack_q8_0_x16s(const void *rows_in, void *out, int64_t rows, int64_t k
             const tk_block_q8_0 *src =
                 (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(16 * g + i) * rb);
             for (int64_t b = 0; b < nb; b++) {
-                float v[TK_QK_K], amax = 0.0f;
+                float v[TK_QK_K];
+                tk_block_q8_k q;
                 kern_dequant_q8_0_ref(src + b * per, v, TK_QK_K);
-                for (int j = 0; j < TK_QK_K; j++) amax = fmaxf(amax, fabsf(v[j]));
-                const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-                uint8_t *blk = (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)b) * X16S_BYTES;
-                memcpy(blk + 4 * i, &d, sizeof d);
-                for (int j = 0; j < TK_QK_K; j++)
-                    blk[64 + 64 * (j / 4) + 4 * i + j % 4] =
-                        (uint8_t)(int8_t)clampi(round_even(v[j] * id), -127, 127);
+                kern_quant_q8_k_ref(v, &q, TK_QK_K);
+                uint8_t *blk = (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)b) * TK_X16S_BLOCK_BYTES;
+                memcpy(blk + 4 * i, &q.d, sizeof q.d);
+                for (int e = 0; e < TK_QK_K; e++) blk[q8_0_x16s_at(i, e)] = (uint8_t)q.qs[e];
             }
         }
     return true;
 }
 
 uint64_t kern_q8_0_x16s_bytes(int64_t rows, int64_t k) {
-    return (uint64_t)(rows / 16) * (uint64_t)(k / TK_QK_K) * X16S_BYTES;
+    return (uint64_t)(rows / 16) * (uint64_t)(k / TK_QK_K) * TK_X16S_BLOCK_BYTES;
 }
+
+int kern_q8_0_x16s_q(const uint8_t *blk, int i, int e) { return (int8_t)blk[q8_0_x16s_at(i, e)]; }
 
 void kern_dequant_q8_0_x16s_row(const void *w, int64_t k, int64_t row, float *out) {
     const int64_t nb = k / TK_QK_K;
-    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 16) * (size_t)nb * X16S_BYTES;
+    const uint8_t *g = (const uint8_t *)w + (size_t)(row / 16) * (size_t)nb * TK_X16S_BLOCK_BYTES;
     const int i = (int)(row % 16);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = g + (size_t)b * X16S_BYTES;
+        const uint8_t *blk = g + (size_t)b * TK_X16S_BLOCK_BYTES;
         float d;
         memcpy(&d, blk + 4 * i, sizeof d);
-        for (int j = 0; j < TK_QK_K; j++)
-            out[b * TK_QK_K + j] = d * (float)(int8_t)blk[64 + 64 * (j / 4) + 4 * i + j % 4];
+        for (int e = 0; e < TK_QK_K; e++) out[b * TK_QK_K + e] = d * (float)kern_q8_0_x16s_q(blk, i, e);
     }
 }
 

@@ -394,9 +394,7 @@ static tk_status model_build(tk_model *m, const model_source *src, const tk_mode
     } else if ((st = load_matmul(m, src, o, TK_ROLE_OUTPUT, 0, &m->output))) {
         return st;
     }
-    if ((st = rope_init(m, src))) return st;
-    model_account(m);
-    return TK_OK;
+    return rope_init(m, src);
 }
 
 /* Drop an owned buffer early (its tensor moved to the resident copy); a
@@ -509,7 +507,8 @@ tk_status model_create(const tk_hparams *hp, const model_source *src, const tk_m
     if (!m) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
     m->hp = *hp;
     tk_status st = model_build(m, src, o);
-    if (!st && !o->use_mmap && !(st = model_make_resident(m, o))) model_account(m);
+    if (!st && !o->use_mmap) st = model_make_resident(m, o);
+    if (!st) model_account(m); /* after the packs: their bytes (X16S) */
     if (st) {
         tk_model_free(m);
         return st;

@@ -315,9 +315,9 @@ static bool weight_matrix(kt_rng *r, const tk_weight_kernels *w, tk_dtype t, int
 static void weight_row_check(const tk_kernels *K, tk_dtype t, tk_layout layout, kt_rng *r) {
     const tk_kernels *R = kernels_get(TK_ISA_SCALAR);
     const tk_weight_kernels *w = kern_weight(t, layout);
-    /* the pack rounds: the reference reads the packed matrix */
-    const bool requant = w->act != kern_act_type(t, TK_LAYOUT_ROWS);
-    const tk_gemv_fn fn = kern_gemv(K, t, layout), ref = kern_gemv(R, t, requant ? layout : TK_LAYOUT_ROWS);
+    /* requant: the pack rounds, so the reference reads the packed matrix */
+    bool requant;
+    const tk_gemv_fn fn = kern_gemv(K, t, layout), ref = kt_xr_ref(t, layout, &requant);
     const int be = dtype_block_elems(t);
     for (int n_tok = 1; n_tok <= 11; n_tok++) {
         /* Shapes the layout takes, drawn at random (packs refuse the others). */

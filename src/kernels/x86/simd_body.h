@@ -484,13 +484,13 @@ enum { X16_Q8, X16_Q4, X16_Q8S };
 AI int x16_chunks(int kind) { return kind == X16_Q8S ? TK_QK_K / 4 : TK_QK8_0 / 4; }
 AI int x16_ent(int kind) { return x16_chunks(kind) + 2; } /* chunks, correction, scale */
 AI size_t x16_block_bytes(int kind) {
-    return kind == X16_Q4 ? 288 : kind == X16_Q8S ? 64 + 16 * TK_QK_K : 544;
+    return kind == X16_Q4 ? 288 : kind == X16_Q8S ? TK_X16S_BLOCK_BYTES : 544;
 }
 AI size_t x16_head_bytes(int kind) { return kind == X16_Q8S ? 64 : 32; } /* the 16 scales */
 #ifndef X16_ACT_MAX
 #define X16_ACT_MAX 7168 /* Q8_0 (token, block) terms per pass: 280 KB of stack */
 #endif
-#define X16_TAB_WORDS (X16_ACT_MAX * 10)
+#define X16_TAB_WORDS (X16_ACT_MAX * (TK_QK8_0 / 4 + 2)) /* x16_ent(X16_Q8) words each */
 /* How far ahead the 512-bit X16 tile fetches its weight stream (bytes; 0
  * turns it off): 4 KB (~7 Q8_0 blocks of 16 rows) read a DRAM-resident
  * matrix faster than 2 KB at 1 and at 32 tokens, 8 KB no better. */
@@ -551,6 +551,20 @@ AI void x16_fetch(x16_pf pf, const unsigned char *blk, size_t gb, int ng, int64_
             for (int o = 0; o < (int)bb; o += 64)
                 _mm_prefetch((const char *)(pf.next + (size_t)j * gb + (size_t)b * bb + o), _MM_HINT_T1);
     }
+}
+/* Tile pf's prefetch for chunks c0..c0 + 7 of block b: each eight chunks
+ * fetch their share of the block (an X16 block whole, an eighth of an X16S
+ * one), so the asks stay spread over the block's work. */
+AI void x16_fetch_chunks(x16_pf pf, int kind, const unsigned char *blk, size_t gb, int ng, int64_t b,
+                         int c0) {
+    const int parts = x16_chunks(kind) / 8;
+    const size_t fu = x16_block_bytes(kind) / (size_t)parts;
+    x16_fetch(pf, blk + fu * (size_t)(c0 / 8), gb, ng, b * parts + c0 / 8, fu);
+}
+/* The weight scales of rows 8h..8h + 7 of a block (f16 in X16, f32 in X16S). */
+AI __m256 x16_scales8(int kind, const unsigned char *blk, int h) {
+    return kind == X16_Q8S ? _mm256_loadu_ps((const float *)(blk + 32 * h))
+                           : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
 }
 #if defined(KNT_X16)
 #define X16_NT KNT_X16
@@ -671,7 +685,7 @@ AI __m512i dpbusd_bcast(__m512i acc, __m512i w, const int32_t *x) {
  * tokens; docs/notes.md). */
 AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
-    const size_t bb = x16_block_bytes(kind), fu = bb / (size_t)(x16_chunks(kind) / 8);
+    const size_t bb = x16_block_bytes(kind);
     const int nc = x16_chunks(kind), ent = x16_ent(kind);
     __m512 acc[2][X16_NT];
 #pragma GCC unroll 16
@@ -684,7 +698,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
         for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm512_set1_epi32(e[nc * nt + t]);
         /* eight chunks at a time, each eight with its share of the prefetch */
         for (int c0 = 0; c0 < nc; c0 += 8) {
-            x16_fetch(pf, blk + fu * (size_t)(c0 / 8), gb, ng, b * (nc / 8) + c0 / 8, fu);
+            x16_fetch_chunks(pf, kind, blk, gb, ng, b, c0);
 #pragma GCC unroll 8
             for (int c = c0; c < c0 + 8; c++) {
                 __m512i wv[2];
@@ -736,7 +750,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
 AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
     (void)ng; /* one group (X16_PAIR) */
-    const size_t bb = x16_block_bytes(kind), fu = bb / (size_t)(x16_chunks(kind) / 8);
+    const size_t bb = x16_block_bytes(kind);
     const int nc = x16_chunks(kind), ent = x16_ent(kind);
     const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[2][X16_NT];
@@ -748,7 +762,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) is[0][t] = is[1][t] = _mm256_set1_epi32(e[nc * nt + t]);
         for (int c0 = 0; c0 < nc; c0 += 8) {
-            x16_fetch(pf, blk + fu * (size_t)(c0 / 8), gb, 1, b * (nc / 8) + c0 / 8, fu);
+            x16_fetch_chunks(pf, kind, blk, gb, 1, b, c0);
 #pragma GCC unroll 8
             for (int c = c0; c < c0 + 8; c++) {
                 __m256i w0, w1;
@@ -769,14 +783,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
                 }
             }
         }
-        __m256 dw0, dw1;
-        if (kind == X16_Q8S) {
-            dw0 = _mm256_loadu_ps((const float *)blk);
-            dw1 = _mm256_loadu_ps((const float *)(blk + 32));
-        } else {
-            dw0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            dw1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
-        }
+        const __m256 dw0 = x16_scales8(kind, blk, 0), dw1 = x16_scales8(kind, blk, 1);
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             const __m256 s = _mm256_set1_ps(x16_scale(&e[(nc + 1) * nt + t]));
@@ -798,7 +805,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
 AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e0, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
     (void)ng; /* one group (X16_PAIR) */
-    const size_t bb = x16_block_bytes(kind), fu = bb / (size_t)(x16_chunks(kind) / 8);
+    const size_t bb = x16_block_bytes(kind);
     const int nc = x16_chunks(kind), ent = x16_ent(kind), q4 = kind == X16_Q4;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) {
@@ -817,7 +824,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
             for (int c0 = 0; c0 < nc; c0 += 8) {
-                if (h == 0) x16_fetch(pf, blk + fu * (size_t)(c0 / 8), gb, 1, b * (nc / 8) + c0 / 8, fu);
+                if (h == 0) x16_fetch_chunks(pf, kind, blk, gb, 1, b, c0);
 #pragma GCC unroll 8
                 for (int c = c0; c < c0 + 8; c++) {
                     __m256i wv;
@@ -842,9 +849,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
                 for (int t = 0; t < nt; t++)
                     is[t] = _mm256_add_epi32(_mm256_set1_epi32(e[nc * nt + t]),
                                              _mm256_madd_epi16(is[t], _mm256_set1_epi16(1)));
-            const __m256 dw = kind == X16_Q8S
-                                  ? _mm256_loadu_ps((const float *)(blk + 32 * h))
-                                  : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            const __m256 dw = x16_scales8(kind, blk, h);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x16_scale(&e[(nc + 1) * nt + t])));
