@@ -2,6 +2,8 @@
  * quantizers, exactly as GGML lays the blocks out (src/core/dtype.h). These
  * are the definitions the SIMD files and the tests are measured against. */
 #include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels_ref.h"
@@ -357,8 +359,44 @@ static size_t q8_0_x16s_at(int i, int e) {
     return 64 + 64 * (size_t)(e / 4) + 4 * (size_t)i + (size_t)(e % 4);
 }
 
-/* Each row's 256 values as Q8_K's quantizer rounds them (d = max |x| / 127,
- * round to nearest even), its d and quants regrouped. */
+/* One row's 256 values as Q8_K's quantizer rounds them (kern_dequant_q8_0_ref
+ * of its eight Q8_0 blocks, then kern_quant_q8_k_ref: d = max |x| / 127,
+ * round to nearest even), its d and quants regrouped. The same bits without
+ * a call per element: the largest |d_b q| is |d_b| max |q| of each block
+ * (rounding is monotonic), and v / d rounds by the 1.5 * 2^23 sum (exact for
+ * |v / d| <= 2^22; here <= 127; an f16 scale's amax is 0 or at least
+ * 2^-24, so 1 / d is finite). Scales that are not finite take the
+ * definition itself. */
+static void pack_x16s_row(const tk_block_q8_0 *src, uint8_t *blk, int i) {
+    float v[TK_QK_K], amax = 0.0f;
+    bool finite = true;
+    for (int j = 0; j < TK_QK_K / TK_QK8_0; j++) {
+        const float d = tk_f16_to_f32(src[j].d);
+        int m = 0;
+        for (int e = 0; e < TK_QK8_0; e++) v[j * TK_QK8_0 + e] = d * (float)src[j].qs[e];
+        for (int e = 0; e < TK_QK8_0; e++) m = abs(src[j].qs[e]) > m ? abs(src[j].qs[e]) : m;
+        finite &= isfinite(d);
+        const float a = fabsf(d) * (float)m;
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int8_t qs[TK_QK_K];
+    if (finite) {
+        memcpy(blk + 4 * i, &d, sizeof d);
+        for (int e = 0; e < TK_QK_K; e++) {
+            const float x = v[e] * id; /* its own statement: never contracted into an FMA */
+            const float r = (x + 12582912.0f) - 12582912.0f;
+            qs[e] = (int8_t)clampi((int)r, -127, 127);
+        }
+    } else {
+        tk_block_q8_k q;
+        kern_quant_q8_k_ref(v, &q, TK_QK_K);
+        memcpy(blk + 4 * i, &q.d, sizeof q.d);
+        memcpy(qs, q.qs, sizeof qs);
+    }
+    for (int c = 0; c < TK_QK_K / 4; c++) memcpy(blk + q8_0_x16s_at(i, 4 * c), qs + 4 * c, 4);
+}
+
 bool kern_pack_q8_0_x16s(const void *rows_in, void *out, int64_t rows, int64_t k) {
     if (rows <= 0 || rows % 16 || k <= 0 || k % TK_QK_K) return false;
     const int64_t nb = k / TK_QK_K, per = TK_QK_K / TK_QK8_0;
@@ -367,15 +405,9 @@ bool kern_pack_q8_0_x16s(const void *rows_in, void *out, int64_t rows, int64_t k
         for (int i = 0; i < 16; i++) {
             const tk_block_q8_0 *src =
                 (const tk_block_q8_0 *)((const char *)rows_in + (size_t)(16 * g + i) * rb);
-            for (int64_t b = 0; b < nb; b++) {
-                float v[TK_QK_K];
-                tk_block_q8_k q;
-                kern_dequant_q8_0_ref(src + b * per, v, TK_QK_K);
-                kern_quant_q8_k_ref(v, &q, TK_QK_K);
-                uint8_t *blk = (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)b) * TK_X16S_BLOCK_BYTES;
-                memcpy(blk + 4 * i, &q.d, sizeof q.d);
-                for (int e = 0; e < TK_QK_K; e++) blk[q8_0_x16s_at(i, e)] = (uint8_t)q.qs[e];
-            }
+            for (int64_t b = 0; b < nb; b++)
+                pack_x16s_row(src + b * per,
+                              (uint8_t *)out + ((size_t)g * (size_t)nb + (size_t)b) * TK_X16S_BLOCK_BYTES, i);
         }
     return true;
 }

@@ -346,6 +346,57 @@ static void test_quant_rope_cs(void **state) {
     }
 }
 
+/* The X16S pack against its definition, written out here: each row's 256
+ * values dequantized (kern_dequant_q8_0_ref) and quantized by
+ * kern_quant_q8_k_ref, the scale at 4i of the 4160-byte block and value e
+ * at 64 + 64 (e / 4) + 4i + e % 4 (kernels_ref.h). Bytes must match for
+ * scales of every kind the shortcut must not change: zero blocks and zero
+ * scales, negative, subnormal and largest f16 scales, -128 quants, and a
+ * super-block of the smallest scale and quants. */
+static void test_quant_x16s_pack_definition(void **state) {
+    (void)state;
+    enum { ROWS = 32, K = 768, NB = K / 256, PER = 8 };
+    static tk_block_q8_0 w[ROWS][K / 32];
+    static uint8_t got[ROWS / 16 * NB * TK_X16S_BLOCK_BYTES], want[sizeof got];
+    static const tk_f16 special[] = {0x0000, 0x8000, 0x0001, 0x03ff, 0x7bff, 0xfbff, 0x0400, 0xbc00};
+    uint32_t x = 12345;
+    for (int r = 0; r < ROWS; r++)
+        for (int b = 0; b < K / 32; b++) {
+            x = x * 1664525u + 1013904223u;
+            const unsigned kind = x >> 28;
+            w[r][b].d =
+                kind < 4 ? special[(x >> 8) % 8] : (tk_f16)(0x2000 + (x >> 8) % 0x3000 + (x & 1) * 0x8000);
+            for (int j = 0; j < 32; j++) {
+                x = x * 1664525u + 1013904223u;
+                w[r][b].qs[j] = kind == 5 ? 0 : (int8_t)(x >> 24);
+            }
+        }
+    for (int b = 0; b < PER; b++) { /* a super-block of the smallest scale and quants of 0 and 1 */
+        w[3][PER + b].d = 0x0001;
+        for (int j = 0; j < 32; j++) w[3][PER + b].qs[j] = (int8_t)(j % 2);
+    }
+    memset(got, 0xa5, sizeof got);
+    memset(want, 0x5a, sizeof want);
+    assert_true(kern_pack_q8_0_x16s(w, got, ROWS, K));
+    for (int r = 0; r < ROWS; r++)
+        for (int sb = 0; sb < NB; sb++) {
+            float v[256];
+            tk_block_q8_k q;
+            kern_dequant_q8_0_ref(&w[r][sb * PER], v, 256);
+            kern_quant_q8_k_ref(v, &q, 256);
+            uint8_t *blk = want + ((size_t)(r / 16) * NB + (size_t)sb) * TK_X16S_BLOCK_BYTES;
+            memcpy(blk + 4 * (r % 16), &q.d, sizeof q.d);
+            for (int e = 0; e < 256; e++) blk[64 + 64 * (e / 4) + 4 * (r % 16) + e % 4] = (uint8_t)q.qs[e];
+        }
+    for (size_t i = 0; i < sizeof got; i++)
+        if (got[i] != want[i])
+            fail_msg("x16s pack: byte %zu (group %zu, super-block %zu, offset %zu) %u != %u", i,
+                     i / (NB * TK_X16S_BLOCK_BYTES), i / TK_X16S_BLOCK_BYTES % NB, i % TK_X16S_BLOCK_BYTES,
+                     got[i], want[i]);
+    assert_false(kern_pack_q8_0_x16s(w, got, 24, K));        /* rows % 16 */
+    assert_false(kern_pack_q8_0_x16s(w, got, 16, 512 + 32)); /* k % 256 */
+}
+
 static void test_quant_dispatch(void **state) {
     (void)state;
     assert_int_equal(kern_act_type(TK_DTYPE_BF16, TK_LAYOUT_ROWS), TK_DTYPE_F32);
@@ -373,12 +424,19 @@ static void test_quant_dispatch(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_quant_f16_bf16_known),  cmocka_unit_test(test_quant_q8_0_known),
-        cmocka_unit_test(test_quant_q4_0_known),      cmocka_unit_test(test_quant_q4_k_known),
-        cmocka_unit_test(test_quant_q6_k_known),      cmocka_unit_test(test_quant_act_known),
-        cmocka_unit_test(test_quant_roundtrip_error), cmocka_unit_test(test_quant_gemv_ref_vs_dequant),
-        cmocka_unit_test(test_quant_norm_act_known),  cmocka_unit_test(test_quant_rope_direct),
-        cmocka_unit_test(test_quant_rope_cs),         cmocka_unit_test(test_quant_dispatch),
+        cmocka_unit_test(test_quant_f16_bf16_known),
+        cmocka_unit_test(test_quant_q8_0_known),
+        cmocka_unit_test(test_quant_q4_0_known),
+        cmocka_unit_test(test_quant_q4_k_known),
+        cmocka_unit_test(test_quant_q6_k_known),
+        cmocka_unit_test(test_quant_act_known),
+        cmocka_unit_test(test_quant_roundtrip_error),
+        cmocka_unit_test(test_quant_gemv_ref_vs_dequant),
+        cmocka_unit_test(test_quant_norm_act_known),
+        cmocka_unit_test(test_quant_rope_direct),
+        cmocka_unit_test(test_quant_rope_cs),
+        cmocka_unit_test(test_quant_dispatch),
+        cmocka_unit_test(test_quant_x16s_pack_definition),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
