@@ -6,6 +6,9 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -14,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "kernels/kernels.h"
 #include "model/model_internal.h"
 
@@ -426,6 +430,53 @@ static bool is_matmul_weight(const tk_model *m, const tk_tensor *t) {
  * TLB walk and stops the hardware prefetcher, which measured 10-15% of the
  * read bandwidth here. */
 #define HUGE_PAGE ((size_t)2 << 20)
+
+/* The matrices model_make_resident copies: src[i] (sel[i]'s data) goes to
+ * p + off[i] in the layout lay[i] its pack chose; threads take them largest
+ * first and free a source the model owned (a repack) once it is copied. */
+typedef struct resident_job {
+    tk_model *m;
+    const tk_model_opts *o;
+    tk_tensor *const *sel;
+    const void *const *src;
+    const int *order;
+    const size_t *off;
+    tk_layout *lay;
+    unsigned char *p;
+    int k;
+    atomic_int next;
+    pthread_mutex_t owned; /* m->owned */
+} resident_job;
+
+static void resident_copy(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    resident_job *j = ctx;
+    for (int n; (n = atomic_fetch_add(&j->next, 1)) < j->k;) {
+        const int i = j->order[n];
+        const tk_tensor *t = j->sel[i];
+        const int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        tk_layout lay = TK_LAYOUT_ROWS;
+        if (!j->o->row_layout && is_matmul_weight(j->m, t)) {
+            const bool opt =
+                t->type == TK_DTYPE_BF16 ? j->o->bf16_dot : t->type == TK_DTYPE_Q8_0 && j->o->q8_coarse;
+            lay = (opt ? kern_pack_opt_in : kern_pack)(t->type, j->src[i], j->p + j->off[i], rows, t->ne[0]);
+        }
+        if (lay == TK_LAYOUT_ROWS) memcpy(j->p + j->off[i], j->src[i], (size_t)t->nbytes);
+        j->lay[i] = lay;
+        pthread_mutex_lock(&j->owned);
+        model_disown(j->m, j->src[i]);
+        pthread_mutex_unlock(&j->owned);
+    }
+}
+
+/* Threads for the copy: the CPUs the process may run on, at most 16 (the
+ * copy and packs are memory-bound past a few). */
+static int resident_threads(void) {
+    cpu_set_t set;
+    const int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+
 static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     int n_layer = m->hp.n_layer, n = 0;
     tk_tensor **ts = tk_calloc((size_t)n_layer * 7 + 2, 2 * sizeof *ts);
@@ -458,31 +509,60 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         return tk_fail(TK_ERR_NOMEM, "model: cannot map %zu bytes for the weights (use_mmap avoids the copy)",
                        size);
     }
+    /* the packs are pure functions of their matrix: any number of threads
+     * gives the same bytes */
+    size_t *offs = tk_calloc((size_t)k, sizeof *offs + sizeof(void *) + 2 * sizeof(int) + sizeof(tk_layout));
+    int *at = tk_calloc((size_t)n, sizeof *at);
+    if (!offs || !at) {
+        tk_free(offs);
+        tk_free(at);
+        tk_free_huge(p, size);
+        tk_free(ts);
+        return tk_fail(TK_ERR_NOMEM, "model: out of memory");
+    }
+    const void **src = (const void **)(offs + k);
+    int *order = (int *)(src + k);
+    tk_layout *lays = (tk_layout *)(order + k);
     size_t off = 0;
     for (int i = 0; i < k; i++) {
-        tk_tensor *t = sel[i];
-        const void *old = t->data;
-        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-        const size_t slot = ((size_t)t->nbytes + 63) & ~(size_t)63;
-        tk_layout lay = TK_LAYOUT_ROWS;
-        if (!o->row_layout && is_matmul_weight(m, t)) {
-            const bool opt =
-                t->type == TK_DTYPE_BF16 ? o->bf16_dot : t->type == TK_DTYPE_Q8_0 && o->q8_coarse;
-            lay = (opt ? kern_pack_opt_in : kern_pack)(t->type, old, p + off, rows, t->ne[0]);
+        offs[i] = off;
+        off += ((size_t)sel[i]->nbytes + 63) & ~(size_t)63;
+        src[i] = sel[i]->data;
+        int r = i; /* insertion by size, largest first */
+        while (r > 0 && sel[order[r - 1]]->nbytes < sel[i]->nbytes) {
+            order[r] = order[r - 1];
+            r--;
         }
-        if (lay == TK_LAYOUT_ROWS) memcpy(p + off, old, (size_t)t->nbytes);
-        const tk_weight_kernels *wk = kern_weight(t->type, lay);
-        const uint64_t bytes = wk && wk->packed_bytes ? wk->packed_bytes(rows, t->ne[0]) : t->nbytes;
-        /* A tied output shares the embedding's data: move both. */
-        for (int j = 0; j < n; j++)
-            if (ts[j]->data == old) {
-                ts[j]->data = p + off;
-                ts[j]->layout = lay;
-                ts[j]->nbytes = bytes;
-            }
-        model_disown(m, old);
-        off += slot;
+        order[r] = i;
     }
+    for (int j = 0; j < n; j++) /* which copy each tensor's data moves with (a tied output shares one) */
+        for (int i = 0; i < k; i++)
+            if (ts[j]->data == src[i]) at[j] = i;
+    resident_job job = {
+        .m = m, .o = o, .sel = sel, .src = src, .order = order, .off = offs, .lay = lays, .p = p, .k = k};
+    atomic_init(&job.next, 0);
+    pthread_mutex_init(&job.owned, NULL);
+    tk_pool *pool = NULL;
+    const int nth = resident_threads() < k ? resident_threads() : k;
+    if (nth > 1 && pool_init(nth, false, &pool) == TK_OK) {
+        pool_run(pool, resident_copy, &job);
+        pool_free(pool);
+    } else {
+        tk_error_clear();
+        resident_copy(&job, 0, 1);
+    }
+    pthread_mutex_destroy(&job.owned);
+    for (int j = 0; j < n; j++) {
+        tk_tensor *t = ts[j];
+        const int i = at[j];
+        const int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        const tk_weight_kernels *wk = kern_weight(t->type, lays[i]);
+        t->data = p + offs[i];
+        t->layout = lays[i];
+        t->nbytes = wk && wk->packed_bytes ? wk->packed_bytes(rows, t->ne[0]) : t->nbytes;
+    }
+    tk_free(at);
+    tk_free(offs);
     mprotect(p, size, PROT_READ);
     m->resident = p;
     m->resident_size = size;

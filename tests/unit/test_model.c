@@ -1,6 +1,7 @@
 /* Model loading: hyper-parameters from GGUF and config.json, validation
  * messages, tensor checks (missing, wrong shape, wrong type), GGUF files written
  * with the writer and opened with tk_model_open, and the info accounting. */
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -57,6 +58,76 @@ static void test_model_loads_every_arch(void **state) {
         assert_int_equal(info.kv_bytes_per_token, 2ull * 4 * 2 * info.head_dim * 2);
         assert_null(model_tokenizer(m));
         tk_model_free(m);
+        fx_free(&fx);
+    }
+}
+
+/* Every tensor model_make_resident moved, as bytes, layout and count. */
+static void expect_same_weights(const tk_model *a, const tk_model *b, const char *what) {
+    for (int l = 0; l < a->hp.n_layer; l++) {
+        const tk_tensor *ta[7] = {&a->layers[l].wq,    &a->layers[l].wk,     &a->layers[l].wv,
+                                  &a->layers[l].wo,    &a->layers[l].w_gate, &a->layers[l].w_up,
+                                  &a->layers[l].w_down};
+        const tk_tensor *tb[7] = {&b->layers[l].wq,    &b->layers[l].wk,     &b->layers[l].wv,
+                                  &b->layers[l].wo,    &b->layers[l].w_gate, &b->layers[l].w_up,
+                                  &b->layers[l].w_down};
+        for (int i = 0; i < 7; i++) {
+            if (ta[i]->layout != tb[i]->layout || ta[i]->nbytes != tb[i]->nbytes ||
+                memcmp(ta[i]->data, tb[i]->data, (size_t)ta[i]->nbytes))
+                fail_msg("%s: layer %d matrix %d differs between one thread and many", what, l, i);
+        }
+    }
+    assert_int_equal(a->output.layout, b->output.layout);
+    assert_memory_equal(a->output.data, b->output.data, (size_t)a->output.nbytes);
+    assert_memory_equal(a->tok_embd.data, b->tok_embd.data, (size_t)a->tok_embd.nbytes);
+    assert_true(a->resident && b->resident);
+}
+
+/* The weights are copied and packed by as many threads as the process has
+ * CPUs: the same bytes as one thread (a process held to one CPU), for file
+ * views (Q8_0 by 16 rows; --q8-coarse), and for repacks the model owns and
+ * frees as they are copied (BF16 -> Q8_0). */
+static void test_model_resident_threads(void **state) {
+    (void)state;
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    if (CPU_COUNT(&all) < 2) print_message("one CPU: both loads run on one thread\n");
+    tk_hparams hp;
+    fx_hparams(&hp, TK_ARCH_QWEN3);
+    hp.n_layer = 3;
+    hp.n_embd = 256;
+    hp.n_ff = 512;
+    hp.head_dim = 64;
+    static const struct {
+        tk_dtype file;
+        bool coarse;
+        tk_weight_type repack;
+    } cases[] = {{TK_DTYPE_Q8_0, false, TK_WEIGHTS_KEEP},
+                 {TK_DTYPE_Q8_0, true, TK_WEIGHTS_KEEP},
+                 {TK_DTYPE_BF16, false, TK_WEIGHTS_Q8_0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fx_model fx;
+        fx_build_hp(&fx, &hp, cases[c].file, TK_NAMING_HF);
+        tk_model_opts o;
+        tk_model_opts_default(&o);
+        o.q8_coarse = cases[c].coarse;
+        o.repack = cases[c].repack;
+        tk_model *m1, *mn;
+        CPU_ZERO(&one);
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+            if (CPU_ISSET(cpu, &all)) {
+                CPU_SET(cpu, &one);
+                break;
+            }
+        assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+        const tk_status s1 = fx_open(&fx, &o, &m1);
+        assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+        assert_int_equal(s1, TK_OK);
+        assert_int_equal(fx_open(&fx, &o, &mn), TK_OK);
+        assert_int_equal(mn->layers[0].wq.layout, cases[c].coarse ? TK_LAYOUT_X16S : TK_LAYOUT_X16);
+        expect_same_weights(m1, mn, cases[c].coarse ? "q8_0 --q8-coarse" : c == 0 ? "q8_0" : "bf16 repacked");
+        tk_model_free(m1);
+        tk_model_free(mn);
         fx_free(&fx);
     }
 }
@@ -608,12 +679,12 @@ static void test_model_hf_dir_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_loads_every_arch), cmocka_unit_test(test_model_bad_hparams),
-        cmocka_unit_test(test_model_tensor_errors),    cmocka_unit_test(test_model_unpermute_rows),
-        cmocka_unit_test(test_model_gguf_roundtrip),   cmocka_unit_test(test_model_gguf_errors),
-        cmocka_unit_test(test_model_hf_config),        cmocka_unit_test(test_model_hf_dir_matches_gguf),
-        cmocka_unit_test(test_model_gguf_limits),      cmocka_unit_test(test_model_hf_config_limits),
-        cmocka_unit_test(test_model_hf_dir_errors),
+        cmocka_unit_test(test_model_loads_every_arch),    cmocka_unit_test(test_model_resident_threads),
+        cmocka_unit_test(test_model_bad_hparams),         cmocka_unit_test(test_model_tensor_errors),
+        cmocka_unit_test(test_model_unpermute_rows),      cmocka_unit_test(test_model_gguf_roundtrip),
+        cmocka_unit_test(test_model_gguf_errors),         cmocka_unit_test(test_model_hf_config),
+        cmocka_unit_test(test_model_hf_dir_matches_gguf), cmocka_unit_test(test_model_gguf_limits),
+        cmocka_unit_test(test_model_hf_config_limits),    cmocka_unit_test(test_model_hf_dir_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
