@@ -173,8 +173,66 @@ void model_unpermute_rows(const void *src, void *dst, int n_head, int head_dim, 
         }
 }
 
+/* ---- load-time work on every CPU ------------------------------------------------ */
+
+/* Runs fn(ctx, ith, nth) on as many threads as the process has CPUs (at most
+ * 16, and at most max: the load's copies and conversions are memory-bound
+ * past a few), or on the caller alone where a pool cannot start. fn must
+ * give the same result for any nth. */
+static void load_parallel(tk_pool_fn fn, void *ctx, int max) {
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    n = n > 16 ? 16 : n > max ? max : n;
+    tk_pool *pool = NULL;
+    if (n > 1 && pool_init(n, false, &pool) == TK_OK) {
+        pool_run(pool, fn, ctx);
+        pool_free(pool);
+        return;
+    }
+    tk_error_clear();
+    fn(ctx, 0, 1);
+}
+
+/* Rows [r0, r1) of a repack: each dequantized to f32 (tmp, k floats) and
+ * converted; Q8_0 and Q8_K through the level's activation quantizers, which
+ * give their references' bytes (kernels_test_simd). */
+typedef struct repack_job {
+    const tk_kernels *K;
+    const tk_tensor *t;
+    tk_dtype to;
+    uint8_t *out;
+    size_t rb_from, rb_to;
+    int64_t rows;
+    atomic_bool failed, nomem;
+} repack_job;
+
+static void repack_rows(void *ctx, int ith, int nth) {
+    repack_job *j = ctx;
+    const int64_t k = j->t->ne[0];
+    long r0, r1;
+    pool_split((long)j->rows, ith, nth, 1, &r0, &r1);
+    float *tmp = r0 < r1 ? tk_malloc((size_t)k * sizeof(float)) : NULL;
+    if (r0 < r1 && !tmp) {
+        atomic_store(&j->nomem, true);
+        return;
+    }
+    const uint8_t *in = j->t->data;
+    for (long r = r0; r < r1 && !atomic_load_explicit(&j->failed, memory_order_relaxed); r++) {
+        j->K->dequant_row[j->t->type](in + (size_t)r * j->rb_from, tmp, k);
+        void *dst = j->out + (size_t)r * j->rb_to;
+        if (j->to == TK_DTYPE_Q8_0 && k % TK_QK8_0 == 0)
+            j->K->quant_q8_0(tmp, dst, k);
+        else if (j->to == TK_DTYPE_Q8_K && k % TK_QK_K == 0)
+            j->K->quant_q8_k(tmp, dst, k);
+        else if (!kern_quantize_row(j->to, tmp, dst, k))
+            atomic_store(&j->failed, true);
+    }
+    tk_free(tmp);
+}
+
 /* Convert every row of t to type `to` into an owned buffer (dequantize to f32,
- * then quantize), so a BF16 file can run as Q8_0 ("W8A8"). */
+ * then quantize), so a BF16 file can run as Q8_0 ("W8A8"); the rows split
+ * over the CPUs. */
 static tk_status repack(tk_model *m, tk_tensor *t, tk_dtype to) {
     const tk_kernels *K = kernels_default();
     if (!K->dequant_row[t->type])
@@ -186,32 +244,16 @@ static tk_status repack(tk_model *m, tk_tensor *t, tk_dtype to) {
     if (!tk_mul_u64(rb_to, (uint64_t)rows, &total) || total > SIZE_MAX)
         return tk_fail(TK_ERR_NOMEM, "model: repacked %s too large", t->name);
     uint8_t *out = model_own(m, (size_t)total);
-    float *tmp = tk_malloc((size_t)t->ne[0] * sizeof(float));
-    if (!out || !tmp) {
-        tk_free(tmp);
-        return tk_fail(TK_ERR_NOMEM, "model: out of memory repacking %s", t->name);
-    }
-    const uint8_t *in = t->data;
-    int64_t k = t->ne[0];
-    for (int64_t r = 0; r < rows; r++) {
-        K->dequant_row[t->type](in + (size_t)r * rb_from, tmp, k);
-        void *dst = out + (size_t)r * rb_to;
-        bool ok = true;
-        if (to == TK_DTYPE_F32) {
-            memcpy(dst, tmp, (size_t)k * sizeof(float));
-        } else if (to == TK_DTYPE_F16 || to == TK_DTYPE_BF16) {
-            uint16_t *h = dst;
-            for (int64_t i = 0; i < k; i++)
-                h[i] = to == TK_DTYPE_F16 ? tk_f32_to_f16(tmp[i]) : tk_f32_to_bf16(tmp[i]);
-        } else {
-            ok = kern_quantize_row(to, tmp, dst, k);
-        }
-        if (!ok) {
-            tk_free(tmp);
-            return tk_fail(TK_ERR_UNSUPPORTED, "model: cannot repack %s to %s", t->name, dtype_name(to));
-        }
-    }
-    tk_free(tmp);
+    if (!out) return tk_fail(TK_ERR_NOMEM, "model: out of memory repacking %s", t->name);
+    repack_job job = {.K = K, .t = t, .to = to, .out = out, .rb_from = rb_from, .rb_to = rb_to, .rows = rows};
+    atomic_init(&job.failed, false);
+    atomic_init(&job.nomem, false);
+    /* a thread per 256 KiB of output at most: small tensors stay on the caller */
+    const uint64_t parts = total >> 18;
+    load_parallel(repack_rows, &job, parts < 1 ? 1 : parts > 16 ? 16 : (int)parts);
+    if (atomic_load(&job.nomem)) return tk_fail(TK_ERR_NOMEM, "model: out of memory repacking %s", t->name);
+    if (atomic_load(&job.failed))
+        return tk_fail(TK_ERR_UNSUPPORTED, "model: cannot repack %s to %s", t->name, dtype_name(to));
     t->type = to;
     t->data = out;
     t->nbytes = total;
@@ -469,14 +511,6 @@ static void resident_copy(void *ctx, int ith, int nth) {
     }
 }
 
-/* Threads for the copy: the CPUs the process may run on, at most 16 (the
- * copy and packs are memory-bound past a few). */
-static int resident_threads(void) {
-    cpu_set_t set;
-    const int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    return n < 1 ? 1 : n > 16 ? 16 : n;
-}
-
 static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     int n_layer = m->hp.n_layer, n = 0;
     tk_tensor **ts = tk_calloc((size_t)n_layer * 7 + 2, 2 * sizeof *ts);
@@ -542,15 +576,7 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         .m = m, .o = o, .sel = sel, .src = src, .order = order, .off = offs, .lay = lays, .p = p, .k = k};
     atomic_init(&job.next, 0);
     pthread_mutex_init(&job.owned, NULL);
-    tk_pool *pool = NULL;
-    const int nth = resident_threads() < k ? resident_threads() : k;
-    if (nth > 1 && pool_init(nth, false, &pool) == TK_OK) {
-        pool_run(pool, resident_copy, &job);
-        pool_free(pool);
-    } else {
-        tk_error_clear();
-        resident_copy(&job, 0, 1);
-    }
+    load_parallel(resident_copy, &job, k);
     pthread_mutex_destroy(&job.owned);
     for (int j = 0; j < n; j++) {
         tk_tensor *t = ts[j];

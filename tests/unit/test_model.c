@@ -85,8 +85,9 @@ static void expect_same_weights(const tk_model *a, const tk_model *b, const char
 
 /* The weights are copied and packed by as many threads as the process has
  * CPUs: the same bytes as one thread (a process held to one CPU), for file
- * views (Q8_0 by 16 rows; --q8-coarse), and for repacks the model owns and
- * frees as they are copied (BF16 -> Q8_0). */
+ * views (Q8_0 by 16 rows; --q8-coarse), and for repacks, whose rows are
+ * converted on several threads and which the model owns and frees as they
+ * are copied (BF16 -> Q8_0). */
 static void test_model_resident_threads(void **state) {
     (void)state;
     cpu_set_t all, one;
@@ -95,8 +96,8 @@ static void test_model_resident_threads(void **state) {
     tk_hparams hp;
     fx_hparams(&hp, TK_ARCH_QWEN3);
     hp.n_layer = 3;
-    hp.n_embd = 256;
-    hp.n_ff = 512;
+    hp.n_embd = 512;
+    hp.n_ff = 1536; /* 816 KiB of Q8_0 per FFN matrix: a repack on several threads */
     hp.head_dim = 64;
     static const struct {
         tk_dtype file;
