@@ -1,6 +1,7 @@
 #include "alloc.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -62,20 +63,23 @@ void tk_free(void *p) {
     free(base);
 }
 
-void *tk_alloc_aligned(size_t n, size_t align) {
+static void *alloc_aligned(size_t n, size_t align, bool zero) {
     if (align < 64) align = 64;
     if (n == 0 || (align & (align - 1)) || n > SIZE_MAX - 2 * align) return NULL;
     size_t total = (n + align - 1) / align * align;
     /* The size lives in the align bytes before the payload. */
     unsigned char *p = aligned_alloc(align, total + align);
     if (!p) return NULL;
-    memset(p + align, 0, total);
+    if (zero) memset(p + align, 0, total);
     memcpy(p, &total, sizeof total);
     memcpy(p + sizeof total, &align, sizeof align);
     memcpy(p + align - sizeof align, &align, sizeof align);
     atomic_fetch_add(&live_bytes, total);
     return p + align;
 }
+
+void *tk_alloc_aligned(size_t n, size_t align) { return alloc_aligned(n, align, true); }
+void *tk_alloc_aligned_raw(size_t n, size_t align) { return alloc_aligned(n, align, false); }
 
 void tk_free_aligned(void *p) {
     if (!p) return;

@@ -16,6 +16,10 @@ void tk_free(void *p);
 
 /* 64-byte (or larger power-of-two) aligned, zeroed; free with tk_free_aligned. */
 void *tk_alloc_aligned(size_t n, size_t align);
+/* As tk_alloc_aligned, not zeroed: for a buffer its caller writes whole before
+ * reading it, so no pass zeroes it first (a large one's pages are then faulted
+ * in by the threads that write them). */
+void *tk_alloc_aligned_raw(size_t n, size_t align);
 void tk_free_aligned(void *p);
 
 /* Zeroed, on 2 MiB boundaries, advised for transparent huge pages before any

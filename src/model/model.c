@@ -72,8 +72,10 @@ void tk_model_free(tk_model *m) {
     tk_free(m);
 }
 
-/* An aligned zeroed buffer owned by the model (freed with it). */
-static void *model_own(tk_model *m, size_t n) {
+/* An aligned buffer owned by the model (freed with it): zeroed, or with raw
+ * not (model_own_raw: the caller writes it whole; a repack's threads then
+ * fault its pages in as they write, no zeroing pass before them). */
+static void *model_own_as(tk_model *m, size_t n, bool raw) {
     if (m->n_owned == m->cap_owned) {
         int cap = m->cap_owned ? m->cap_owned * 2 : 64;
         void **p = tk_realloc(m->owned, (size_t)cap * sizeof *p);
@@ -81,10 +83,12 @@ static void *model_own(tk_model *m, size_t n) {
         m->owned = p;
         m->cap_owned = cap;
     }
-    void *b = tk_alloc_aligned(n ? n : 1, 64);
+    void *b = (raw ? tk_alloc_aligned_raw : tk_alloc_aligned)(n ? n : 1, 64);
     if (b) m->owned[m->n_owned++] = b;
     return b;
 }
+static void *model_own(tk_model *m, size_t n) { return model_own_as(m, n, false); }
+static void *model_own_raw(tk_model *m, size_t n) { return model_own_as(m, n, true); }
 
 /* ---- tensor lookup and checks --------------------------------------------------- */
 
@@ -243,7 +247,7 @@ static tk_status repack(tk_model *m, tk_tensor *t, tk_dtype to) {
     int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
     if (!tk_mul_u64(rb_to, (uint64_t)rows, &total) || total > SIZE_MAX)
         return tk_fail(TK_ERR_NOMEM, "model: repacked %s too large", t->name);
-    uint8_t *out = model_own(m, (size_t)total);
+    uint8_t *out = model_own_raw(m, (size_t)total); /* every row written below */
     if (!out) return tk_fail(TK_ERR_NOMEM, "model: out of memory repacking %s", t->name);
     repack_job job = {.K = K, .t = t, .to = to, .out = out, .rb_from = rb_from, .rb_to = rb_to, .rows = rows};
     atomic_init(&job.failed, false);

@@ -161,13 +161,21 @@ static void test_core_alloc_counts(void **state) {
     (void)state;
     uint64_t before = tk_alloc_live_bytes();
     void *a = tk_malloc(1000), *b = tk_alloc_aligned(5000, 64);
+    unsigned char *c = tk_alloc_aligned_raw(70000, 256);
     assert_non_null(a);
     assert_non_null(b);
+    assert_non_null(c);
     assert_true(((uintptr_t)b & 63) == 0);
-    assert_true(tk_alloc_live_bytes() >= before + 6000);
+    assert_true(((uintptr_t)c & 255) == 0);
+    for (size_t i = 0; i < 5000; i++) assert_int_equal(((unsigned char *)b)[i], 0);
+    memset(c, 0x5a, 70000); /* the raw buffer's whole length is writable */
+    assert_true(tk_alloc_live_bytes() >= before + 76000);
     tk_free(a);
     tk_free_aligned(b);
+    tk_free_aligned(c);
     assert_int_equal(tk_alloc_live_bytes(), before);
+    assert_null(tk_alloc_aligned_raw(0, 64));
+    assert_null(tk_alloc_aligned_raw(64, 96)); /* not a power of two */
     assert_null(tk_calloc(SIZE_MAX / 2, 4));
 }
 
