@@ -188,12 +188,14 @@ static void load_parallel(tk_pool_fn fn, void *ctx, int max) {
     int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     n = n > 16 ? 16 : n > max ? max : n;
     tk_pool *pool = NULL;
-    if (n > 1 && pool_init(n, false, &pool) == TK_OK) {
-        pool_run(pool, fn, ctx);
-        pool_free(pool);
-        return;
+    if (n > 1) {
+        if (pool_init(n, false, &pool) == TK_OK) {
+            pool_run(pool, fn, ctx);
+            pool_free(pool);
+            return;
+        }
+        tk_error_clear(); /* no pool: the caller does it all */
     }
-    tk_error_clear();
     fn(ctx, 0, 1);
 }
 
@@ -549,7 +551,7 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     }
     /* the packs are pure functions of their matrix: any number of threads
      * gives the same bytes */
-    size_t *offs = tk_calloc((size_t)k, sizeof *offs + sizeof(void *) + 2 * sizeof(int) + sizeof(tk_layout));
+    size_t *offs = tk_calloc((size_t)k, sizeof *offs + sizeof(void *) + sizeof(int) + sizeof(tk_layout));
     int *at = tk_calloc((size_t)n, sizeof *at);
     if (!offs || !at) {
         tk_free(offs);
