@@ -8,6 +8,7 @@
  * shapes and the inference cost stay the same), and each block's clip range is
  * searched for the least activation-weighted error. */
 #include <fnmatch.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "format/gguf.h"
 #include "format/hf.h"
 #include "kernels/kernels.h"
@@ -247,7 +249,7 @@ static const cli_opt Q_ROWS[] = {
      .want = "PATTERN, PATTERN=TYPE (f32, bf16, q8_0, q6_k, q4_k, q4_0) or none, at most 16"},
     {.name = "--threads",
      .arg = "N",
-     .help = "threads of the calibration run (default: one per core)",
+     .help = "threads of the calibration run and of the conversion (default: one per core)",
      .kind = CLI_INT,
      .off = offsetof(q_args, threads),
      .lo = 0,
@@ -488,10 +490,9 @@ static bool q_factors(const q_item *it, const q_layer_scales *ls, int64_t r, flo
     return true;
 }
 
-/* Scratch rows of the widest tensor. */
+/* Scratch rows of the widest tensor, one set per thread. */
 typedef struct q_work {
     float *row, *orig, *fac, *imp, *dq;
-    uint8_t *qrow;
 } q_work;
 
 /* Error sums of one tensor: num / den as printed. */
@@ -499,60 +500,113 @@ typedef struct q_err {
     double num, den;
 } q_err;
 
-static tk_status q_write_tensor(gguf_writer *w, const tk_preset *p, const q_item *it, const calib *c,
-                                const q_layer_scales *ls, bool search, q_work *wk, q_err *err) {
+/* One tensor's rows, split over the pool: each row is converted on its own
+ * (its output bytes do not depend on the split) and its error terms kept
+ * per row, summed in row order afterwards, so the file and the printed
+ * errors are the same for any number of threads. */
+typedef struct q_rows_job {
+    const tk_preset *p;
+    const q_item *it;
+    const calib *c;
+    const calib_site *cs;
+    const q_layer_scales *ls;
+    bool search;
+    const q_work *wk; /* (nth) */
+    uint8_t *data;
+    size_t row_bytes;
+    double *num, *den; /* (rows) */
+    atomic_bool failed;
+} q_rows_job;
+
+static void q_rows(void *ctx, int ith, int nth) {
+    q_rows_job *j = ctx;
     const tk_kernels *K = kernels_default();
+    const q_item *it = j->it;
+    const q_work *wk = &j->wk[ith];
+    const int64_t cols = it->ne[0], rows = it->ne[1];
+    long r0, r1;
+    pool_split((long)rows, ith, nth, 1, &r0, &r1);
+    for (long r = r0; r < r1 && !atomic_load_explicit(&j->failed, memory_order_relaxed); r++) {
+        float *row = wk->row;
+        if (it->src)
+            kern_dequant_tensor_row(K, it->src, r, row);
+        else { /* the factors synth writes: llama.cpp's converter's */
+            synth_cfg sc = {.p = *j->p};
+            synth_tensor t = {.kind = SYNTH_ROPE_FREQS, .n_dims = 1, .ne = {cols, 1}};
+            synth_gen_rows(&sc, &t, 0, 1, true, row);
+        }
+        memcpy(wk->orig, row, (size_t)cols * sizeof *row);
+        bool folded = q_factors(it, j->ls, r, wk->fac);
+        if (folded)
+            for (int64_t c = 0; c < cols; c++) row[c] *= wk->fac[c];
+        const float *imp = NULL;
+        if (j->cs && j->search) {
+            for (int64_t c = 0; c < cols; c++)
+                wk->imp[c] = folded ? j->cs->ms[c] / (wk->fac[c] * wk->fac[c]) : j->cs->ms[c];
+            imp = wk->imp;
+        }
+        int64_t dst = it->permute ? q_permuted(r, it->permute, rows) : r;
+        uint8_t *out = j->data + (uint64_t)dst * j->row_bytes;
+        if (!kern_quantize_row_imp(it->type, row, imp, out, cols)) {
+            atomic_store(&j->failed, true);
+            return;
+        }
+        if (!arch_role_is_matmul(it->role) && it->role != TK_ROLE_TOK_EMBD) continue;
+        K->dequant_row[it->type](out, wk->dq, cols);
+        for (int64_t c = 0; c < cols; c++)
+            wk->dq[c] = (folded ? wk->dq[c] / wk->fac[c] : wk->dq[c]) - wk->orig[c];
+        double num = 0.0, den = 0.0;
+        if (j->cs) {
+            num = calib_row_error(j->c, j->cs, wk->dq);
+            den = calib_row_error(j->c, j->cs, wk->orig);
+        } else {
+            for (int64_t c = 0; c < cols; c++) {
+                num += (double)wk->dq[c] * wk->dq[c];
+                den += (double)wk->orig[c] * wk->orig[c];
+            }
+        }
+        j->num[r] = num, j->den[r] = den;
+    }
+}
+
+static tk_status q_write_tensor(gguf_writer *w, tk_pool *pool, const tk_preset *p, const q_item *it,
+                                const calib *c, const q_layer_scales *ls, bool search, const q_work *wk,
+                                q_err *err) {
     int64_t cols = it->ne[0], rows = it->ne[1];
     uint64_t row_bytes, nbytes;
     if (!dtype_row_bytes(it->type, (uint64_t)cols, &row_bytes) ||
         !tk_mul_u64(row_bytes, (uint64_t)rows, &nbytes) || nbytes > SIZE_MAX)
         return tk_fail(TK_ERR_RANGE, "quantize: tensor %s size overflows", it->name);
     uint8_t *data = tk_alloc_aligned((size_t)nbytes, 64);
-    if (!data) return tk_fail(TK_ERR_NOMEM, "quantize: out of memory for tensor %s", it->name);
-    const bool mat = arch_role_is_matmul(it->role) && it->role != TK_ROLE_OUTPUT;
-    const calib_site *cs = c && mat ? calib_at(c, it->layer, q_site_of(it->role)) : NULL;
-    memset(err, 0, sizeof *err);
-    for (int64_t r = 0; r < rows; r++) {
-        float *row = wk->row;
-        if (it->src)
-            kern_dequant_tensor_row(K, it->src, r, row);
-        else { /* the factors synth writes: llama.cpp's converter's */
-            synth_cfg sc = {.p = *p};
-            synth_tensor t = {.kind = SYNTH_ROPE_FREQS, .n_dims = 1, .ne = {cols, 1}};
-            synth_gen_rows(&sc, &t, 0, 1, true, row);
-        }
-        memcpy(wk->orig, row, (size_t)cols * sizeof *row);
-        bool folded = q_factors(it, ls, r, wk->fac);
-        if (folded)
-            for (int64_t j = 0; j < cols; j++) row[j] *= wk->fac[j];
-        const float *imp = NULL;
-        if (cs && search) {
-            for (int64_t j = 0; j < cols; j++)
-                wk->imp[j] = folded ? cs->ms[j] / (wk->fac[j] * wk->fac[j]) : cs->ms[j];
-            imp = wk->imp;
-        }
-        int64_t dst = it->permute ? q_permuted(r, it->permute, rows) : r;
-        uint8_t *out = data + (uint64_t)dst * row_bytes;
-        if (!kern_quantize_row_imp(it->type, row, imp, out, cols)) {
-            tk_free_aligned(data);
-            return tk_fail(TK_ERR_UNSUPPORTED, "quantize: cannot write %s as %s", it->name,
-                           dtype_name(it->type));
-        }
-        if (!arch_role_is_matmul(it->role) && it->role != TK_ROLE_TOK_EMBD) continue;
-        K->dequant_row[it->type](out, wk->dq, cols);
-        for (int64_t j = 0; j < cols; j++)
-            wk->dq[j] = (folded ? wk->dq[j] / wk->fac[j] : wk->dq[j]) - wk->orig[j];
-        if (cs) {
-            err->num += calib_row_error(c, cs, wk->dq);
-            err->den += calib_row_error(c, cs, wk->orig);
-        } else {
-            for (int64_t j = 0; j < cols; j++) {
-                err->num += (double)wk->dq[j] * wk->dq[j];
-                err->den += (double)wk->orig[j] * wk->orig[j];
-            }
-        }
+    double *terms = tk_calloc((size_t)rows, 2 * sizeof *terms);
+    if (!data || !terms) {
+        tk_free_aligned(data);
+        tk_free(terms);
+        return tk_fail(TK_ERR_NOMEM, "quantize: out of memory for tensor %s", it->name);
     }
-    tk_status st = gguf_w_tensor_data(w, data, nbytes);
+    const bool mat = arch_role_is_matmul(it->role) && it->role != TK_ROLE_OUTPUT;
+    q_rows_job job = {.p = p,
+                      .it = it,
+                      .c = c,
+                      .cs = c && mat ? calib_at(c, it->layer, q_site_of(it->role)) : NULL,
+                      .ls = ls,
+                      .search = search,
+                      .wk = wk,
+                      .data = data,
+                      .row_bytes = (size_t)row_bytes,
+                      .num = terms,
+                      .den = terms + rows};
+    atomic_init(&job.failed, false);
+    pool_run(pool, q_rows, &job);
+    tk_status st = TK_OK;
+    if (atomic_load(&job.failed)) {
+        st = tk_fail(TK_ERR_UNSUPPORTED, "quantize: cannot write %s as %s", it->name, dtype_name(it->type));
+    } else {
+        memset(err, 0, sizeof *err);
+        for (int64_t r = 0; r < rows; r++) err->num += job.num[r], err->den += job.den[r];
+        st = gguf_w_tensor_data(w, data, nbytes);
+    }
+    tk_free(terms);
     tk_free_aligned(data);
     return st;
 }
@@ -562,7 +616,9 @@ static tk_status q_convert(const q_src *s, const q_kind *kind, const q_args *a, 
     int cap = TK_ROLE_COUNT * (hp->n_layer + 1);
     q_item *items = tk_calloc((size_t)cap, sizeof *items);
     q_layer_scales *ls = NULL;
-    q_work wk = {0};
+    q_work *wk = NULL;
+    float *scratch = NULL;
+    tk_pool *pool = NULL;
     gguf_writer *w = NULL;
     bool began = false;
     int n = 0;
@@ -605,14 +661,17 @@ static tk_status q_convert(const q_src *s, const q_kind *kind, const q_args *a, 
             goto done;
         if (items[i].ne[0] > maxc) maxc = items[i].ne[0];
     }
-    wk.row = tk_malloc((size_t)maxc * sizeof(float));
-    wk.orig = tk_malloc((size_t)maxc * sizeof(float));
-    wk.fac = tk_malloc((size_t)maxc * sizeof(float));
-    wk.imp = tk_malloc((size_t)maxc * sizeof(float));
-    wk.dq = tk_malloc((size_t)maxc * sizeof(float));
-    if (!wk.row || !wk.orig || !wk.fac || !wk.imp || !wk.dq) {
+    if ((st = pool_init(a->threads, false, &pool))) goto done;
+    const int nth = pool_size(pool);
+    wk = tk_calloc((size_t)nth, sizeof *wk);
+    scratch = tk_calloc((size_t)nth * 5, (size_t)maxc * sizeof(float));
+    if (!wk || !scratch) {
         st = tk_fail(TK_ERR_NOMEM, "quantize: out of memory");
         goto done;
+    }
+    for (int t = 0; t < nth; t++) {
+        float *b = scratch + (size_t)t * 5 * (size_t)maxc;
+        wk[t] = (q_work){b, b + maxc, b + 2 * maxc, b + 3 * maxc, b + 4 * maxc};
     }
     if ((st = gguf_w_begin(w, a->out))) goto done;
     began = true;
@@ -620,7 +679,8 @@ static tk_status q_convert(const q_src *s, const q_kind *kind, const q_args *a, 
     for (int i = 0; i < n; i++) {
         q_err e;
         const q_item *it = &items[i];
-        if ((st = q_write_tensor(w, &p, it, c, ls ? &ls[it->layer] : NULL, c && !a->rtn, &wk, &e))) goto done;
+        if ((st = q_write_tensor(w, pool, &p, it, c, ls ? &ls[it->layer] : NULL, c && !a->rtn, wk, &e)))
+            goto done;
         bool mat = arch_role_is_matmul(it->role) || it->role == TK_ROLE_TOK_EMBD;
         bool weighted = c && arch_role_is_matmul(it->role) && it->role != TK_ROLE_OUTPUT;
         if (weighted) tot.num += e.num, tot.den += e.den;
@@ -633,11 +693,9 @@ static tk_status q_convert(const q_src *s, const q_kind *kind, const q_args *a, 
 done:
     if (st && began) remove(a->out); /* no half-written model left behind */
     gguf_writer_free(w);
-    tk_free(wk.row);
-    tk_free(wk.orig);
-    tk_free(wk.fac);
-    tk_free(wk.imp);
-    tk_free(wk.dq);
+    tk_free(wk);
+    tk_free(scratch);
+    pool_free(pool);
     for (int l = 0; ls && l < hp->n_layer; l++)
         for (int k = 0; k < BACKEND_SITE_COUNT; k++) tk_free(ls[l].s[k]);
     tk_free(ls);

@@ -96,4 +96,17 @@ grep -q '"len_drift":0.0000' "$W/self.json" || fail "eval against itself: length
 "$TK_CLI" quantize -i "$W/m.gguf" -o "$W/c.gguf" --type q4_0 --calib "$W/text.txt" >"$W/c.out" 2>"$W/c.err" || { cat "$W/c.err"; fail "quantize --calib"; }
 grep -q "^activation-weighted error (all layers): " "$W/c.out" || fail "quantize --calib: no total error"
 grep -q "blk.0.ffn_down.weight *q6_k *act-weighted err" "$W/c.err" || fail "quantize --calib: no per-tensor line (layer 0 one step up)"
+# the conversion's rows split over the threads: the same file and the same printed errors on one thread as on three
+"$TK_CLI" quantize -i "$W/m.gguf" -o "$W/c1.gguf" --type q4_0 --calib "$W/text.txt" --threads 1 >"$W/c1.out" 2>"$W/c1.err" ||
+    { cat "$W/c1.err"; fail "quantize --calib --threads 1"; }
+"$TK_CLI" quantize -i "$W/m.gguf" -o "$W/c3.gguf" --type q4_0 --calib "$W/text.txt" --threads 3 >"$W/c3.out" 2>"$W/c3.err" ||
+    { cat "$W/c3.err"; fail "quantize --calib --threads 3"; }
+cmp -s "$W/c1.gguf" "$W/c3.gguf" || fail "quantize --calib: the file differs between 1 and 3 threads"
+cmp -s "$W/c1.out" "$W/c3.out" || fail "quantize --calib: the total error differs between 1 and 3 threads"
+grep "err " "$W/c1.err" >"$W/c1.lines"
+grep "err " "$W/c3.err" >"$W/c3.lines"
+cmp -s "$W/c1.lines" "$W/c3.lines" || fail "quantize --calib: the per-tensor errors differ between 1 and 3 threads"
+"$TK_CLI" quantize -i "$W/m.gguf" -o "$W/r1.gguf" --type q4_k_m --threads 1 >/dev/null 2>&1 || fail "quantize --threads 1"
+"$TK_CLI" quantize -i "$W/m.gguf" -o "$W/r3.gguf" --type q4_k_m --threads 3 >/dev/null 2>&1 || fail "quantize --threads 3"
+cmp -s "$W/r1.gguf" "$W/r3.gguf" || fail "quantize: the file differs between 1 and 3 threads"
 echo "quantize: ok"
