@@ -57,6 +57,13 @@ tk_status synth_plan(const synth_cfg *c, synth_tensor **out, int *n_out);
  * GGUF (F32 norms) and HF (all in the float type) hold identical numbers. */
 void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int64_t n, bool gguf,
                     float *out);
+/* synth_gen_rows with the rows split over pool (NULL: the caller alone); each
+ * row is a pure function of its index, so the values are the same. With
+ * quant, row r is then also converted by kern_quantize_row(t->gguf_type)
+ * to quant + r * row_bytes; false if a row cannot be. */
+typedef struct tk_pool tk_pool;
+bool synth_gen_rows_par(tk_pool *pool, const synth_cfg *c, const synth_tensor *t, int64_t row0, int64_t n,
+                        bool gguf, float *out, uint8_t *quant, size_t row_bytes);
 
 /* llama.cpp's general.file_type for a quant choice. */
 uint32_t synth_file_type(synth_quant q);

@@ -1,11 +1,14 @@
 /* The tensor plan and the seeded weight generator of `tokamak synth`. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/synth.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/pool.h"
+#include "kernels/kernels.h"
 
 /* Output #ctr of a splitmix64 stream started at `key`: counter-based, so any
  * element of any tensor can be generated without generating the ones before. */
@@ -252,4 +255,47 @@ void synth_gen_rows(const synth_cfg *c, const synth_tensor *t, int64_t row0, int
             v = tk_bf16_to_f32(tk_f32_to_bf16(v));
         out[i] = v;
     }
+}
+
+typedef struct gen_job {
+    const synth_cfg *c;
+    const synth_tensor *t;
+    int64_t row0, n;
+    bool gguf;
+    float *out;
+    uint8_t *quant;
+    size_t row_bytes;
+    atomic_bool failed;
+} gen_job;
+
+static void gen_part(void *ctx, int ith, int nth) {
+    gen_job *j = ctx;
+    long a, b;
+    pool_split((long)j->n, ith, nth, 1, &a, &b);
+    if (a >= b) return;
+    const int64_t cols = j->t->ne[0];
+    float *out = j->out + a * cols;
+    synth_gen_rows(j->c, j->t, j->row0 + a, b - a, j->gguf, out);
+    for (long r = a; r < b && j->quant; r++)
+        if (!kern_quantize_row(j->t->gguf_type, out + (r - a) * cols, j->quant + (size_t)r * j->row_bytes,
+                               cols))
+            atomic_store(&j->failed, true);
+}
+
+bool synth_gen_rows_par(tk_pool *pool, const synth_cfg *c, const synth_tensor *t, int64_t row0, int64_t n,
+                        bool gguf, float *out, uint8_t *quant, size_t row_bytes) {
+    gen_job j = {.c = c,
+                 .t = t,
+                 .row0 = row0,
+                 .n = n,
+                 .gguf = gguf,
+                 .out = out,
+                 .quant = quant,
+                 .row_bytes = row_bytes};
+    atomic_init(&j.failed, false);
+    if (pool && n > 1 && t->kind != SYNTH_ROPE_FREQS)
+        pool_run(pool, gen_part, &j);
+    else
+        gen_part(&j, 0, 1);
+    return !atomic_load(&j.failed);
 }

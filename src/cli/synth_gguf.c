@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "format/gguf.h"
 #include "kernels/kernels.h"
 
@@ -69,10 +70,11 @@ tk_status synth_write_meta(gguf_writer *w, const tk_preset *p, const char *name,
     return st;
 }
 
-/* One tensor: rows generated in blocks into f32, quantized per row into the
- * tensor's buffer, written in one call (the writer takes whole tensors). */
-static tk_status write_tensor(gguf_writer *w, const synth_cfg *c, const synth_tensor *t, float *fbuf,
-                              int64_t fcap) {
+/* One tensor: rows generated in blocks into f32 and quantized per row into
+ * the tensor's buffer, both split over the pool, written in one call (the
+ * writer takes whole tensors). */
+static tk_status write_tensor(gguf_writer *w, tk_pool *pool, const synth_cfg *c, const synth_tensor *t,
+                              float *fbuf, int64_t fcap) {
     uint64_t row_bytes, nbytes;
     int64_t cols = t->ne[0], rows = t->ne[1];
     if (!dtype_row_bytes(t->gguf_type, (uint64_t)cols, &row_bytes) ||
@@ -86,14 +88,11 @@ static tk_status write_tensor(gguf_writer *w, const synth_cfg *c, const synth_te
     if (block < 1) block = 1;
     for (int64_t r0 = 0; r0 < rows; r0 += block) {
         int64_t n = rows - r0 < block ? rows - r0 : block;
-        synth_gen_rows(c, t, r0, n, true, fbuf);
-        for (int64_t r = 0; r < n; r++) {
-            if (!kern_quantize_row(t->gguf_type, fbuf + r * cols, data + (uint64_t)(r0 + r) * row_bytes,
-                                   cols)) {
-                tk_free_aligned(data);
-                return tk_fail(TK_ERR_UNSUPPORTED, "synth: cannot quantize tensor %s to %s", t->gguf_name,
-                               dtype_name(t->gguf_type));
-            }
+        if (!synth_gen_rows_par(pool, c, t, r0, n, true, fbuf, data + (uint64_t)r0 * row_bytes,
+                                (size_t)row_bytes)) {
+            tk_free_aligned(data);
+            return tk_fail(TK_ERR_UNSUPPORTED, "synth: cannot quantize tensor %s to %s", t->gguf_name,
+                           dtype_name(t->gguf_type));
         }
     }
     tk_status st = gguf_w_tensor_data(w, data, nbytes);
@@ -105,6 +104,7 @@ tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char 
     synth_tensor *ts = NULL;
     int nt = 0;
     gguf_writer *w = NULL;
+    tk_pool *pool = NULL;
     float *fbuf = NULL;
     bool began = false;
     tk_status st = synth_plan(c, &ts, &nt);
@@ -128,14 +128,17 @@ tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char 
         st = tk_fail(TK_ERR_NOMEM, "synth: out of memory");
         goto done;
     }
+    if (pool_init(pool_cpus_allowed(), false, &pool) != TK_OK)
+        tk_error_clear(); /* no pool: one thread generates */
     if ((st = gguf_w_begin(w, path)) != TK_OK) goto done;
     began = true;
     for (int i = 0; i < nt; i++)
-        if ((st = write_tensor(w, c, &ts[i], fbuf, fcap)) != TK_OK) goto done;
+        if ((st = write_tensor(w, pool, c, &ts[i], fbuf, fcap)) != TK_OK) goto done;
     st = gguf_w_finish(w);
 done:
     if (st != TK_OK) tk_error_prefix("%s", path);
     tk_free(fbuf);
+    pool_free(pool);
     gguf_writer_free(w);
     if (st != TK_OK && began) remove(path); /* no half-written model left to be loaded later */
     tk_free(ts);

@@ -12,6 +12,7 @@
 #include "cli/synth.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/pool.h"
 
 #define ROW_BLOCK_FLOATS    (1 << 20)
 #define DEFAULT_SHARD_BYTES (4ull << 30)
@@ -153,8 +154,8 @@ static uint64_t tensor_bytes(const synth_tensor *t, int esize) {
 }
 
 /* Tensors [t0, t1) of the plan (HF ones only) into one safetensors file. */
-static tk_status write_shard(const synth_cfg *c, const synth_tensor *ts, int t0, int t1, const char *path,
-                             float *fbuf, void *obuf, int64_t fcap) {
+static tk_status write_shard(tk_pool *pool, const synth_cfg *c, const synth_tensor *ts, int t0, int t1,
+                             const char *path, float *fbuf, void *obuf, int64_t fcap) {
     hf_type ht = hf_type_of(c->quant);
     sbuf h = {0};
     uint64_t off = 0;
@@ -196,7 +197,7 @@ static tk_status write_shard(const synth_cfg *c, const synth_tensor *ts, int t0,
         if (block < 1) block = 1;
         for (int64_t r0 = 0; r0 < rows && st == TK_OK; r0 += block) {
             int64_t n = rows - r0 < block ? rows - r0 : block, k = n * cols;
-            synth_gen_rows(c, t, r0, n, false, fbuf);
+            synth_gen_rows_par(pool, c, t, r0, n, false, fbuf, NULL, 0);
             if (c->quant == SYNTH_F16)
                 for (int64_t j = 0; j < k; j++) ((tk_f16 *)obuf)[j] = tk_f32_to_f16(fbuf[j]);
             else if (c->quant == SYNTH_BF16)
@@ -230,6 +231,9 @@ tk_status synth_write_hf(const synth_cfg *c, const char *tok_dir, const char *di
         if (ts[i].ne[0] > fcap) fcap = ts[i].ne[0];
     float *fbuf = tk_malloc((size_t)fcap * sizeof *fbuf);
     void *obuf = tk_malloc((size_t)fcap * 2);
+    tk_pool *pool = NULL;
+    if (pool_init(pool_cpus_allowed(), false, &pool) != TK_OK)
+        tk_error_clear(); /* no pool: one thread generates */
     sbuf idx = {0};
     if (!start || !fbuf || !obuf) {
         st = tk_fail(TK_ERR_NOMEM, "synth: out of memory");
@@ -258,7 +262,7 @@ tk_status synth_write_hf(const synth_cfg *c, const char *tok_dir, const char *di
         else
             snprintf(fname, sizeof fname, "model.safetensors");
         if ((st = path_join(path, sizeof path, dir, fname)) != TK_OK) break;
-        st = write_shard(c, ts, start[s], start[s + 1], path, fbuf, obuf, fcap);
+        st = write_shard(pool, c, ts, start[s], start[s + 1], path, fbuf, obuf, fcap);
         for (int i = start[s]; i < start[s + 1]; i++) {
             if (!ts[i].hf_name[0]) continue;
             sb_printf(&idx, "%s\n    \"%s\": \"%s\"", first ? "" : ",", ts[i].hf_name, fname);
@@ -284,6 +288,7 @@ done:
     tk_free(start);
     tk_free(fbuf);
     tk_free(obuf);
+    pool_free(pool);
     tk_free(ts);
     return st;
 }

@@ -126,6 +126,12 @@ tk_status pool_init(int n_threads, bool pin, tk_pool **out) {
     return pool_start(n_threads, pin, NULL, 0, out);
 }
 
+int pool_cpus_allowed(void) {
+    cpu_set_t set;
+    const int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    return n > 0 ? n : 1;
+}
+
 tk_status pool_init_cpus(int n_threads, const int *cpus, int n_cpus, tk_pool **out) {
     if (!cpus || n_cpus <= 0) return tk_fail(TK_ERR_INVALID, "pool: no CPUs to run on");
     return pool_start(n_threads, true, cpus, n_cpus, out);

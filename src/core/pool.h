@@ -38,6 +38,10 @@ tk_status pool_init(int n_threads, bool pin, tk_pool **out);
  * caller is thread 0). A CPU the process may not run on is an error. */
 tk_status pool_init_cpus(int n_threads, const int *cpus, int n_cpus, tk_pool **out);
 
+/* The CPUs this process may run on (its affinity mask; 1 if unknown): the
+ * thread count for work sized to the CPUs the user left it (taskset). */
+int pool_cpus_allowed(void);
+
 /* Parse a CPU list ("0-3,8,10-11": ids and inclusive ranges, each CPU once)
  * into cpus[0, *n) in the order written; at most max. TK_ERR_INVALID with a
  * message naming the list on bad syntax, a repeat or more than max CPUs. */

@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -184,8 +183,7 @@ void model_unpermute_rows(const void *src, void *dst, int n_head, int head_dim, 
  * past a few), or on the caller alone where a pool cannot start. fn must
  * give the same result for any nth. */
 static void load_parallel(tk_pool_fn fn, void *ctx, int max) {
-    cpu_set_t set;
-    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int n = pool_cpus_allowed();
     n = n > 16 ? 16 : n > max ? max : n;
     tk_pool *pool = NULL;
     if (n > 1) {

@@ -20,6 +20,14 @@ py() { "$TK_PYTHON" -c "import sys; sys.path.insert(0, '$TK_SRC/tests/ref'); imp
 cmp -s "$W/a.gguf" "$W/b.gguf" || fail "same seed gave different GGUF bytes"
 "$TK_CLI" synth --preset tiny --dtype q4_k_m --seed 4 -o "$W/b.gguf" 2>/dev/null
 cmp -s "$W/a.gguf" "$W/b.gguf" && fail "seeds 3 and 4 gave the same bytes"
+# rows are generated on every CPU the process may use: on one, the same bytes
+ONE_CPU=$("$TK_PYTHON" -c 'import os; print(min(os.sched_getaffinity(0)))')
+if [ "$("$TK_PYTHON" -c 'import os; print(len(os.sched_getaffinity(0)))')" -ge 2 ] && command -v taskset >/dev/null; then
+    taskset -c "$ONE_CPU" "$TK_CLI" synth --preset tiny --dtype q4_k_m --seed 3 -o "$W/one.gguf" 2>/dev/null
+    cmp -s "$W/a.gguf" "$W/one.gguf" || fail "one CPU gave other GGUF bytes than all of them"
+else
+    echo "synth: one CPU (or no taskset): the one-CPU bytes not compared"
+fi
 # the strict parser accepts the mixed Q4_K/Q6_K file, with llama.cpp's Q4_K_M recipe
 py "
 g = R.GGUF('$W/a.gguf')
@@ -32,9 +40,13 @@ assert t['blk.0.attn_norm.weight'] == 'F32' and t['blk.0.attn_q_norm.weight'] ==
 " || fail "q4_k_m tensor types"
 rm -f "$W"/*.gguf
 "$TK_CLI" synth --preset tiny --dtype f16 --format hf --seed 5 -o "$W/h1" 2>/dev/null
-"$TK_CLI" synth --preset tiny --dtype f16 --format hf --seed 5 -o "$W/h2" 2>/dev/null
+if command -v taskset >/dev/null; then
+    taskset -c "$ONE_CPU" "$TK_CLI" synth --preset tiny --dtype f16 --format hf --seed 5 -o "$W/h2" 2>/dev/null
+else
+    "$TK_CLI" synth --preset tiny --dtype f16 --format hf --seed 5 -o "$W/h2" 2>/dev/null
+fi
 for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
-    cmp -s "$W/h1/$f" "$W/h2/$f" || fail "hf $f differs between identical runs"
+    cmp -s "$W/h1/$f" "$W/h2/$f" || fail "hf $f differs between identical runs (the second on one CPU)"
 done
 rm -rf "$W/h1" "$W/h2"
 
