@@ -370,10 +370,10 @@ static size_t q8_0_x16s_at(int i, int e) {
 static void pack_x16s_row(const tk_block_q8_0 *src, uint8_t *blk, int i) {
     float v[TK_QK_K], amax = 0.0f;
     bool finite = true;
+    kern_dequant_q8_0_ref(src, v, TK_QK_K);
     for (int j = 0; j < TK_QK_K / TK_QK8_0; j++) {
         const float d = tk_f16_to_f32(src[j].d);
         int m = 0;
-        for (int e = 0; e < TK_QK8_0; e++) v[j * TK_QK8_0 + e] = d * (float)src[j].qs[e];
         for (int e = 0; e < TK_QK8_0; e++) m = abs(src[j].qs[e]) > m ? abs(src[j].qs[e]) : m;
         finite &= isfinite(d);
         const float a = fabsf(d) * (float)m;
