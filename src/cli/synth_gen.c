@@ -293,9 +293,6 @@ bool synth_gen_rows_par(tk_pool *pool, const synth_cfg *c, const synth_tensor *t
                  .quant = quant,
                  .row_bytes = row_bytes};
     atomic_init(&j.failed, false);
-    if (pool && n > 1 && t->kind != SYNTH_ROPE_FREQS)
-        pool_run(pool, gen_part, &j);
-    else
-        gen_part(&j, 0, 1);
+    pool_run_here(n > 1 && t->kind != SYNTH_ROPE_FREQS ? pool : NULL, gen_part, &j);
     return !atomic_load(&j.failed);
 }

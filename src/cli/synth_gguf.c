@@ -1,5 +1,6 @@
 /* `tokamak synth` GGUF output: metadata and vocabulary as llama.cpp writes
  * them, then the tensors, generated and quantized one row block at a time. */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -128,8 +129,7 @@ tk_status synth_write_gguf(const synth_cfg *c, const synth_vocab *v, const char 
         st = tk_fail(TK_ERR_NOMEM, "synth: out of memory");
         goto done;
     }
-    if (pool_init(pool_cpus_allowed(), false, &pool) != TK_OK)
-        tk_error_clear(); /* no pool: one thread generates */
+    pool = pool_open_allowed(INT_MAX); /* NULL: one thread generates */
     if ((st = gguf_w_begin(w, path)) != TK_OK) goto done;
     began = true;
     for (int i = 0; i < nt; i++)

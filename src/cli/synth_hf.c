@@ -4,6 +4,7 @@
  * ever held whole; the header is known up front because every size is. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -231,9 +232,7 @@ tk_status synth_write_hf(const synth_cfg *c, const char *tok_dir, const char *di
         if (ts[i].ne[0] > fcap) fcap = ts[i].ne[0];
     float *fbuf = tk_malloc((size_t)fcap * sizeof *fbuf);
     void *obuf = tk_malloc((size_t)fcap * 2);
-    tk_pool *pool = NULL;
-    if (pool_init(pool_cpus_allowed(), false, &pool) != TK_OK)
-        tk_error_clear(); /* no pool: one thread generates */
+    tk_pool *pool = pool_open_allowed(INT_MAX); /* NULL: one thread generates */
     sbuf idx = {0};
     if (!start || !fbuf || !obuf) {
         st = tk_fail(TK_ERR_NOMEM, "synth: out of memory");

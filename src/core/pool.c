@@ -126,10 +126,24 @@ tk_status pool_init(int n_threads, bool pin, tk_pool **out) {
     return pool_start(n_threads, pin, NULL, 0, out);
 }
 
-int pool_cpus_allowed(void) {
+tk_pool *pool_open_allowed(int max) {
     cpu_set_t set;
-    const int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    return n > 0 ? n : 1;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    if (n > max) n = max;
+    tk_pool *p = NULL;
+    if (n <= 1) return NULL;
+    if (pool_init(n, false, &p) != TK_OK) {
+        tk_error_clear(); /* no pool: the caller does the work */
+        return NULL;
+    }
+    return p;
+}
+
+void pool_run_here(tk_pool *p, tk_pool_fn fn, void *ctx) {
+    if (p)
+        pool_run(p, fn, ctx);
+    else
+        fn(ctx, 0, 1);
 }
 
 tk_status pool_init_cpus(int n_threads, const int *cpus, int n_cpus, tk_pool **out) {

@@ -38,9 +38,13 @@ tk_status pool_init(int n_threads, bool pin, tk_pool **out);
  * caller is thread 0). A CPU the process may not run on is an error. */
 tk_status pool_init_cpus(int n_threads, const int *cpus, int n_cpus, tk_pool **out);
 
-/* The CPUs this process may run on (its affinity mask; 1 if unknown): the
- * thread count for work sized to the CPUs the user left it (taskset). */
-int pool_cpus_allowed(void);
+/* A pool with a thread for each CPU this process may run on (its affinity
+ * mask: the CPUs the user left it, taskset), at most max; NULL where that is
+ * one thread or no pool can start (no error is left set): pool_run_here then
+ * runs the work on the caller. For one-off work at load or in tools. */
+tk_pool *pool_open_allowed(int max);
+/* pool_run(p, fn, ctx), or fn(ctx, 0, 1) on the caller when p is NULL. */
+void pool_run_here(tk_pool *p, tk_pool_fn fn, void *ctx);
 
 /* Parse a CPU list ("0-3,8,10-11": ids and inclusive ranges, each CPU once)
  * into cpus[0, *n) in the order written; at most max. TK_ERR_INVALID with a

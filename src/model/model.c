@@ -183,18 +183,9 @@ void model_unpermute_rows(const void *src, void *dst, int n_head, int head_dim, 
  * past a few), or on the caller alone where a pool cannot start. fn must
  * give the same result for any nth. */
 static void load_parallel(tk_pool_fn fn, void *ctx, int max) {
-    int n = pool_cpus_allowed();
-    n = n > 16 ? 16 : n > max ? max : n;
-    tk_pool *pool = NULL;
-    if (n > 1) {
-        if (pool_init(n, false, &pool) == TK_OK) {
-            pool_run(pool, fn, ctx);
-            pool_free(pool);
-            return;
-        }
-        tk_error_clear(); /* no pool: the caller does it all */
-    }
-    fn(ctx, 0, 1);
+    tk_pool *pool = pool_open_allowed(max < 16 ? max : 16);
+    pool_run_here(pool, fn, ctx);
+    pool_free(pool);
 }
 
 /* Rows [r0, r1) of a repack: each dequantized to f32 (tmp, k floats) and

@@ -90,6 +90,48 @@ static void test_core_pool_barrier(void **state) {
     }
 }
 
+/* pool_open_allowed: a thread per CPU the process may use, at most max; NULL
+ * (no error left) for one, and pool_run_here then runs on the caller. */
+static void count_fn(void *arg, int ith, int nth) {
+    int *seen = arg; /* seen[0]: threads; seen[1 + ith]: ith ran */
+    seen[1 + ith] = nth;
+    if (ith == 0) seen[0] = nth;
+}
+static void test_core_pool_open_allowed(void **state) {
+    (void)state;
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+    tk_error_clear();
+    int seen[1 + 16] = {0};
+    tk_pool *p = pool_open_allowed(1);
+    assert_null(p);
+    pool_run_here(p, count_fn, seen);
+    assert_int_equal(seen[0], 1);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    p = pool_open_allowed(16);
+    assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+    assert_null(p);
+    assert_string_equal(tk_last_error(), "");
+    const int n = CPU_COUNT(&all) < 3 ? CPU_COUNT(&all) : 3;
+    p = pool_open_allowed(3);
+    if (n < 2) {
+        assert_null(p);
+        return;
+    }
+    assert_non_null(p);
+    memset(seen, 0, sizeof seen);
+    pool_run_here(p, count_fn, seen);
+    assert_int_equal(seen[0], n);
+    for (int i = 0; i < n; i++) assert_int_equal(seen[1 + i], n);
+    pool_free(p);
+}
+
 /* Where each thread of a pool_init_cpus pool runs. */
 typedef struct cpu_ctx {
     int cpu[8];
@@ -213,8 +255,9 @@ int main(void) {
         cmocka_unit_test(test_core_f16_roundtrip), cmocka_unit_test(test_core_bf16_rounding),
         cmocka_unit_test(test_core_dtype_rows),    cmocka_unit_test(test_core_checked),
         cmocka_unit_test(test_core_pool_barrier),  cmocka_unit_test(test_core_split),
-        cmocka_unit_test(test_core_pool_cpus),     cmocka_unit_test(test_core_alloc_counts),
-        cmocka_unit_test(test_core_alloc_huge),    cmocka_unit_test(test_core_error_message),
+        cmocka_unit_test(test_core_pool_cpus),     cmocka_unit_test(test_core_pool_open_allowed),
+        cmocka_unit_test(test_core_alloc_counts),  cmocka_unit_test(test_core_alloc_huge),
+        cmocka_unit_test(test_core_error_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
