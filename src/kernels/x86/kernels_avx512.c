@@ -15,8 +15,10 @@
 #ifndef KNT_X8
 #define KNT_X8 8
 #endif
+/* X16 tiles of one group take one token (several tokens run in pairs of
+ * groups, KNT_X16P; simd_body.h) or a group cut by a thread's rows */
 #ifndef KNT_X16
-#define KNT_X16 14
+#define KNT_X16 7
 #endif
 /* X16 and the element-wise SiLU·mul in 512-bit registers (simd_body.h) */
 #define X16_ZMM 1

@@ -571,12 +571,15 @@ AI __m256 x16_scales8(int kind, const unsigned char *blk, int h) {
 #else
 #define X16_NT KNT_X8
 #endif
-/* Groups one tile reads. In 512-bit registers, when a pass has more tokens
- * than one tile of X16_NT takes, two whole groups at a time, in tiles of at
- * most X16_NT2 tokens (the tile shares each activation load between them);
- * otherwise one group. With fewer tokens the tile is bound by the weight
- * stream, and two streams at once read DRAM slower than one (pairs at 1 to
- * 4 tokens ran ~20% slower from DRAM, a batch-8 step's projections ~15%). */
+/* Groups one tile reads. In 512-bit registers, from two tokens on, two
+ * whole groups at a time, in tiles of at most X16_NT2 tokens (the tile loads
+ * each activation chunk once for both groups' dots); one token reads one
+ * group. A DRAM-resident matrix is read faster in pairs at every count from
+ * two: the projections of a decode step of 2, 4, 5, 8 and 12 sequences took
+ * 10-22% less time than with one group per tile of up to 14 tokens (whose
+ * ~1.3 loads per dot read the weight stream at ~35 GB/s where the same step
+ * in pairs reads ~45). One token in pairs was 25% slower (two streams with
+ * nothing ahead: x16_gemv's ahead). */
 #if defined(X16_ZMM)
 #define X16_PAIR 2
 #ifndef KNT_X16P
@@ -587,7 +590,7 @@ AI __m256 x16_scales8(int kind, const unsigned char *blk, int h) {
 #define X16_PAIR 1
 #define X16_NT2  X16_NT
 #endif
-AI bool x16_pairs(int np) { return X16_PAIR == 2 && np > X16_NT; }
+AI bool x16_pairs(int np) { return X16_PAIR == 2 && np > 1; }
 /* The groups of the unit starting at row g0 of a pass of np tokens over rows
  * [r0, r1): 0 past r1, 2 when pairs run and two whole groups fit, else 1 (a
  * group cut by r0 or r1 runs alone, into a scratch tile). */
