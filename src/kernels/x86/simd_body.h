@@ -577,9 +577,9 @@ AI __m256 x16_scales8(int kind, const unsigned char *blk, int h) {
  * group. A DRAM-resident matrix is read faster in pairs at every count from
  * two: the projections of a decode step of 2, 4, 5, 8 and 12 sequences took
  * 10-22% less time than with one group per tile of up to 14 tokens (whose
- * ~1.3 loads per dot read the weight stream at ~35 GB/s where the same step
- * in pairs reads ~45). One token in pairs was 25% slower (two streams with
- * nothing ahead: x16_gemv's ahead). */
+ * ~1.3 loads per dot read the weight stream at 34-39 GB/s where the same
+ * steps in pairs read 41-51). One token in pairs was 25% slower (two streams
+ * with nothing ahead: x16_gemv's ahead). */
 #if defined(X16_ZMM)
 #define X16_PAIR 2
 #ifndef KNT_X16P
