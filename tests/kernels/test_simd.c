@@ -438,10 +438,11 @@ static void test_simd_gemv_q8_0_x8(void **state) {
     kt_check_invariance_xr(TK_DTYPE_Q8_0, fn, TK_LAYOUT_X8, &r, 96, 11, cpu_isa_name(K->isa));
 }
 
-/* The 16-row interleaved layouts (Q8_0 and Q4_0), as X8, with token counts
- * past the AVX-512 tile (14; above it, two row groups per tile where both
- * are whole, here among 1 to 4 groups and random row cuts, and in the
- * invariance checks' three groups) and the stack's per-pass share of tokens:
+/* The 16-row interleaved layouts (Q8_0 and Q4_0), as X8, with the token
+ * counts of every AVX-512 tile (one token reads one row group; from two
+ * tokens on, two row groups per tile of at most 7 where both are whole, here
+ * among 1 to 4 groups and random row cuts, and in the invariance checks'
+ * three groups) and the stack's per-pass share of tokens:
  * k = 16384 has 512 blocks, so 14 tokens a pass and 29 tokens make three
  * passes (14, 14, 1: full and partial tiles); k beyond 229376 takes no pass
  * (the definition). Q4_0's scalar kernel equals its row-order reference. */
