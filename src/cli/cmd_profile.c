@@ -45,6 +45,7 @@ typedef struct pf_args {
     int batch, steps, prefill;
     double bw, peak_int8, peak_f32;
     const char *json;
+    bool stage_cpu;
 } pf_args;
 
 static const cli_opt PF_ROWS_OPT[] = {
@@ -98,6 +99,11 @@ static const cli_opt PF_ROWS_OPT[] = {
      .help = "also write the report as JSON",
      .kind = CLI_STR,
      .off = offsetof(pf_args, json)},
+    {.name = "--stage-cpu",
+     .help = "also read each thread's CPU clock at every stage (cpu ms columns; a system call per\n"
+             "stage, ~1 us on some VMs, which the step's times then include)",
+     .kind = CLI_FLAG,
+     .off = offsetof(pf_args, stage_cpu)},
     {0},
 };
 
@@ -123,15 +129,16 @@ typedef struct pf_data {
     double *ns[PF_ROWS];     /* (n_steps) */
     double *step_ns;         /* forward + sampling */
     double *fwd_ns;          /* the forward step alone */
-    double *cpu[PF_ROWS];    /* (n_steps) the largest CPU time of any thread in the stage */
+    double *cpu[PF_ROWS];    /* (n_steps) the largest CPU time of any thread in the stage (--stage-cpu) */
     double *uneven[PF_ROWS]; /* (n_steps) the longest busy time minus the threads' mean */
-    double *offcpu;          /* (n_steps) share of the threads' busy time off the CPU (preempted) */
+    double *offcpu;          /* (n_steps) share of the threads' time in the step off the CPU (preempted) */
     double *overlap_ns;      /* (n_steps) the stages' longest times beyond the forward step: stages
                               * between the same two barriers whose longest threads differ */
     double overlap_ms, overlap_mean_ms; /* its median and mean over the steps */
     double thread_sum_err;              /* largest share of a forward step thread 0 spent outside its marks:
-                                         * the lesser of that wall time and that CPU time (a thread taken off
-                                         * its core between marks is not code outside them), over the step */
+                                         * that wall time, or with --stage-cpu the lesser of it and that CPU
+                                         * time (a thread taken off its core between marks is not code
+                                         * outside them), over the step */
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
     uint64_t fwd_bytes; /* backend last_bytes of a timed step */
@@ -250,6 +257,7 @@ typedef struct pf_run {
     int batch, ctx, steps, threads;
     int prefill;    /* tokens of the timed chunk; 0: decode steps */
     bool even_rows; /* --even-rows: the row-split projections in even shares */
+    bool stage_cpu; /* --stage-cpu: the stages' CPU times were read */
 } pf_run;
 
 /* Tokens a timed step processes. */
@@ -294,8 +302,12 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         const pf_row *o = &rows[r];
         floor_sum += o->floor_ms;
         cpu_sum += o->cpu_ms;
-        printf("| %s | %.3f | %.3f | %.1f | ", o->name, o->ms, o->cpu_ms,
-               step_ms > 0 ? 100.0 * o->ms / step_ms : 0);
+        printf("| %s | %.3f | ", o->name, o->ms);
+        if (ru->stage_cpu)
+            printf("%.3f | ", o->cpu_ms);
+        else
+            printf("- | ");
+        printf("%.1f | ", step_ms > 0 ? 100.0 * o->ms / step_ms : 0);
         if (o->mb > 0)
             printf("%.1f | %.1f | %.0f | ", o->mb, o->gbs, o->bw_pct);
         else
@@ -304,8 +316,10 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
             printf("%.2f | %.0f | %.0f (%s) | ", o->gop, o->gops, o->peak_pct, o->int8 ? "int8" : "fp32");
         else
             printf("- | - | - | ");
-        if (o->floor_ms > 0)
+        if (o->floor_ms > 0 && ru->stage_cpu)
             printf("%.3f | %.1f | %.1f | ", o->floor_ms, o->x_floor, o->cpu_ms / o->floor_ms);
+        else if (o->floor_ms > 0)
+            printf("%.3f | %.1f | - | ", o->floor_ms, o->x_floor);
         else
             printf("- | - | - | ");
         if (r < FWD_ST_COUNT && r != FWD_ST_WAIT && ru->threads > 1)
@@ -313,11 +327,16 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         else
             printf("- |\n");
     }
-    printf(
-        "| **step** | **%.3f** | %.3f | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** | %.1f | |\n\n",
-        step_ms, cpu_sum, (double)d->fwd_bytes / 1e6, step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
-        step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
-        floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0, floor_sum > 0 ? cpu_sum / floor_sum : 0);
+    char cpu_col[32] = "-", cpu_x[32] = "-";
+    if (ru->stage_cpu) {
+        snprintf(cpu_col, sizeof cpu_col, "%.3f", cpu_sum);
+        snprintf(cpu_x, sizeof cpu_x, "%.1f", floor_sum > 0 ? cpu_sum / floor_sum : 0);
+    }
+    printf("| **step** | **%.3f** | %s | 100 | %.1f | %.1f | %.0f | | | | **%.3f** | **%.1f** | %s | |\n\n",
+           step_ms, cpu_col, (double)d->fwd_bytes / 1e6,
+           step_ms > 0 ? (double)d->fwd_bytes / 1e6 / step_ms : 0,
+           step_ms > 0 && mc->ceil_gbs > 0 ? 100.0 * (double)d->fwd_bytes / 1e6 / step_ms / mc->ceil_gbs : 0,
+           floor_sum, floor_sum > 0 ? step_ms / floor_sum : 0, cpu_x);
     if (mc->med_gbs < mc->ceil_gbs) {
         const double fm = floor_at(d, mc, mc->med_gbs);
         printf("- at the probe's median pass (%.1f GB/s) the floors sum to %.3f ms: the step is %.1fx that\n",
@@ -333,9 +352,12 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         for (int t = 0; t < ru->threads; t++) printf("%s %.1f%%", t ? " /" : "", 100.0 * d->row_shares[t]);
         printf("\n");
     }
-    printf("- the threads were off the CPU %.1f%% of their busy time (median)%s\n", 100.0 * off,
-           off > 0.02 ? ": the machine was loaded; a stage's cpu ms is its work without the waits for a core"
-                      : "");
+    printf("- the threads were off the CPU %.1f%% of their time in the step (median)%s\n", 100.0 * off,
+           off <= 0.02 ? ""
+           : ru->stage_cpu
+               ? ": the machine was loaded; a stage's cpu ms is its work without the waits for a core"
+               : ": the machine was loaded; --stage-cpu gives each stage's work without the waits "
+                 "for a core");
     printf("- a stage's ms is the longest busy time of any thread; barrier_wait is the rest of the forward "
            "step (threads idle at barriers, the pool's start and end)\n");
     if (d->overlap_mean_ms > 0)
@@ -382,7 +404,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddStringToObject(j, "stage", o->name);
         cJSON_AddNumberToObject(j, "ms", o->ms);
         cJSON_AddNumberToObject(j, "mean_ms", o->mean_ms);
-        cJSON_AddNumberToObject(j, "cpu_ms", o->cpu_ms);
+        if (ru->stage_cpu) cJSON_AddNumberToObject(j, "cpu_ms", o->cpu_ms);
         cJSON_AddNumberToObject(j, "uneven_ms", o->uneven_ms);
         cJSON_AddNumberToObject(j, "bytes", (double)d->cost[r].bytes);
         cJSON_AddNumberToObject(j, "ops", d->cost[r].ops);
@@ -610,18 +632,27 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
                   .bt = (const int32_t *const *)s->bt,
                   .n_logits = s->n_logits};
     for (int t = 0; t < nth; t++) {
-        memset(s->prof.rows[t].ns, 0, sizeof s->prof.rows[t].ns);
-        memset(s->prof.rows[t].cpu_ns, 0, sizeof s->prof.rows[t].cpu_ns);
+        fwd_prof_thread *row = &s->prof.rows[t];
+        memset(row->ns, 0, sizeof row->ns);
+        memset(row->cpu_ns, 0, sizeof row->cpu_ns);
+        row->part_ns = row->part_cpu_ns = 0;
     }
-    uint64_t t0 = tk_now_ns(), c0 = fwd_prof_cpu_ns();
+    /* the thread's CPU clock is a system call (fwd_prof.h): read here only
+     * for the stages' CPU times */
+    const bool sc = s->prof.stage_cpu;
+    uint64_t c0 = sc ? fwd_prof_cpu_ns() : 0, t0 = tk_now_ns();
     tk_status st = be->step(be->ctx, &b, s->logits);
-    uint64_t t1 = tk_now_ns(), c1 = fwd_prof_cpu_ns();
+    uint64_t t1 = tk_now_ns(), c1 = sc ? fwd_prof_cpu_ns() : 0;
     if (st != TK_OK) return st;
     backend_run_each(be, pf_sample, s, batch);
-    uint64_t t2 = tk_now_ns(), c2 = fwd_prof_cpu_ns();
+    uint64_t c2 = sc ? fwd_prof_cpu_ns() : 0, t2 = tk_now_ns();
     if (i < 0) return TK_OK;
     pf_data *d = &s->d;
     double work = 0, th0 = 0, th0_cpu = 0, wall_all = 0, cpu_all = 0;
+    for (int t = 0; t < nth; t++) {
+        wall_all += (double)s->prof.rows[t].part_ns;
+        cpu_all += (double)s->prof.rows[t].part_cpu_ns;
+    }
     for (int r = 0; r < FWD_ST_COUNT; r++) {
         uint64_t mx = 0, mc = 0;
         double sum = 0;
@@ -630,10 +661,6 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
             sum += (double)row->ns[r];
             if (row->ns[r] > mx) mx = row->ns[r];
             if (row->cpu_ns[r] > mc) mc = row->cpu_ns[r];
-            if (r != FWD_ST_WAIT) { /* a barrier's wait may yield its core on purpose */
-                wall_all += (double)row->ns[r];
-                cpu_all += (double)row->cpu_ns[r];
-            }
         }
         th0 += (double)s->prof.rows[0].ns[r];
         th0_cpu += (double)s->prof.rows[0].cpu_ns[r];
@@ -652,8 +679,8 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     d->ns[PF_SAMPLE][i] = (double)(t2 - t1);
     d->fwd_ns[i] = fwd;
     d->step_ns[i] = (double)(t2 - t0);
-    /* the caller is pool thread 0: its time outside its marks, on the clock and on its CPU */
-    double out_wall = fwd - th0, out_cpu = (double)(c1 - c0) - th0_cpu;
+    /* the caller is pool thread 0: its time outside its marks, on the clock (and on its CPU) */
+    double out_wall = fwd - th0, out_cpu = sc ? (double)(c1 - c0) - th0_cpu : out_wall;
     double err = fmax(0.0, fmin(out_wall, out_cpu)) / fwd;
     if (err > d->thread_sum_err) d->thread_sum_err = err;
     if (i == 0) {
@@ -714,6 +741,7 @@ int cmd_profile(int argc, char **argv) {
     /* decode steps move on a position each; prefill chunks rewrite the same ones */
     for (int i = 0; st == TK_OK && i < PF_WARMUP; i++)
         st = pf_step(&s, m, batch, prefill, ctx + (prefill ? 0 : i), -1);
+    s.prof.stage_cpu = pa.stage_cpu;
     if (st == TK_OK) st = backend_cpu_profile(&s.be, &s.prof);
     for (int i = 0; st == TK_OK && i < steps; i++)
         st = pf_step(&s, m, batch, prefill, ctx + (prefill ? 0 : PF_WARMUP + i), i);
@@ -737,7 +765,8 @@ int cmd_profile(int argc, char **argv) {
                      .steps = steps,
                      .threads = s.be.n_threads,
                      .prefill = prefill,
-                     .even_rows = o.engine.even_rows};
+                     .even_rows = o.engine.even_rows,
+                     .stage_cpu = pa.stage_cpu};
         double off = median_of(s.d.offcpu, steps, s.tmp);
         s.d.overlap_ms = median_of(s.d.overlap_ns, steps, s.tmp) / 1e6;
         s.d.overlap_mean_ms = stats_mean(s.d.overlap_ns, (size_t)steps) / 1e6;

@@ -846,6 +846,7 @@ static void fwd_worker(void *ctx, int ith, int nth) {
         forward_unfused(f, ith, nth);
     else
         forward_fused(f, ith, nth);
+    if (f->prof && ith > 0) fwd_prof_end(f->prof, ith); /* thread 0's ends in fwd_step */
 }
 
 /* ---- init / step ------------------------------------------------------------------------- */
@@ -1151,6 +1152,7 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     }
     if (f->prof) {
         MARK(f, 0, FWD_ST_WAIT); /* thread 0 waiting for the others to return */
+        fwd_prof_end(f->prof, 0);
         f->prof->barriers += pool_barrier_count(f->pool) - bar0;
         f->prof->steps++;
     }
