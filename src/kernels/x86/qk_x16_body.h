@@ -77,6 +77,23 @@ AI float qk_scale(const int32_t *e) {
     return d;
 }
 
+/* A Q6_K super-block's 256 bytes of sub-block scales (16 rows x 16
+ * sub-blocks, from byte 32) copied to the stack once per block: the tiles
+ * then read each sub-block's 16 (or 8) from there. Read from the block at
+ * every sub-block instead, the tile of 1 to 5 tokens read DRAM at ~38 GB/s
+ * whatever its tokens, 0.55-0.65x the Q4_K tile's rate at one token; with
+ * the copy at 0.9-1.1x (avx512; 1.1-1.3x faster at avx2 and avxvnni). The
+ * 512-bit tile of more than 5 tokens, bound by its arithmetic, reads the
+ * block directly (the copy cost it 4-10% at 6 to 8 tokens, and gained 1.2x
+ * at 5): QK6_COPY_NT. Kernel microbenchmark, docs/notes.md. */
+#ifndef QK6_COPY_NT
+#define QK6_COPY_NT 5
+#endif
+AI void qk6_scales(const unsigned char *blk, int8_t sc[256]) {
+    for (int o = 0; o < 256; o += 32)
+        _mm256_store_si256((__m256i *)(void *)(sc + o), _mm256_loadu_si256((const __m256i *)(blk + 32 + o)));
+}
+
 #if defined(X16_ZMM)
 /* One group of 16 rows against nt tokens (table e, qk_act): acc[t] holds the
  * 16 row sums of token t, one chain per (row, token) whatever nt is. Inside
@@ -168,6 +185,9 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xffff);
     for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
         const unsigned char *blk = g + (size_t)b * 3360;
+        int8_t scb[256] __attribute__((aligned(32)));
+        if (nt <= QK6_COPY_NT) qk6_scales(blk, scb); /* nt is a constant in each instance */
+        const int8_t *scs = nt <= QK6_COPY_NT ? scb : (const int8_t *)(blk + 32);
         __m512i is[QK_NT];
 #pragma GCC unroll 16
         for (int t = 0; t < nt; t++) is[t] = _mm512_setzero_si512();
@@ -187,7 +207,8 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
             __m512i sc[2];
 #pragma GCC unroll 2
             for (int p = 0; p < 2; p++) { /* 16-element sub-block 2j + p: chunks 2p, 2p + 1 */
-                sc[p] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * (2 * j + p))));
+                sc[p] = _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(const void *)(scs + 16 * (2 * j + p))));
                 __m512i a[QK_NT];
 #pragma GCC unroll 16
                 for (int t = 0; t < nt; t++) a[t] = _mm512_setzero_si512();
@@ -338,6 +359,8 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
         for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
             const unsigned char *blk = g + (size_t)b * 3360;
+            int8_t scb[256] __attribute__((aligned(32)));
+            qk6_scales(blk, scb);
             __m256i is[QK_NT];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
@@ -352,7 +375,7 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
 #pragma GCC unroll 2
                 for (int p = 0; p < 2; p++) {
                     sc[p] = _mm256_cvtepi8_epi32(
-                        _mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * (2 * j + p) + 8 * hf)));
+                        _mm_loadl_epi64((const __m128i *)(void *)(scb + 16 * (2 * j + p) + 8 * hf)));
                     const __m256i s2 = qk_pairs(sc[p]);
                     __m256i a[QK_NT];
                     const __m256i h = _mm256_loadu_si256((const __m256i *)(hb + 64 * p));
