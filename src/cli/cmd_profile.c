@@ -136,9 +136,8 @@ typedef struct pf_data {
                               * between the same two barriers whose longest threads differ */
     double overlap_ms, overlap_mean_ms; /* its median and mean over the steps */
     double thread_sum_err;              /* largest share of a forward step thread 0 spent outside its marks:
-                                         * that wall time, or with --stage-cpu the lesser of it and that CPU
-                                         * time (a thread taken off its core between marks is not code
-                                         * outside them), over the step */
+                                         * the lesser of that wall time and that CPU time (a thread taken off
+                                         * its core between marks is not code outside them), over the step */
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
     uint64_t fwd_bytes; /* backend last_bytes of a timed step */
@@ -637,18 +636,18 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
         memset(row->cpu_ns, 0, sizeof row->cpu_ns);
         row->part_ns = row->part_cpu_ns = 0;
     }
-    /* the thread's CPU clock is a system call (fwd_prof.h): read here only
-     * for the stages' CPU times */
+    /* the thread's CPU clock is a system call (fwd_prof.h): read outside the
+     * timed spans, and around sampling only for the stages' CPU times */
     const bool sc = s->prof.stage_cpu;
-    uint64_t c0 = sc ? fwd_prof_cpu_ns() : 0, t0 = tk_now_ns();
+    uint64_t c0 = fwd_prof_cpu_ns(), t0 = tk_now_ns();
     tk_status st = be->step(be->ctx, &b, s->logits);
-    uint64_t t1 = tk_now_ns(), c1 = sc ? fwd_prof_cpu_ns() : 0;
+    uint64_t t1 = tk_now_ns(), c1 = fwd_prof_cpu_ns();
     if (st != TK_OK) return st;
     backend_run_each(be, pf_sample, s, batch);
     uint64_t c2 = sc ? fwd_prof_cpu_ns() : 0, t2 = tk_now_ns();
     if (i < 0) return TK_OK;
     pf_data *d = &s->d;
-    double work = 0, th0 = 0, th0_cpu = 0, wall_all = 0, cpu_all = 0;
+    double work = 0, th0 = 0, wall_all = 0, cpu_all = 0;
     for (int t = 0; t < nth; t++) {
         wall_all += (double)s->prof.rows[t].part_ns;
         cpu_all += (double)s->prof.rows[t].part_cpu_ns;
@@ -663,7 +662,6 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
             if (row->cpu_ns[r] > mc) mc = row->cpu_ns[r];
         }
         th0 += (double)s->prof.rows[0].ns[r];
-        th0_cpu += (double)s->prof.rows[0].cpu_ns[r];
         d->cpu[r][i] = (double)mc;
         d->uneven[r][i] = (double)mx - sum / nth;
         if (r != FWD_ST_WAIT) {
@@ -679,8 +677,9 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     d->ns[PF_SAMPLE][i] = (double)(t2 - t1);
     d->fwd_ns[i] = fwd;
     d->step_ns[i] = (double)(t2 - t0);
-    /* the caller is pool thread 0: its time outside its marks, on the clock (and on its CPU) */
-    double out_wall = fwd - th0, out_cpu = sc ? (double)(c1 - c0) - th0_cpu : out_wall;
+    /* the caller is pool thread 0: its time outside its marks, on the clock
+     * and on its CPU (its part of the step spans its marks) */
+    double out_wall = fwd - th0, out_cpu = (double)(c1 - c0) - (double)s->prof.rows[0].part_cpu_ns;
     double err = fmax(0.0, fmin(out_wall, out_cpu)) / fwd;
     if (err > d->thread_sum_err) d->thread_sum_err = err;
     if (i == 0) {
