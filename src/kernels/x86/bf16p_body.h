@@ -16,8 +16,9 @@
  * Order of work: row blocks of about P16_BLOCK weight bytes (so a block stays
  * in L2), in each the tokens in passes of P16_PAIRS activation pairs rounded
  * onto the stack, and in each pass every 16-row group against token tiles;
- * a pass of one token takes P16_G1 whole groups per tile, so the core has
- * that many independent chains instead of one latency-bound chain. A group
+ * a pass of one token takes P16_G1_ONE whole groups per tile, and a pass of
+ * a few tokens P16_G1 / n, so the core has several independent chains
+ * instead of a few latency-bound ones. A group
  * cut by r0 or r1 is computed whole into a scratch tile, so a row's value
  * does not depend on where the range is cut, nor on the tile or pass its
  * token falls in, nor on the groups computed beside it. */
@@ -78,11 +79,24 @@ P16_AI void p16_round8(const float *x, float *out) {
 }
 #endif
 
-/* Groups a tile takes at one token (P16_G1 / n at n tokens, when that is 2
- * or more; 2 groups read DRAM as fast as 4 or 8 with fewer streams), and the
- * accumulators a tile holds. */
+/* Groups a tile takes: P16_G1_ONE at one token, P16_G1 / n at n tokens
+ * when that is 2 or more; and the accumulators a tile holds. A (row, token)
+ * chain takes two dependent steps per pair, so a tile of one group and 2-4
+ * tokens had too few chains to cover their latency: with 2 groups at one
+ * token and 1 at 2-4 tokens, 2 tokens read DRAM at ~0.7x one token's rate.
+ * P16_G1 8 at 512 bits (4 groups at 2 tokens, 2 at 3 or 4) and 4 at 256 bits
+ * (2 at 2 tokens; each group's two halves are chains already, and 8 would
+ * spill): batch 2 1.3-1.4x, batch 3 1.3x, batch 4 1.15x. At one token 4
+ * groups read a little faster than 2 and 8 (docs/notes.md). */
 #ifndef P16_G1
-#define P16_G1 2
+#if defined(P16_HW) || defined(P16_ZMM)
+#define P16_G1 8
+#else
+#define P16_G1 4
+#endif
+#endif
+#ifndef P16_G1_ONE
+#define P16_G1_ONE 4
 #endif
 #define P16_ACC (P16_NT > P16_G1 ? P16_NT : P16_G1)
 /* A prefetch every (P16_PF_MASK + 1) 64-byte chunks of a group's stream. */
@@ -276,7 +290,7 @@ P16_AI void p16_gemv(int round, int64_t k, const void *w, int64_t r0, int64_t r1
             const int np = n_tok - p0 < pass ? n_tok - p0 : pass;
             const int64_t per =
                 p16_act(round, k, (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, buf);
-            const int gmax = P16_G1 / np; /* groups a tile takes at once */
+            const int gmax = np == 1 ? P16_G1_ONE : P16_G1 / np; /* groups a tile takes at once */
             for (int64_t gi = b0; gi < b1;) {
                 const int64_t g0 = gi * 16;
                 const uint16_t *g = (const uint16_t *)w + (size_t)gi * 16 * (size_t)k;
