@@ -99,6 +99,7 @@ P16_AI void p16_round8(const float *x, float *out) {
 #define P16_G1_ONE 4
 #endif
 #define P16_ACC (P16_NT > P16_G1 ? P16_NT : P16_G1)
+_Static_assert(P16_G1_ONE <= P16_ACC, "a one-token tile's groups fit its accumulators");
 /* A prefetch every (P16_PF_MASK + 1) 64-byte chunks of a group's stream. */
 #ifndef P16_PF_MASK
 #define P16_PF_MASK 0
@@ -241,8 +242,8 @@ P16_AI void p16_one(int64_t k, const uint16_t *g, const uint32_t *xb, int64_t pe
     }
 }
 
-/* ng > 1 whole groups against all nt tokens of a short pass (ng * nt <=
- * P16_G1, ng a power of two). */
+/* ng > 1 whole groups against all nt tokens of a short pass (ng a power of
+ * two: ng <= P16_G1_ONE at one token, ng * nt <= P16_G1 above). */
 P16_AI void p16_set(int64_t k, const uint16_t *g, int ng, const uint32_t *xb, int64_t per, float *y,
                     int64_t ldy, int nt) {
     switch (ng * 16 + nt) {
@@ -251,12 +252,16 @@ P16_AI void p16_set(int64_t k, const uint16_t *g, int ng, const uint32_t *xb, in
         p16_tile(k, g, a, xb, per, y, ldy, n);                                                               \
         break;
         P16_SET(2, 1)
-#if P16_G1 >= 4
+#if P16_G1_ONE >= 4
         P16_SET(4, 1)
+#endif
+#if P16_G1_ONE >= 8
+        P16_SET(8, 1)
+#endif
+#if P16_G1 >= 4
         P16_SET(2, 2)
 #endif
 #if P16_G1 >= 8
-        P16_SET(8, 1)
         P16_SET(4, 2)
         P16_SET(2, 3)
         P16_SET(2, 4)
