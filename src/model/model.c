@@ -703,6 +703,16 @@ void model_dtype_bytes(const tk_model *m, uint64_t *bytes) {
     if (m->output.data != m->tok_embd.data) bytes[m->output.type] += m->output.nbytes;
 }
 
+int model_n_matmuls(const tk_model *m) { return 7 * m->hp.n_layer + 1; }
+
+const tk_tensor *model_matmul(const tk_model *m, int i) {
+    TK_ASSERT(i >= 0 && i < model_n_matmuls(m));
+    if (i == 7 * m->hp.n_layer) return &m->output;
+    const tk_layer *L = &m->layers[i / 7];
+    const tk_tensor *mm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return mm[i % 7];
+}
+
 void tk_model_get_info(const tk_model *m, tk_model_info *out) {
     const tk_hparams *hp = &m->hp;
     memset(out, 0, sizeof *out);

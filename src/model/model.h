@@ -10,6 +10,7 @@
 #include "tokamak.h"
 
 struct tk_tokenizer;
+struct tk_tensor;
 
 const tk_hparams *model_hparams(const tk_model *m);
 /* NULL when the model file carries no vocabulary. */
@@ -25,5 +26,10 @@ void model_resident_region(const tk_model *m, void **p, size_t *n);
 void model_dtype_bytes(const tk_model *m, uint64_t *bytes);
 /* The dominant matmul weight type as held in memory (after any repack), e.g. "q8_0". */
 const char *model_weight_dtype(const tk_model *m);
+/* The matmul weights a decode token reads, as held in memory: each layer's
+ * q, k, v, output, gate, up and down projections in order, then the output
+ * (vocabulary) matrix; i in [0, model_n_matmuls). */
+int model_n_matmuls(const tk_model *m);
+const struct tk_tensor *model_matmul(const tk_model *m, int i);
 
 #endif
