@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "backend/backend.h"
+#include "bench/kbench.h"
 #include "bench/probe.h"
 #include "bench/stats.h"
 #include "cli/cli.h"
@@ -46,7 +47,30 @@ typedef struct pf_args {
     double bw, peak_int8, peak_f32;
     const char *json;
     bool stage_cpu;
+    bool kernels; /* --kernels: the weight kernels alone (kbench.h) */
+    int tokens[KB_MAX_COUNTS], n_tokens, rounds;
 } pf_args;
+
+/* --tokens: a comma-separated list of token counts. */
+static bool parse_tokens(const char *v, void *dst) {
+    pf_args *a = dst;
+    int n = 0;
+    for (const char *p = v;; p++) {
+        char num[16];
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        long t;
+        if (n == KB_MAX_COUNTS || len == 0 || len >= sizeof num) return false;
+        memcpy(num, p, len);
+        num[len] = '\0';
+        if (!cli_parse_long(num, 1, KB_MAX_TOKENS, &t)) return false;
+        a->tokens[n++] = (int)t;
+        if (!e) break;
+        p = e;
+    }
+    a->n_tokens = n;
+    return true;
+}
 
 static const cli_opt PF_ROWS_OPT[] = {
     {.name = "--batch",
@@ -99,6 +123,25 @@ static const cli_opt PF_ROWS_OPT[] = {
      .help = "also write the report as JSON",
      .kind = CLI_STR,
      .off = offsetof(pf_args, json)},
+    {.name = "--kernels",
+     .help = "time the weight kernels alone instead of a step: the model's matrices of each kind\n"
+             "streamed from memory and one held in cache, at each --tokens count",
+     .kind = CLI_FLAG,
+     .off = offsetof(pf_args, kernels)},
+    {.name = "--tokens",
+     .arg = "LIST",
+     .help = "--kernels: token counts (default 1,2,4,8,16,32)",
+     .kind = CLI_FN,
+     .off = 0,
+     .fn = parse_tokens,
+     .want = "a comma-separated list of at most 16 counts in 1..256"},
+    {.name = "--rounds",
+     .arg = "N",
+     .help = "--kernels: rounds over the counts (default 5; medians)",
+     .kind = CLI_INT,
+     .off = offsetof(pf_args, rounds),
+     .lo = 1,
+     .hi = 64},
     {.name = "--stage-cpu",
      .help = "also read each thread's CPU clock at every stage (cpu ms columns; a system call per\n"
              "stage, ~1 us on some VMs, which the step's times then include)",
@@ -110,7 +153,8 @@ static const cli_opt PF_ROWS_OPT[] = {
 static const cli_cmd PF_CMD = {
     "profile",
     "usage: tokamak profile -m MODEL [--batch B | --prefill N] [--ctx C] [--kv-type T] [--steps N] [--json "
-    "FILE]",
+    "FILE]\n"
+    "       tokamak profile -m MODEL --kernels [--tokens LIST] [--rounds N] [--json FILE]",
     CLI_G_MODEL | CLI_G_THREADS | CLI_G_PLACE | CLI_G_KV | CLI_G_SAMPLING,
     PF_ROWS_OPT,
     "--ctx is the context each sequence holds when the timed steps start (default 512).\n"
@@ -118,7 +162,9 @@ static const cli_cmd PF_CMD = {
     "prompt's last chunk: --prefill 512 --ctx 1536).\n"
     "--bw, --peak-int8 and --peak-f32 replace the probes (a quiet machine's figures when this one is "
     "loaded).\n"
-    "Times the fused plan. Floors use the bandwidth and peaks probed at the start of the run.",
+    "Times the fused plan. Floors use the bandwidth and peaks probed at the start of the run.\n"
+    "--kernels shows where each weight kernel stops being bound by memory: its streamed rate against its "
+    "rate over a cached matrix.",
     0,
     NULL,
 };
@@ -693,6 +739,110 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     return TK_OK;
 }
 
+/* ---- --kernels ------------------------------------------------------------------------ */
+
+static const char *layout_name(tk_layout l) {
+    static const char *const names[TK_LAYOUT_COUNT] = {"rows", "x16", "x8", "p16", "x4", "p16r", "x16s"};
+    return (int)l >= 0 && l < TK_LAYOUT_COUNT ? names[l] : "?";
+}
+
+static void print_kernels(const char *model, const pf_machine *mc, const pf_args *pa, const kb_row *r,
+                          int n) {
+    printf("# tokamak profile --kernels\n\n");
+    printf("- model %s, %d threads, %d rounds over the token counts (medians)\n", model, mc->threads,
+           pa->rounds);
+    printf("- read bandwidth %.1f GB/s (%s), peak int8 %.0f GOP/s (%s), peak fp32 %.0f GFLOP/s (%s)\n\n",
+           mc->bw.best, mc->bw.n > 0 ? "probed now, best pass" : "given", mc->gops_int8,
+           mc->int8_given ? "given" : "probed now", mc->gflops_f32, mc->f32_given ? "given" : "probed now");
+    printf(
+        "| kernel | tokens | MB streamed | streamed GB/s | x first count | GOP/s | %% of bw | %% of peak | "
+        "cached GB/s | cached GOP/s | streamed / cached |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n; i++) {
+        const double peak = r[i].int8 ? mc->gops_int8 : mc->gflops_f32;
+        printf("| %s %s | %d | %.1f | %.1f | %.2f | %.0f | %.0f | %.0f | %.1f | %.0f | %.2f |\n",
+               dtype_name(r[i].type), layout_name(r[i].layout), r[i].n_tok, (double)r[i].bytes / 1e6,
+               r[i].gbs, r[i].x_first, r[i].gops, mc->bw.best > 0 ? 100.0 * r[i].gbs / mc->bw.best : 0.0,
+               peak > 0 ? 100.0 * r[i].gops / peak : 0.0, r[i].hot_gbs, r[i].hot_gops,
+               r[i].hot_gbs > 0 ? r[i].gbs / r[i].hot_gbs : 0.0);
+    }
+    printf("\n- streamed: every matrix of the kind once, its rows split between the threads, a barrier after "
+           "each, as a decode step reads them; cached: the kind's smallest matrix again and again (each "
+           "thread's share of it stays in cache). Both on seeded activations. A kind whose MB streamed fits "
+           "the caches (a small model) is read from them, not from memory\n");
+    printf("- x first count: the streamed rate over the first count's, round by round; streamed / cached "
+           "near 1: the kernel's arithmetic binds at that count, well below 1: memory does\n");
+    printf("- %% of peak against the int8 peak where the kernel's dot products run on quantized activations, "
+           "else fp32\n");
+}
+
+static cJSON *json_kernels(const char *model, const pf_machine *mc, const pf_args *pa, const kb_row *r,
+                           int n) {
+    cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray();
+    if (!root || !rows) {
+        cJSON_Delete(root);
+        cJSON_Delete(rows);
+        return NULL;
+    }
+    cJSON_AddStringToObject(root, "model", model);
+    cJSON_AddNumberToObject(root, "threads", mc->threads);
+    cJSON_AddNumberToObject(root, "rounds", pa->rounds);
+    cJSON_AddNumberToObject(root, "bw_gbs", mc->bw.best);
+    cJSON_AddNumberToObject(root, "peak_int8_gops", mc->gops_int8);
+    cJSON_AddNumberToObject(root, "peak_f32_gflops", mc->gflops_f32);
+    cJSON_AddItemToObject(root, "kernels", rows);
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o) {
+            cJSON_Delete(root);
+            return NULL;
+        }
+        cJSON_AddItemToArray(rows, o);
+        cJSON_AddStringToObject(o, "type", dtype_name(r[i].type));
+        cJSON_AddStringToObject(o, "layout", layout_name(r[i].layout));
+        cJSON_AddBoolToObject(o, "int8", r[i].int8);
+        cJSON_AddNumberToObject(o, "tokens", r[i].n_tok);
+        cJSON_AddNumberToObject(o, "matrices", r[i].n_mat);
+        cJSON_AddNumberToObject(o, "bytes", (double)r[i].bytes);
+        cJSON_AddNumberToObject(o, "ops", r[i].ops);
+        cJSON_AddNumberToObject(o, "gbs", r[i].gbs);
+        cJSON_AddNumberToObject(o, "gops", r[i].gops);
+        cJSON_AddNumberToObject(o, "x_first", r[i].x_first);
+        cJSON_AddNumberToObject(o, "cached_bytes", (double)r[i].hot_bytes);
+        cJSON_AddNumberToObject(o, "cached_gbs", r[i].hot_gbs);
+        cJSON_AddNumberToObject(o, "cached_gops", r[i].hot_gops);
+    }
+    return root;
+}
+
+static int run_kernels(const cli_opts *o, pf_args *pa, pf_machine *mc, tk_model *m, const char *model) {
+    if (pa->n_tokens == 0) {
+        static const int def[] = {1, 2, 4, 8, 16, 32};
+        pa->n_tokens = (int)(sizeof def / sizeof def[0]);
+        memcpy(pa->tokens, def, sizeof def);
+    }
+    if (pa->rounds == 0) pa->rounds = 5;
+    kb_row *rows = NULL;
+    int n = 0;
+    tk_status st = kbench_run(m, mc->threads, o->engine.pin_threads, o->engine.cpus, pa->tokens, pa->n_tokens,
+                              pa->rounds, &rows, &n);
+    if (st == TK_OK) {
+        print_kernels(model, mc, pa, rows, n);
+        if (pa->json) {
+            cJSON *root = json_kernels(model, mc, pa, rows, n);
+            st = root ? write_json(pa->json, root)
+                      : tk_fail(TK_ERR_NOMEM, "profile: cannot build the JSON report");
+            cJSON_Delete(root);
+        }
+    }
+    tk_free(rows);
+    if (st != TK_OK) {
+        fprintf(stderr, "tokamak profile: %s\n", tk_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 int cmd_profile(int argc, char **argv) {
     pf_args pa = {.batch = 8, .steps = 16};
     cli_opts o;
@@ -706,6 +856,18 @@ int cmd_profile(int argc, char **argv) {
     }
     if (cli_opts_given(&o, "--kv-mem")) {
         cli_error(&PF_CMD, "--kv-mem: profile sizes the KV pool to its batch and context itself");
+        return 2;
+    }
+    if (pa.kernels) {
+        static const char *const step_only[] = {"--batch", "--prefill", "--steps",
+                                                "--ctx",   "--kv-type", "--stage-cpu"};
+        for (size_t i = 0; i < sizeof step_only / sizeof step_only[0]; i++)
+            if (cli_opts_given(&o, step_only[i])) {
+                cli_error(&PF_CMD, "%s is for steps; --kernels times the weight kernels alone", step_only[i]);
+                return 2;
+            }
+    } else if (pa.n_tokens > 0 || pa.rounds > 0) {
+        cli_error(&PF_CMD, "--tokens and --rounds go with --kernels");
         return 2;
     }
     if (pa.prefill > 0 && cli_opts_given(&o, "--batch")) {
@@ -732,6 +894,13 @@ int cmd_profile(int argc, char **argv) {
     if (tk_model_open(o.model_path, &o.model, &m) != TK_OK) {
         fprintf(stderr, "tokamak profile: %s\n", tk_last_error());
         return 1;
+    }
+    if (pa.kernels) {
+        tk_model_info in;
+        tk_model_get_info(m, &in);
+        int krc = run_kernels(&o, &pa, &mc, m, in.name && in.name[0] ? in.name : o.model_path);
+        tk_model_free(m);
+        return krc;
     }
     pf_state s;
     memset(&s, 0, sizeof s);

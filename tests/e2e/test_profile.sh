@@ -5,8 +5,8 @@
 # up to the bytes the step reads (the model's decode bytes and the KV at the
 # context), barriers are counted, a prefill
 # chunk's attention counts every (token, position) pair it reads (its last
-# layer past attention the wanted token's alone), and bad
-# options are refused with a message.
+# layer past attention the wanted token's alone), --kernels times each kind
+# of weight at each token count, and bad options are refused with a message.
 set -euo pipefail
 : "${TK_CLI:?}" "${TK_TMP:?}" "${TK_PYTHON:=/usr/bin/python3}"
 mkdir -p "$TK_TMP"
@@ -173,7 +173,37 @@ grep -q '"threads":	2' "$W/pc.json" || fail "profile --cpus 0 --threads 2: not 2
     fail "profile --cpus 0 --threads 2: the threads' time off the CPU not seen"
 grep -q "numa" "$W/pc.err" || grep -q . "$W/pc.md" || fail "--numa: no output"
 
-for args in "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--prefill 0" "--prefill 4 --batch 2" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--kv-mem 64" "--bogus"; do
+# --kernels: the weight kernels alone, each kind at each count, streamed and cached
+"$TK_CLI" profile -m "$W/m.gguf" --kernels --tokens 1,3,8 --rounds 2 --threads 2 --bw 20 --peak-int8 500 \
+    --peak-f32 100 --json "$W/pk.json" >"$W/pk.md" || fail "profile --kernels exited $?"
+grep -q '^| q8_0 x16 | 3 | ' "$W/pk.md" || fail "profile --kernels: no q8_0 x16 row at 3 tokens"
+"$TK_PYTHON" - "$W/pk.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = j["kernels"]
+assert j["threads"] == 2 and j["rounds"] == 2, j
+kinds = {}
+for r in rows:
+    kinds.setdefault((r["type"], r["layout"]), []).append(r)
+# every matmul weight once: 7 per layer (2 layers) and the output matrix
+assert sum(v[0]["matrices"] for v in kinds.values()) == 15, kinds.keys()
+for k, v in kinds.items():
+    assert [r["tokens"] for r in v] == [1, 3, 8], (k, v)
+    assert v[0]["x_first"] == 1.0, (k, v[0])
+    for r in v:
+        assert r["bytes"] == v[0]["bytes"] > 0 and r["cached_bytes"] > 0, r
+        assert r["ops"] == v[0]["ops"] * r["tokens"], r
+        for f in ("gbs", "gops", "x_first", "cached_gbs", "cached_gops"):
+            assert r[f] > 0, (f, r)
+        # the same bytes over the same seconds: the rates agree
+        assert abs(r["gops"] / r["gbs"] - r["ops"] / r["bytes"]) < 1e-6 * r["ops"] / r["bytes"], r
+print("ok: profile --kernels JSON")
+PY
+
+for args in "--kernels --batch 2" "--kernels --steps 2" "--kernels --stage-cpu" "--tokens 4" "--rounds 2" \
+    "--kernels --tokens 0" "--kernels --tokens 1,,2" "--kernels --tokens 1," "--kernels --tokens 257" \
+    "--kernels --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17" "--kernels --rounds 0" \
+    "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--prefill 0" "--prefill 4 --batch 2" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--kv-mem 64" "--bogus"; do
     set +e
     # shellcheck disable=SC2086
     "$TK_CLI" profile -m "$W/m.gguf" $args >/dev/null 2>"$W/err.txt"
