@@ -54,22 +54,7 @@ typedef struct pf_args {
 /* --tokens: a comma-separated list of token counts. */
 static bool parse_tokens(const char *v, void *dst) {
     pf_args *a = dst;
-    int n = 0;
-    for (const char *p = v;; p++) {
-        char num[16];
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        long t;
-        if (n == KB_MAX_COUNTS || len == 0 || len >= sizeof num) return false;
-        memcpy(num, p, len);
-        num[len] = '\0';
-        if (!cli_parse_long(num, 1, KB_MAX_TOKENS, &t)) return false;
-        a->tokens[n++] = (int)t;
-        if (!e) break;
-        p = e;
-    }
-    a->n_tokens = n;
-    return true;
+    return cli_parse_int_list(v, 1, KB_MAX_TOKENS, KB_MAX_COUNTS, a->tokens, &a->n_tokens);
 }
 
 static const cli_opt PF_ROWS_OPT[] = {

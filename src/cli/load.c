@@ -12,23 +12,17 @@
 #include "cli/cli.h"
 
 /* "1,4,8" -> ints in 1..4096 (real: positive finite numbers); false on junk or too many. */
-static bool parse_list(const char *s, bool real, int *ints, double *reals, int *n) {
+/* "0.5,2": at most BENCH_MAX_LEVELS positive finite numbers. */
+static bool parse_reals(const char *s, double *reals, int *n) {
     int k = 0;
     const char *p = s;
     while (*p) {
         if (k == BENCH_MAX_LEVELS) return false;
         char *end;
         errno = 0;
-        if (real) {
-            double v = strtod(p, &end);
-            if (errno || end == p || !(v > 0) || !isfinite(v)) return false;
-            reals[k] = v;
-        } else {
-            long v = strtol(p, &end, 10);
-            if (errno || end == p || v < 1 || v > 4096) return false;
-            ints[k] = (int)v;
-        }
-        k++;
+        double v = strtod(p, &end);
+        if (errno || end == p || !(v > 0) || !isfinite(v)) return false;
+        reals[k++] = v;
         if (*end == ',' && end[1])
             p = end + 1;
         else if (*end == 0)
@@ -42,12 +36,12 @@ static bool parse_list(const char *s, bool real, int *ints, double *reals, int *
 
 static bool parse_batch(const char *v, void *dst) {
     bench_opts *b = dst;
-    return parse_list(v, false, b->levels, NULL, &b->n_levels);
+    return cli_parse_int_list(v, 1, 4096, BENCH_MAX_LEVELS, b->levels, &b->n_levels);
 }
 
 static bool parse_rate(const char *v, void *dst) {
     bench_opts *b = dst;
-    return parse_list(v, true, NULL, b->rates, &b->n_rates);
+    return parse_reals(v, b->rates, &b->n_rates);
 }
 
 /* "N" requests per level, or "Nx": N times the level (one wave per slot with 1x). */

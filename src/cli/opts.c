@@ -345,6 +345,27 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
+bool cli_parse_int_list(const char *s, long lo, long hi, int max, int *out, int *n) {
+    int k = 0;
+    const char *p = s;
+    while (*p) {
+        if (k == max) return false;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < lo || v > hi) return false;
+        out[k++] = (int)v;
+        if (*end == ',' && end[1])
+            p = end + 1;
+        else if (*end == 0)
+            p = end;
+        else
+            return false;
+    }
+    *n = k;
+    return k > 0;
+}
+
 bool cli_parse_double(const char *s, double lo, double hi, double *out) {
     char *end;
     errno = 0;

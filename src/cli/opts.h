@@ -159,6 +159,10 @@ void cli_error(const cli_cmd *cmd, const char *fmt, ...) __attribute__((format(p
 
 /* Parsers for values outside the option table (CLI_FN rows use them too). */
 bool cli_parse_long(const char *s, long lo, long hi, long *out);
+/* "1,8,32": at most max integers in [lo, hi] (ints; hi fits an int) into
+ * out[0, *n); false (out partly written) on an empty list or item, a stray
+ * character, a value out of range or more than max. */
+bool cli_parse_int_list(const char *s, long lo, long hi, int max, int *out, int *n);
 bool cli_parse_double(const char *s, double lo, double hi, double *out);
 bool cli_parse_u64(const char *s, uint64_t *out);
 /* "1,2, 3" (commas and/or white space) -> ids in [0, INT32_MAX] (tk_malloc'd,

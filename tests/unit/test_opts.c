@@ -180,6 +180,22 @@ static void test_opts_ids(void **state) {
         if (cli_parse_ids(bad[i], &ids, &n)) fail_msg("'%s' parsed", bad[i]);
 }
 
+static void test_opts_int_list(void **state) {
+    (void)state;
+    int v[4] = {0}, n = 0;
+    assert_true(cli_parse_int_list("1,8,32", 1, 32, 4, v, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(v[0], 1);
+    assert_int_equal(v[2], 32);
+    assert_true(cli_parse_int_list("7", 1, 32, 1, v, &n));
+    assert_int_equal(n, 1);
+    assert_int_equal(v[0], 7);
+    const char *bad[] = {
+        "", ",", "1,", ",1", "1,,2", "0", "33", "1,2x", "1;2", "1,2,3,4,5", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (cli_parse_int_list(bad[i], 1, 32, 4, v, &n)) fail_msg("'%s' parsed", bad[i]);
+}
+
 static void test_opts_names(void **state) {
     (void)state;
     int v = -1;
@@ -265,7 +281,8 @@ int main(void) {
         cmocka_unit_test(test_opts_own_shared), cmocka_unit_test(test_opts_values),
         cmocka_unit_test(test_opts_rejects),    cmocka_unit_test(test_opts_threads_capped),
         cmocka_unit_test(test_opts_groups),     cmocka_unit_test(test_opts_ids),
-        cmocka_unit_test(test_opts_names),      cmocka_unit_test(test_opts_help),
+        cmocka_unit_test(test_opts_int_list),   cmocka_unit_test(test_opts_names),
+        cmocka_unit_test(test_opts_help),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
