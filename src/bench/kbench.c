@@ -99,7 +99,8 @@ static tk_status kinds_of(const tk_model *m, const tk_kernels *K, int n_act, kb_
             kinds[c] = (kb_kind){.type = w->type, .layout = w->layout, .gemv = kern_gemv_of(K, w)};
             kinds[c].mats = tk_calloc((size_t)n, sizeof *kinds[c].mats);
             nk++;
-            if (!kinds[c].mats) st = tk_fail(TK_ERR_NOMEM, "profile --kernels: a list of %d weights", n);
+            if (!kinds[c].mats)
+                st = tk_fail(TK_ERR_NOMEM, "profile --kernels: a list of %d weights", n);
             else if (!kinds[c].gemv)
                 st = tk_fail(TK_ERR_UNSUPPORTED, "profile --kernels: no kernel reads %s weights (%s)",
                              dtype_name(w->type), w->name ? w->name : "?");
@@ -152,13 +153,13 @@ static double median_of(const double *v, int n) {
     return p;
 }
 
-tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpus, const int *tok, int n_counts,
-                     int rounds, kb_row **rows, int *n_rows) {
+tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpus, const int *tok,
+                     int n_counts, int rounds, kb_row **rows, int *n_rows) {
     *rows = NULL;
     *n_rows = 0;
     if (n_counts < 1 || n_counts > KB_MAX_COUNTS || rounds < 1 || rounds > 64 || n_threads < 1)
-        return tk_fail(TK_ERR_INVALID, "profile --kernels: %d token counts (1..%d), %d rounds (1..64)", n_counts,
-                       KB_MAX_COUNTS, rounds);
+        return tk_fail(TK_ERR_INVALID, "profile --kernels: %d token counts (1..%d), %d rounds (1..64)",
+                       n_counts, KB_MAX_COUNTS, rounds);
     for (int c = 0; c < n_counts; c++)
         if (tok[c] < 1 || tok[c] > KB_MAX_TOKENS)
             return tk_fail(TK_ERR_INVALID, "profile --kernels: %d tokens (1..%d)", tok[c], KB_MAX_TOKENS);
@@ -179,7 +180,8 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
     if (!y || !t_str || !t_hot || !out) st = tk_fail(TK_ERR_NOMEM, "profile --kernels: output buffers");
     int cpu[KB_MAX_CPUS], n_cpu = 0;
     if (st == TK_OK && cpus) st = pool_parse_cpus(cpus, cpu, KB_MAX_CPUS, &n_cpu);
-    if (st == TK_OK) st = n_cpu > 0 ? pool_init_cpus(n_threads, cpu, n_cpu, &pool) : pool_init(n_threads, pin, &pool);
+    if (st == TK_OK)
+        st = n_cpu > 0 ? pool_init_cpus(n_threads, cpu, n_cpu, &pool) : pool_init(n_threads, pin, &pool);
     int *reps = tk_calloc((size_t)(nk > 0 ? nk : 1), sizeof *reps);
     if (st == TK_OK && !reps) st = tk_fail(TK_ERR_NOMEM, "profile --kernels: %d kinds", nk);
     for (int c = 0; st == TK_OK && c < nk; c++) {
@@ -207,7 +209,8 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
             macs += (double)kd->mats[i]->ne[0] * (double)kd->mats[i]->ne[1];
         }
         const tk_tensor *h = kd->mats[kd->hot];
-        const double hot_bytes = (double)h->nbytes * reps[c], hot_macs = (double)h->ne[0] * (double)h->ne[1] * reps[c];
+        const double hot_bytes = (double)h->nbytes * reps[c],
+                     hot_macs = (double)h->ne[0] * (double)h->ne[1] * reps[c];
         const tk_dtype act = kern_act_type(kd->type, kd->layout);
         for (int ci = 0; ci < n_counts; ci++) {
             const double *ts = t_str + ((size_t)c * (size_t)n_counts + (size_t)ci) * (size_t)rounds;

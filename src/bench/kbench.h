@@ -23,13 +23,13 @@
 typedef struct kb_row {
     tk_dtype type;
     tk_layout layout;
-    bool int8;         /* its dot products run on int8 activations (else f32) */
+    bool int8; /* its dot products run on int8 activations (else f32) */
     int n_tok;
-    int n_mat;         /* matrices of this kind in the model */
-    uint64_t bytes;    /* one streamed pass: every matrix of the kind once */
-    double ops;        /* one streamed pass (a multiply-add counts 2) */
-    double gbs, gops;  /* streamed */
-    double x_first;    /* the streamed rate over the first count's, per round (median) */
+    int n_mat;          /* matrices of this kind in the model */
+    uint64_t bytes;     /* one streamed pass: every matrix of the kind once */
+    double ops;         /* one streamed pass (a multiply-add counts 2) */
+    double gbs, gops;   /* streamed */
+    double x_first;     /* the streamed rate over the first count's, per round (median) */
     uint64_t hot_bytes; /* the cached matrix's bytes (split between the threads) */
     double hot_gbs, hot_gops;
 } kb_row;
@@ -41,7 +41,7 @@ typedef struct kb_row {
  * other round, so a machine whose speed drifts is spread over all of them),
  * and returns the rows, kinds in the order the model first uses them and
  * counts as given, in *rows (tk_free) and their number in *n_rows. */
-tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpus, const int *tok, int n_counts,
-                     int rounds, kb_row **rows, int *n_rows);
+tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpus, const int *tok,
+                     int n_counts, int rounds, kb_row **rows, int *n_rows);
 
 #endif
