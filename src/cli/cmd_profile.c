@@ -758,7 +758,8 @@ static void print_kernels(const char *model, const pf_machine *mc, const pf_args
     printf("- x first count: the streamed rate over the first count's, round by round; streamed / cached "
            "near 1: the kernel's arithmetic binds at that count, well below 1: memory does\n");
     printf("- %% of peak against the int8 peak where the kernel's dot products run on quantized activations, "
-           "else fp32\n");
+           "else fp32; %% of bw above 100: part of the kind's bytes came from the last-level cache, or the "
+           "probe under-read this machine\n");
 }
 
 static cJSON *json_kernels(const char *model, const pf_machine *mc, const pf_args *pa, const kb_row *r,
