@@ -1,8 +1,6 @@
 /* The load options and reports of tokamak bench and tokamak loadgen. */
 #include "cli/load.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,29 +9,6 @@
 #include "bench/report.h"
 #include "cli/cli.h"
 
-/* "1,4,8" -> ints in 1..4096 (real: positive finite numbers); false on junk or too many. */
-/* "0.5,2": at most BENCH_MAX_LEVELS positive finite numbers. */
-static bool parse_reals(const char *s, double *reals, int *n) {
-    int k = 0;
-    const char *p = s;
-    while (*p) {
-        if (k == BENCH_MAX_LEVELS) return false;
-        char *end;
-        errno = 0;
-        double v = strtod(p, &end);
-        if (errno || end == p || !(v > 0) || !isfinite(v)) return false;
-        reals[k++] = v;
-        if (*end == ',' && end[1])
-            p = end + 1;
-        else if (*end == 0)
-            p = end;
-        else
-            return false;
-    }
-    *n = k;
-    return k > 0;
-}
-
 static bool parse_batch(const char *v, void *dst) {
     bench_opts *b = dst;
     return cli_parse_int_list(v, 1, 4096, BENCH_MAX_LEVELS, b->levels, &b->n_levels);
@@ -41,7 +16,7 @@ static bool parse_batch(const char *v, void *dst) {
 
 static bool parse_rate(const char *v, void *dst) {
     bench_opts *b = dst;
-    return parse_reals(v, b->rates, &b->n_rates);
+    return cli_parse_real_list(v, BENCH_MAX_LEVELS, b->rates, &b->n_rates);
 }
 
 /* "N" requests per level, or "Nx": N times the level (one wave per slot with 1x). */

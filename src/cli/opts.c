@@ -345,16 +345,19 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out) {
     return true;
 }
 
-bool cli_parse_int_list(const char *s, long lo, long hi, int max, int *out, int *n) {
+/* "a,b,c": item(p, &end, k) parses item k at p and says where it ends; a
+ * comma must be followed by another item. false on a bad item, a stray
+ * character, an empty list or more than max items. */
+typedef bool (*list_item_fn)(const char *p, char **end, int k, void *ctx);
+static bool parse_list(const char *s, int max, list_item_fn item, void *ctx, int *n) {
     int k = 0;
     const char *p = s;
     while (*p) {
         if (k == max) return false;
         char *end;
         errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || v < lo || v > hi) return false;
-        out[k++] = (int)v;
+        if (!item(p, &end, k, ctx) || errno || end == p) return false;
+        k++;
         if (*end == ',' && end[1])
             p = end + 1;
         else if (*end == 0)
@@ -364,6 +367,35 @@ bool cli_parse_int_list(const char *s, long lo, long hi, int max, int *out, int 
     }
     *n = k;
     return k > 0;
+}
+
+typedef struct int_list {
+    long lo, hi;
+    int *out;
+} int_list;
+
+static bool int_item(const char *p, char **end, int k, void *ctx) {
+    const int_list *l = ctx;
+    long v = strtol(p, end, 10);
+    if (v < l->lo || v > l->hi) return false;
+    l->out[k] = (int)v;
+    return true;
+}
+
+bool cli_parse_int_list(const char *s, long lo, long hi, int max, int *out, int *n) {
+    int_list l = {lo, hi, out};
+    return parse_list(s, max, int_item, &l, n);
+}
+
+static bool real_item(const char *p, char **end, int k, void *ctx) {
+    double v = strtod(p, end);
+    if (!(v > 0) || !isfinite(v)) return false;
+    ((double *)ctx)[k] = v;
+    return true;
+}
+
+bool cli_parse_real_list(const char *s, int max, double *out, int *n) {
+    return parse_list(s, max, real_item, out, n);
 }
 
 bool cli_parse_double(const char *s, double lo, double hi, double *out) {

@@ -163,6 +163,8 @@ bool cli_parse_long(const char *s, long lo, long hi, long *out);
  * out[0, *n); false (out partly written) on an empty list or item, a stray
  * character, a value out of range or more than max. */
 bool cli_parse_int_list(const char *s, long lo, long hi, int max, int *out, int *n);
+/* The same for positive finite numbers ("0.5,2"). */
+bool cli_parse_real_list(const char *s, int max, double *out, int *n);
 bool cli_parse_double(const char *s, double lo, double hi, double *out);
 bool cli_parse_u64(const char *s, uint64_t *out);
 /* "1,2, 3" (commas and/or white space) -> ids in [0, INT32_MAX] (tk_malloc'd,

@@ -194,6 +194,13 @@ static void test_opts_int_list(void **state) {
         "", ",", "1,", ",1", "1,,2", "0", "33", "1,2x", "1;2", "1,2,3,4,5", "99999999999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (cli_parse_int_list(bad[i], 1, 32, 4, v, &n)) fail_msg("'%s' parsed", bad[i]);
+    double r[3] = {0};
+    assert_true(cli_parse_real_list("0.5,2,1e3", 3, r, &n));
+    assert_int_equal(n, 3);
+    assert_true(r[0] == 0.5 && r[2] == 1000.0);
+    const char *bad_r[] = {"", "0", "-1", "0.5,", "1,,2", "inf", "nan", "1x", "1,2,3,4"};
+    for (size_t i = 0; i < sizeof bad_r / sizeof bad_r[0]; i++)
+        if (cli_parse_real_list(bad_r[i], 3, r, &n)) fail_msg("'%s' parsed as reals", bad_r[i]);
 }
 
 static void test_opts_names(void **state) {
