@@ -147,6 +147,11 @@ static tk_status kinds_of(const tk_model *m, const tk_kernels *K, int n_act, kb_
     return st;
 }
 
+/* The times of kind c at count ci, one per round: [c][ci][round]. */
+static size_t kb_at(int c, int ci, int n_counts, int rounds) {
+    return ((size_t)c * (size_t)n_counts + (size_t)ci) * (size_t)rounds;
+}
+
 static double median_of(const double *v, int n) {
     double p = 0;
     stats_percentile(v, (size_t)n, 50, &p); /* out of memory: 0, as no rate */
@@ -194,7 +199,7 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
         for (int q = 0; q < n_counts; q++) {
             const int ci = r % 2 ? n_counts - 1 - q : q;
             for (int c = 0; c < nk; c++) {
-                const size_t at = ((size_t)c * (size_t)n_counts + (size_t)ci) * (size_t)rounds + (size_t)r;
+                const size_t at = kb_at(c, ci, n_counts, rounds) + (size_t)r;
                 const kb_kind *kd = &kinds[c];
                 t_str[at] = kb_time(pool, kd, kd->mats, kd->n_mat, 1, tok[ci], y);
                 t_hot[at] = kb_time(pool, kd, kd->mats + kd->hot, 1, reps[c], tok[ci], y);
@@ -213,9 +218,9 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
                      hot_macs = (double)h->ne[0] * (double)h->ne[1] * reps[c];
         const tk_dtype act = kern_act_type(kd->type, kd->layout);
         for (int ci = 0; ci < n_counts; ci++) {
-            const double *ts = t_str + ((size_t)c * (size_t)n_counts + (size_t)ci) * (size_t)rounds;
-            const double *th = t_hot + ((size_t)c * (size_t)n_counts + (size_t)ci) * (size_t)rounds;
-            const double *t0 = t_str + (size_t)c * (size_t)n_counts * (size_t)rounds;
+            const double *ts = t_str + kb_at(c, ci, n_counts, rounds);
+            const double *th = t_hot + kb_at(c, ci, n_counts, rounds);
+            const double *t0 = t_str + kb_at(c, 0, n_counts, rounds);
             double gbs[64], gops[64], ratio[64], hgbs[64], hgops[64];
             for (int r = 0; r < rounds; r++) {
                 gbs[r] = (double)bytes / ts[r] * 1e-9;
