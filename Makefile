@@ -1,5 +1,6 @@
 # make test: install what is missing, build Release and ASan+UBSan, run every test.
 # make bench: build, create the default synthetic model if absent, run the main benchmark.
+# make bench-targets: the decode targets (one sequence, 8 and 32) in alternating rounds (bench/targets.sh).
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 BUILD ?= build
@@ -13,7 +14,7 @@ FUZZ_SECONDS ?= 15
 # with full debug information.
 SAN_FLAGS ?= -O2 -g1 -DNDEBUG
 
-.PHONY: all deps build build-asan build-fuzz test test-release test-asan fuzz bench clean format format-check
+.PHONY: all deps build build-asan build-fuzz test test-release test-asan fuzz bench bench-targets clean format format-check
 
 all: build
 
@@ -63,6 +64,11 @@ $(BENCH_MODEL): build
 
 bench: build $(BENCH_MODEL)
 	@bash bench/run.sh $(BUILD)/bin/tokamak $(BENCH_MODEL)
+
+# Makes the four synthetic qwen3-0.6b files it needs in MODEL_DIR; ROUNDS=N for more rounds.
+ROUNDS ?= 3
+bench-targets: build
+	@bash bench/targets.sh $(BUILD)/bin/tokamak $(MODEL_DIR) $(ROUNDS)
 
 format:
 	@clang-format -i $$(git ls-files '*.c' '*.h')
