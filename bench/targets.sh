@@ -71,7 +71,10 @@ configs=()
 for t in "${types[@]}"; do configs+=("run $t"); done
 for b in $batches; do for s in head token; do configs+=("profile $b $s"); done; done
 
-# One configuration once: appends "config<TAB>value<TAB>value2<TAB>probe" to $work/results.
+# One configuration once: appends a line to $work/results, tab-separated: the
+# configuration, its figure at the probe's best pass and at its median pass
+# (% of the probe, or step / floor), the probe's best pass (GB/s), and the
+# run's read rate (GB/s) or the step (ms).
 one() {
     local kind=$1 out="$work/out.txt"
     if [ "$kind" = run ]; then
