@@ -17,6 +17,8 @@
 #ifndef KFN
 #define KFN(name) kern_##name##_avx2
 #endif
+/* one-token Q8_0 X16 passes fetch their weights ahead (simd_body.h, x16_pf) */
+#define X16_AHEAD_ONE 1
 
 /* maddubs needs an unsigned operand: |w| times x carrying w's sign. A pair
  * reaches at most 2 * 128 * 127 = 32512 < 32767, so it never saturates. */

@@ -525,7 +525,14 @@ AI const unsigned char *x16_tile_fetch(int t, int nt_max, int64_t g0, int64_t r1
  * (ahead false): its tile is bound by the weight stream alone, which the
  * hardware prefetcher keeps full, and the asks cost it (docs/notes.md:
  * batch-1 projections ~1.1x faster without them on the AMD EPYC, X16 and
- * X16S alike; Q4_0's, with more work per byte, kept them). */
+ * X16S alike; Q4_0's, with more work per byte, kept them). A level that
+ * defines X16_AHEAD_ONE 1 asks for Q8_0's too: the AVX2 sign-trick tile,
+ * with ~5 ops per 4-byte chunk and half-width loads, keeps too few reads in
+ * flight on its own (batch-1 Q8_0 1.2x faster with the asks; AVX-VNNI's
+ * tile 1.04x slower, so it does not). */
+#ifndef X16_AHEAD_ONE
+#define X16_AHEAD_ONE 0
+#endif
 typedef struct x16_pf {
     bool ahead;
     const unsigned char *next;
@@ -889,7 +896,7 @@ AI void x16_gemv(int kind, int64_t k, const void *w, int64_t r0, int64_t r1, con
                                : 0,
                 (const char *)xq + (size_t)p0 * xq_stride, xq_stride, np, nb, tab);
         const int ntl = x16_tiles(np);
-        const bool ahead = np > 1 || kind == X16_Q4;
+        const bool ahead = np > 1 || kind == X16_Q4 || (X16_AHEAD_ONE && kind == X16_Q8);
         for (int64_t g0 = r0 / 16 * 16; g0 < r1;) {
             const unsigned char *g = (const unsigned char *)w + (size_t)(g0 / 16) * gb;
             const int ng = x16_unit(g0, r0, r1, np), ngn = x16_unit(g0 + 16 * ng, r0, r1, np);
