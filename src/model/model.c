@@ -8,6 +8,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -369,6 +370,17 @@ static tk_status rope_init(tk_model *m, const model_source *src) {
 
 static uint64_t vec_bytes(int64_t n) { return (uint64_t)n * sizeof(float); }
 
+/* A layer's matmul weights, in the order a decode token reads them: q, k,
+ * v, output, gate, up, down. */
+#define LAYER_MATMULS 7
+static const size_t LAYER_MATMUL_OFF[LAYER_MATMULS] = {
+    offsetof(tk_layer, wq),     offsetof(tk_layer, wk),   offsetof(tk_layer, wv),    offsetof(tk_layer, wo),
+    offsetof(tk_layer, w_gate), offsetof(tk_layer, w_up), offsetof(tk_layer, w_down)};
+static tk_tensor *layer_matmul(tk_layer *L, int i) { return (tk_tensor *)((char *)L + LAYER_MATMUL_OFF[i]); }
+static const tk_tensor *layer_matmul_c(const tk_layer *L, int i) {
+    return (const tk_tensor *)((const char *)L + LAYER_MATMUL_OFF[i]);
+}
+
 /* Bytes, parameters and the dominant type; decode_bytes = what one decode token reads. */
 static void model_account(tk_model *m) {
     const tk_hparams *hp = &m->hp;
@@ -378,11 +390,11 @@ static void model_account(tk_model *m) {
     int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
     for (int l = 0; l < hp->n_layer; l++) {
         const tk_layer *L = &m->layers[l];
-        const tk_tensor *mm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) {
-            layer_bytes += mm[i]->nbytes;
-            by_type[mm[i]->type] += mm[i]->nbytes;
-            params += mm[i]->ne[0] * mm[i]->ne[1];
+        for (int i = 0; i < LAYER_MATMULS; i++) {
+            const tk_tensor *w = layer_matmul_c(L, i);
+            layer_bytes += w->nbytes;
+            by_type[w->type] += w->nbytes;
+            params += w->ne[0] * w->ne[1];
         }
         int64_t vec = 2 * (int64_t)hp->n_embd;
         if (L->bq) vec += qd + 2 * kvd;
@@ -508,14 +520,12 @@ static void resident_copy(void *ctx, int ith, int nth) {
 
 static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     int n_layer = m->hp.n_layer, n = 0;
-    tk_tensor **ts = tk_calloc((size_t)n_layer * 7 + 2, 2 * sizeof *ts);
+    tk_tensor **ts = tk_calloc((size_t)n_layer * LAYER_MATMULS + 2, 2 * sizeof *ts);
     if (!ts) return tk_fail(TK_ERR_NOMEM, "model: out of memory");
-    tk_tensor **sel = ts + (size_t)n_layer * 7 + 2; /* the tensors to copy, each data pointer once */
-    for (int l = 0; l < n_layer; l++) {
-        tk_layer *L = &m->layers[l];
-        tk_tensor *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) ts[n++] = w[i];
-    }
+    /* the tensors to copy, each data pointer once */
+    tk_tensor **sel = ts + (size_t)n_layer * LAYER_MATMULS + 2;
+    for (int l = 0; l < n_layer; l++)
+        for (int i = 0; i < LAYER_MATMULS; i++) ts[n++] = layer_matmul(&m->layers[l], i);
     ts[n++] = &m->tok_embd;
     ts[n++] = &m->output;
     size_t total = 0;
@@ -692,8 +702,10 @@ void model_dtype_bytes(const tk_model *m, uint64_t *bytes) {
     int64_t vec = hp->n_embd;
     for (int l = 0; l < hp->n_layer; l++) {
         const tk_layer *L = &m->layers[l];
-        const tk_tensor *mm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) bytes[mm[i]->type] += mm[i]->nbytes;
+        for (int i = 0; i < LAYER_MATMULS; i++) {
+            const tk_tensor *w = layer_matmul_c(L, i);
+            bytes[w->type] += w->nbytes;
+        }
         vec += 2 * (int64_t)hp->n_embd;
         if (L->bq) vec += ((int64_t)hp->n_head + 2 * hp->n_head_kv) * hp->head_dim;
         if (L->q_norm) vec += 2 * (int64_t)hp->head_dim;
@@ -703,14 +715,12 @@ void model_dtype_bytes(const tk_model *m, uint64_t *bytes) {
     if (m->output.data != m->tok_embd.data) bytes[m->output.type] += m->output.nbytes;
 }
 
-int model_n_matmuls(const tk_model *m) { return 7 * m->hp.n_layer + 1; }
+int model_n_matmuls(const tk_model *m) { return LAYER_MATMULS * m->hp.n_layer + 1; }
 
 const tk_tensor *model_matmul(const tk_model *m, int i) {
     TK_ASSERT(i >= 0 && i < model_n_matmuls(m));
-    if (i == 7 * m->hp.n_layer) return &m->output;
-    const tk_layer *L = &m->layers[i / 7];
-    const tk_tensor *mm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    return mm[i % 7];
+    if (i == LAYER_MATMULS * m->hp.n_layer) return &m->output;
+    return layer_matmul_c(&m->layers[i / LAYER_MATMULS], i % LAYER_MATMULS);
 }
 
 void tk_model_get_info(const tk_model *m, tk_model_info *out) {
