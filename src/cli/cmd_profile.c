@@ -881,10 +881,11 @@ int cmd_profile(int argc, char **argv) {
         fprintf(stderr, "tokamak profile: %s\n", tk_last_error());
         return 1;
     }
+    tk_model_info in;
+    tk_model_get_info(m, &in);
+    const char *model_name = in.name && in.name[0] ? in.name : o.model_path;
     if (pa.kernels) {
-        tk_model_info in;
-        tk_model_get_info(m, &in);
-        int krc = run_kernels(&o, &pa, &mc, m, in.name && in.name[0] ? in.name : o.model_path);
+        int krc = run_kernels(&o, &pa, &mc, m, model_name);
         tk_model_free(m);
         return krc;
     }
@@ -909,9 +910,7 @@ int cmd_profile(int argc, char **argv) {
         for (int r = 0; r < PF_ROWS; r++) rows[r] = row_of(&s.d, &mc, r, s.tmp);
         double step_ms = median_of(s.d.step_ns, steps, s.tmp) / 1e6;
         double fwd_ms = median_of(s.d.fwd_ns, steps, s.tmp) / 1e6;
-        tk_model_info in;
-        tk_model_get_info(m, &in);
-        pf_run ru = {.model = in.name ? in.name : o.model_path,
+        pf_run ru = {.model = model_name,
                      .weight_dtype = in.weight_dtype,
                      .kv_type = names_str(&NAMES_KV_TYPE, (int)s.be.kv_type),
                      .batch = batch,
