@@ -223,16 +223,17 @@ int cmd_run(int argc, char **argv) {
         /* A decode that read faster than the probe shows what the probe
          * missed, not an efficiency above 100%. */
         const char *what = a.bw > 0 ? "given" : "probe";
-        if (probe > 0 && gbs > probe)
+        if (probe > 0 && gbs > probe) {
             fprintf(stderr, " > the %.2f GB/s %s (%s)", probe, what,
                     a.bw > 0 ? "the decode read faster" : "a probe shortfall: the decode read faster");
-        else if (probe > 0)
+        } else if (probe > 0) {
             fprintf(stderr, " = %.1f%% of %.2f GB/s %s", 100.0 * gbs / probe, probe, what);
-        /* the best pass is the probe; where the machine's memory speed swings
-         * from pass to pass, the median pass is the steadier yardstick */
-        if (probe > 0 && gbs <= probe && ps.n > 1 && ps.median > 0)
-            fprintf(stderr, " (best of %d passes; %.1f%% of the median pass, %.2f GB/s)", ps.n,
-                    100.0 * gbs / ps.median, ps.median);
+            /* the best pass is the probe; where the machine's memory speed
+             * swings from pass to pass, the median pass is the steadier yardstick */
+            if (ps.n > 1 && ps.median > 0)
+                fprintf(stderr, " (best of %d passes; %.1f%% of the median pass, %.2f GB/s)", ps.n,
+                        100.0 * gbs / ps.median, ps.median);
+        }
     }
     fprintf(stderr, " | %d threads, kv %s, weights %s\n", s.be.n_threads,
             names_str(&NAMES_KV_TYPE, (int)o.engine.kv_type), s.be.weight_dtype);
