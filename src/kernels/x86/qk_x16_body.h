@@ -268,77 +268,102 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
 #define qk_dot(a, u, x) dot_u8s8_acc16(a, u, x)
 #define QK_I16          1
 #endif
+/* Halves of 8 rows one pass takes (both at one token), and the chains a
+ * pass keeps per sum (nh nt). */
+#define QK_HALVES(nt) ((nt) == 1 ? 2 : 1)
+#define QK_U          (QK_NT > 2 ? QK_NT : 2)
 /* int32 lanes s as int16 pairs (s, s), the sign kept */
 AI __m256i qk_pairs(__m256i s) { return _mm256_blend_epi16(s, _mm256_slli_epi32(s, 16), 0xaa); }
 
 /* In 256-bit halves of 8 rows: the chains, integer sums and memory
- * accumulators of the 512-bit tile (2 nt + 5 of 16 registers live). */
+ * accumulators of the 512-bit tile (2 nt + 5 of 16 registers live). One
+ * token takes both halves in one pass (QK_HALVES), so its weights stream
+ * once, front to back, and a block's scales and activations serve both. */
 AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y, int64_t ldy, int nt,
                  const unsigned char *nx) {
     (void)nx;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int h = 0; h < 2; h++) {
+    const int nh = QK_HALVES(nt);
+    for (int h0 = 0; h0 < 2; h0 += nh) {
         const int32_t *e = e0;
-        float acc[QK_NT][8] __attribute__((aligned(32)));
+        float acc[QK_U][8] __attribute__((aligned(32)));
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) _mm256_store_ps(acc[t], _mm256_setzero_ps());
+        for (int u = 0; u < nh * nt; u++) _mm256_store_ps(acc[u], _mm256_setzero_ps());
         for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
             const unsigned char *blk = g + (size_t)b * 2304;
             uint8_t sc[8][16], mn[8][16];
             qk_scales(blk, sc, mn);
-            __m256i is[QK_NT];
+            __m256i is[QK_U];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
+            for (int u = 0; u < nh * nt; u++) is[u] = _mm256_setzero_si256();
 #pragma GCC unroll 1
             for (int j = 0; j < 8; j++) {
-                __m256i a[QK_NT];
+                __m256i a[QK_U];
 #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_si256();
-                const unsigned char *qb = blk + 256 + 256 * j + 32 * h;
+                for (int u = 0; u < nh * nt; u++) a[u] = _mm256_setzero_si256();
+                const unsigned char *qb = blk + 256 + 256 * j + 32 * h0;
                 const int32_t *ej = e + 8 * j * nt;
-                if (QK_PREFETCH > 0 && h == 0)
+                if (QK_PREFETCH > 0 && h0 == 0)
 #pragma GCC unroll 5
                     for (int o = 0; o < 320; o += 64) prefetch_ahead(blk + 288 * j + o, QK_PREFETCH);
 #pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
-                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                for (int c = 0; c < 4; c++)
+#pragma GCC unroll 2
+                    for (int hh = 0; hh < nh; hh++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * c + 32 * hh));
+                        __m256i lo = _mm256_and_si256(v, m4),
+                                hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#pragma GCC unroll 8
+                        for (int t = 0; t < nt; t++)
+                            a[hh * nt + t] =
+                                qk_dot(a[hh * nt + t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
+#pragma GCC unroll 8
+                        for (int t = 0; t < nt; t++)
+                            a[hh * nt + t] =
+                                qk_dot(a[hh * nt + t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
+                    }
+#pragma GCC unroll 2
+                for (int hh = 0; hh < nh; hh++) {
+                    const __m256i s =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc[j] + 8 * (h0 + hh))));
+                    const __m256i s2 = qk_pairs(s);
 #pragma GCC unroll 8
                     for (int t = 0; t < nt; t++)
-                        a[t] = qk_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++)
-                        a[t] = qk_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
+                        is[hh * nt + t] =
+                            _mm256_add_epi32(is[hh * nt + t], QK_I16 ? _mm256_madd_epi16(a[hh * nt + t], s2)
+                                                                     : _mm256_mullo_epi32(a[hh * nt + t], s));
                 }
-                const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc[j] + 8 * h)));
-                const __m256i s2 = qk_pairs(s);
-#pragma GCC unroll 8
-                for (int t = 0; t < nt; t++)
-                    is[t] = _mm256_add_epi32(is[t], QK_I16 ? _mm256_madd_epi16(a[t], s2)
-                                                           : _mm256_mullo_epi32(a[t], s));
             }
-            __m256i mp[8]; /* (m, m) as int16 per sub-block */
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++)
-                mp[j] = qk_pairs(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn[j] + 8 * h))));
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-            __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                __m256i ms = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int hh = 0; hh < nh; hh++) {
+                const int h = h0 + hh;
+                __m256i mp[8]; /* (m, m) as int16 per sub-block */
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++)
-                    ms = qk_dpwssd(ms, mp[j], _mm256_set1_epi32(e[(64 + j) * nt + t]));
-                __m256 f = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(is[t])),
-                                         _mm256_mul_ps(dm, _mm256_cvtepi32_ps(ms)));
-                _mm256_store_ps(acc[t],
-                                _mm256_add_ps(_mm256_load_ps(acc[t]),
-                                              _mm256_mul_ps(_mm256_set1_ps(qk_scale(&e[72 * nt + t])), f)));
+                    mp[j] = qk_pairs(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn[j] + 8 * h))));
+                __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+                __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    __m256i ms = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int j = 0; j < 8; j++)
+                        ms = qk_dpwssd(ms, mp[j], _mm256_set1_epi32(e[(64 + j) * nt + t]));
+                    __m256 f = _mm256_sub_ps(_mm256_mul_ps(dw, _mm256_cvtepi32_ps(is[hh * nt + t])),
+                                             _mm256_mul_ps(dm, _mm256_cvtepi32_ps(ms)));
+                    _mm256_store_ps(
+                        acc[hh * nt + t],
+                        _mm256_add_ps(_mm256_load_ps(acc[hh * nt + t]),
+                                      _mm256_mul_ps(_mm256_set1_ps(qk_scale(&e[72 * nt + t])), f)));
+                }
             }
         }
+#pragma GCC unroll 2
+        for (int hh = 0; hh < nh; hh++)
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++)
-            _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * h, _mm256_load_ps(acc[t]));
+            for (int t = 0; t < nt; t++)
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * (h0 + hh),
+                                 _mm256_load_ps(acc[hh * nt + t]));
     }
 }
 
@@ -352,76 +377,90 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                  const unsigned char *nx) {
     (void)nx;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), lo16 = _mm256_set1_epi32(0xffff);
-    for (int hf = 0; hf < 2; hf++) {
+    const int nh = QK_HALVES(nt);
+    for (int h0 = 0; h0 < 2; h0 += nh) {
         const int32_t *e = e0;
-        __m256 acc[QK_NT];
+        __m256 acc[QK_U];
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int u = 0; u < nh * nt; u++) acc[u] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * QK_ENT) {
             const unsigned char *blk = g + (size_t)b * 3360;
             int8_t scb[256] __attribute__((aligned(32)));
             qk6_scales(blk, scb);
-            __m256i is[QK_NT];
+            __m256i is[QK_U];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
+            for (int u = 0; u < nh * nt; u++) is[u] = _mm256_setzero_si256();
 #pragma GCC unroll 1
             for (int j = 0; j < 8; j++) {
-                const unsigned char *qb = blk + 288 + 256 * j + 32 * hf, *hb = blk + 2336 + 128 * j + 32 * hf;
+                const unsigned char *qb = blk + 288 + 256 * j + 32 * h0, *hb = blk + 2336 + 128 * j + 32 * h0;
                 const int32_t *ej = e + 8 * j * nt;
-                if (QK_PREFETCH > 0 && hf == 0)
+                if (QK_PREFETCH > 0 && h0 == 0)
 #pragma GCC unroll 7
                     for (int o = 0; o < 448; o += 64) prefetch_ahead(blk + 420 * j + o, QK_PREFETCH);
-                __m256i sc[2];
 #pragma GCC unroll 2
-                for (int p = 0; p < 2; p++) {
-                    sc[p] = _mm256_cvtepi8_epi32(
-                        _mm_loadl_epi64((const __m128i *)(void *)(scb + 16 * (2 * j + p) + 8 * hf)));
-                    const __m256i s2 = qk_pairs(sc[p]);
-                    __m256i a[QK_NT];
-                    const __m256i h = _mm256_loadu_si256((const __m256i *)(hb + 64 * p));
+                for (int hh = 0; hh < nh; hh++) {
+                    __m256i sc[2];
 #pragma GCC unroll 2
-                    for (int c = 2 * p; c < 2 * p + 2; c++) {
-                        if (QK_I16 || c == 2 * p)
+                    for (int p = 0; p < 2; p++) {
+                        sc[p] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                            (const __m128i *)(void *)(scb + 16 * (2 * j + p) + 8 * (h0 + hh))));
+                        const __m256i s2 = qk_pairs(sc[p]);
+                        __m256i a[QK_NT];
+                        const __m256i h = _mm256_loadu_si256((const __m256i *)(hb + 64 * p + 32 * hh));
+#pragma GCC unroll 2
+                        for (int c = 2 * p; c < 2 * p + 2; c++) {
+                            if (QK_I16 || c == 2 * p)
 #pragma GCC unroll 8
-                            for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_si256();
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
-                        __m256i hl = c % 2 ? h : _mm256_slli_epi16(h, 4);
-                        __m256i hh = c % 2 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2);
-                        __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(hl, m30));
-                        __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                                     _mm256_and_si256(hh, m30));
-#pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++)
-                            a[t] = qk_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
-#pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++)
-                            a[t] = qk_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
-                        if (QK_I16)
+                                for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_si256();
+                            __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * c + 32 * hh));
+                            __m256i hl = c % 2 ? h : _mm256_slli_epi16(h, 4);
+                            __m256i hu = c % 2 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2);
+                            __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(hl, m30));
+                            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                         _mm256_and_si256(hu, m30));
 #pragma GCC unroll 8
                             for (int t = 0; t < nt; t++)
-                                is[t] = _mm256_add_epi32(is[t], _mm256_madd_epi16(a[t], s2));
+                                a[t] = qk_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
+#pragma GCC unroll 8
+                            for (int t = 0; t < nt; t++)
+                                a[t] = qk_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
+                            if (QK_I16)
+#pragma GCC unroll 8
+                                for (int t = 0; t < nt; t++)
+                                    is[hh * nt + t] =
+                                        _mm256_add_epi32(is[hh * nt + t], _mm256_madd_epi16(a[t], s2));
+                        }
+                        if (!QK_I16)
+#pragma GCC unroll 8
+                            for (int t = 0; t < nt; t++)
+                                is[hh * nt + t] =
+                                    _mm256_add_epi32(is[hh * nt + t], _mm256_mullo_epi32(a[t], sc[p]));
                     }
-                    if (!QK_I16)
+                    __m256i n0 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[0], 5));
+                    __m256i n1 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[1], 5));
+                    __m256i np = _mm256_or_si256(_mm256_and_si256(n0, lo16), _mm256_slli_epi32(n1, 16));
 #pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++)
-                            is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(a[t], sc[p]));
+                    for (int t = 0; t < nt; t++)
+                        is[hh * nt + t] =
+                            qk_dpwssd(is[hh * nt + t], np, _mm256_set1_epi32(e[(64 + j) * nt + t]));
                 }
-                __m256i n0 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[0], 5));
-                __m256i n1 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[1], 5));
-                __m256i np = _mm256_or_si256(_mm256_and_si256(n0, lo16), _mm256_slli_epi32(n1, 16));
-#pragma GCC unroll 8
-                for (int t = 0; t < nt; t++)
-                    is[t] = qk_dpwssd(is[t], np, _mm256_set1_epi32(e[(64 + j) * nt + t]));
             }
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * hf)));
+#pragma GCC unroll 2
+            for (int hh = 0; hh < nh; hh++) {
+                __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * (h0 + hh))));
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                __m256 dd = _mm256_mul_ps(_mm256_set1_ps(qk_scale(&e[72 * nt + t])), dw);
-                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is[t])));
+                for (int t = 0; t < nt; t++) {
+                    __m256 dd = _mm256_mul_ps(_mm256_set1_ps(qk_scale(&e[72 * nt + t])), dw);
+                    acc[hh * nt + t] = _mm256_add_ps(acc[hh * nt + t],
+                                                     _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is[hh * nt + t])));
+                }
             }
         }
+#pragma GCC unroll 2
+        for (int hh = 0; hh < nh; hh++)
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * hf, acc[t]);
+            for (int t = 0; t < nt; t++)
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * (h0 + hh), acc[hh * nt + t]);
     }
 }
 #undef qk_dpwssd

@@ -811,63 +811,77 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
 /* In 256-bit halves of 8 rows: the chains of the 512-bit tile, the same
  * integer block dots. Q4_0 as there; Q8_0 by the sign trick (dot_s8: |w|
  * once per vector, x carrying w's sign per token), whose chains start at 0
- * (the table's corrections are 0: x16_act's off). */
+ * (the table's corrections are 0: x16_act's off). One token takes both
+ * halves in one pass (X16_HALVES): its weights stream once, front to back,
+ * and each activation chunk serves both. */
+#define X16_HALVES(nt) ((nt) == 1 ? 2 : 1)
+#define X16_U          (X16_NT > 2 ? X16_NT : 2)
 AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e0, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
     (void)ng; /* one group (X16_PAIR) */
     const size_t bb = x16_block_bytes(kind);
-    const int nc = x16_chunks(kind), ent = x16_ent(kind), q4 = kind == X16_Q4;
+    const int nc = x16_chunks(kind), ent = x16_ent(kind), q4 = kind == X16_Q4, nh = X16_HALVES(nt);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int h = 0; h < 2; h++) {
+    for (int h0 = 0; h0 < 2; h0 += nh) {
         const int32_t *e = e0;
-        __m256 acc[X16_NT];
+        __m256 acc[X16_U];
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+        for (int u = 0; u < nh * nt; u++) acc[u] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++, e += nt * ent) {
-            const unsigned char *blk = g + (size_t)b * bb, *qb = blk + x16_head_bytes(kind) + 32 * h;
+            const unsigned char *blk = g + (size_t)b * bb, *qb = blk + x16_head_bytes(kind) + 32 * h0;
             /* Q4_0: the vpmaddubsw pair sums of the block's 8 chunks added as
              * int16 (16 products of a nibble and an int8 of at most 127 per
              * lane: |sum| <= 30480), widened once by vpmaddwd: the same
              * integers as a widening per chunk, 17 ops per block and token
              * instead of 24. Q8_0's sign-trick pairs reach 32512 and add as int32. */
-            __m256i is[X16_NT];
+            __m256i is[X16_U];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) is[t] = _mm256_setzero_si256();
+            for (int u = 0; u < nh * nt; u++) is[u] = _mm256_setzero_si256();
             for (int c0 = 0; c0 < nc; c0 += 8) {
-                if (h == 0) x16_fetch_chunks(pf, kind, blk, gb, 1, b, c0);
+                if (h0 == 0) x16_fetch_chunks(pf, kind, blk, gb, 1, b, c0);
 #pragma GCC unroll 8
-                for (int c = c0; c < c0 + 8; c++) {
-                    __m256i wv;
-                    if (q4) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2)));
-                        wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
-                    } else { /* the sign trick: wv signed, aw = |wv| */
-                        wv = _mm256_loadu_si256((const __m256i *)(qb + 64 * c));
-                        const __m256i aw = _mm256_sign_epi8(wv, wv);
+                for (int c = c0; c < c0 + 8; c++)
+#pragma GCC unroll 2
+                    for (int hh = 0; hh < nh; hh++) {
+                        __m256i *ih = is + hh * nt;
+                        __m256i wv;
+                        if (q4) {
+                            __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 64 * (c / 2) + 32 * hh));
+                            wv = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+                        } else { /* the sign trick: wv signed, aw = |wv| */
+                            wv = _mm256_loadu_si256((const __m256i *)(qb + 64 * c + 32 * hh));
+                            const __m256i aw = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 8
+                            for (int t = 0; t < nt; t++)
+                                ih[t] = dot_s8_acc(ih[t], aw, wv, _mm256_set1_epi32(e[c * nt + t]));
+                            continue;
+                        }
 #pragma GCC unroll 8
                         for (int t = 0; t < nt; t++)
-                            is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(e[c * nt + t]));
-                        continue;
+                            ih[t] = dot_u8s8_acc16(ih[t], wv, _mm256_set1_epi32(e[c * nt + t]));
                     }
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++)
-                        is[t] = dot_u8s8_acc16(is[t], wv, _mm256_set1_epi32(e[c * nt + t]));
-                }
             }
             if (q4)
 #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++)
-                    is[t] = _mm256_add_epi32(_mm256_set1_epi32(e[nc * nt + t]),
-                                             _mm256_madd_epi16(is[t], _mm256_set1_epi16(1)));
-            const __m256 dw = x16_scales8(kind, blk, h);
+                for (int u = 0; u < nh * nt; u++)
+                    is[u] = _mm256_add_epi32(_mm256_set1_epi32(e[nc * nt + u % nt]),
+                                             _mm256_madd_epi16(is[u], _mm256_set1_epi16(1)));
+#pragma GCC unroll 2
+            for (int hh = 0; hh < nh; hh++) {
+                const __m256 dw = x16_scales8(kind, blk, h0 + hh);
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x16_scale(&e[(nc + 1) * nt + t])));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[t]), d, acc[t]);
+                for (int t = 0; t < nt; t++) {
+                    __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x16_scale(&e[(nc + 1) * nt + t])));
+                    acc[hh * nt + t] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[hh * nt + t]), d, acc[hh * nt + t]);
+                }
             }
         }
+#pragma GCC unroll 2
+        for (int hh = 0; hh < nh; hh++)
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * h, acc[t]);
+            for (int t = 0; t < nt; t++)
+                _mm256_storeu_ps(y + (size_t)t * (size_t)ldy + 8 * (h0 + hh), acc[hh * nt + t]);
     }
 }
 #endif
