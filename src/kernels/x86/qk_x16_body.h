@@ -268,10 +268,12 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e, float *y,
 #define qk_dot(a, u, x) dot_u8s8_acc16(a, u, x)
 #define QK_I16          1
 #endif
-/* Halves of 8 rows one pass takes (both at one token), and the chains a
- * pass keeps per sum (nh nt). */
-#define QK_HALVES(nt) ((nt) == 1 ? 2 : 1)
-#define QK_U          (QK_NT > 2 ? QK_NT : 2)
+/* Halves of 8 rows one pass takes, and the chains a pass keeps per sum
+ * (nh nt): both halves at one token, and at two with VNNI, whose tile of two
+ * tokens read DRAM ~1.3x faster in one pass (4 chains; without VNNI no
+ * faster, and slower from cache). */
+#define QK_HALVES(nt) ((nt) == 1 || (!QK_I16 && (nt) == 2) ? 2 : 1)
+#define QK_U          (QK_NT > 4 ? QK_NT : 4)
 /* int32 lanes s as int16 pairs (s, s), the sign kept */
 AI __m256i qk_pairs(__m256i s) { return _mm256_blend_epi16(s, _mm256_slli_epi32(s, 16), 0xaa); }
 
