@@ -436,10 +436,12 @@ AI void tile_block(const kv_geom *g, int32_t blk, const uint8_t *Kn, const uint8
     const float *vs_chan = per_chan ? vs : NULL;
     const int C = KV_ROWS(P);
     /* the next block's K is asked for in the order its scores will read it:
-     * by columns (dot_cols, dot_cols_q8) KV_ROWS(P) groups of KV_KT
-     * positions at a time where a vector holds a group, else front to back */
-    const bool cols = kv_k_cols(type, g->q8, bs) && VL == KV_KT;
-    kv_k_walk kw = cols ? kv_k_walk_start(KV_ROWS(P), (size_t)bs / KV_KT, kv_k_group_lines(type, hd))
+     * by columns (dot_cols, dot_cols_q8) KV_ROWS(P) vectors of VL positions,
+     * so KV_ROWS(P) VL / KV_KT groups of KV_KT at a time (at least one),
+     * else front to back */
+    const bool cols = kv_k_cols(type, g->q8, bs);
+    const int set = KV_ROWS(P) * VL / KV_KT > 1 ? KV_ROWS(P) * VL / KV_KT : 1;
+    kv_k_walk kw = cols ? kv_k_walk_start(set, (size_t)bs / KV_KT, kv_k_group_lines(type, hd))
                         : kv_k_walk_start(1, 1, ((size_t)bs * row_bytes + 63) / 64);
     int c = 0;
     for (; c + VL * C <= hd; c += VL * C)
