@@ -109,7 +109,7 @@ static inline size_t kv_k_group_lines(tk_kv_type t, int hd) {
 }
 
 /* The order in which a tile's scores read a block's K by columns (dot_cols,
- * dot_cols_q8 where a vector holds KV_KT positions): sets of u groups of
+ * dot_cols_q8; u: the groups a tile's vectors span): sets of u groups of
  * KV_KT positions, line i of each group of a set in turn, then line i + 1;
  * when fewer than u groups are left, sets of the largest of 8, 4, 2, 1
  * below u that fit (kvattn_body.h's KV_COLS_FROM). u = 1 with one group
