@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine_wait.h"
+#include "isa_level.h"
 
 #define FV      97 /* vocabulary */
 #define FBS_MAX 256
@@ -836,6 +837,7 @@ static void test_engine_property_submit_cancel(void **state) {
 }
 
 int main(void) {
+    if (isa_level_skip()) return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_single_request),
         cmocka_unit_test(test_engine_rejects_bad_requests),
@@ -850,5 +852,5 @@ int main(void) {
         cmocka_unit_test(test_engine_context_limit),
         cmocka_unit_test(test_engine_property_submit_cancel),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name(isa_level_name(), tests, NULL, NULL);
 }

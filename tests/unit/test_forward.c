@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/pool.h"
+#include "isa_level.h"
 #include "model/forward.h"
 #include "test_model_fixture.h"
 
@@ -674,6 +675,7 @@ static void test_forward_batch_checks(void **state) {
 }
 
 int main(void) {
+    if (isa_level_skip()) return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_forward_batch_invariance),
@@ -688,5 +690,5 @@ int main(void) {
         cmocka_unit_test(test_forward_q8_coarse),
         cmocka_unit_test(test_forward_batch_checks),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name(isa_level_name(), tests, NULL, NULL);
 }
