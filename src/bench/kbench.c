@@ -216,7 +216,7 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
         const tk_tensor *h = kd->mats[kd->hot];
         const double hot_bytes = (double)h->nbytes * reps[c],
                      hot_macs = (double)h->ne[0] * (double)h->ne[1] * reps[c];
-        const tk_dtype act = kern_act_type(kd->type, kd->layout);
+        const tk_peak peak = kern_peak(K, kd->type, kd->layout);
         for (int ci = 0; ci < n_counts; ci++) {
             const double *ts = t_str + kb_at(c, ci, n_counts, rounds);
             const double *th = t_hot + kb_at(c, ci, n_counts, rounds);
@@ -231,7 +231,7 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
             }
             out[c * n_counts + ci] = (kb_row){.type = kd->type,
                                               .layout = kd->layout,
-                                              .int8 = act == TK_DTYPE_Q8_0 || act == TK_DTYPE_Q8_K,
+                                              .peak = peak,
                                               .n_tok = tok[ci],
                                               .n_mat = kd->n_mat,
                                               .bytes = bytes,

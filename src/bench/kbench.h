@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "kernels/kernels.h"
 #include "tokamak.h"
 
 #define KB_MAX_TOKENS 256 /* the largest token count a row may ask for */
@@ -23,7 +24,7 @@
 typedef struct kb_row {
     tk_dtype type;
     tk_layout layout;
-    bool int8; /* its dot products run on int8 activations (else f32) */
+    tk_peak peak; /* the peak its multiply-adds are judged by (kern_peak) */
     int n_tok;
     int n_mat;          /* matrices of this kind in the model */
     uint64_t bytes;     /* one streamed pass: every matrix of the kind once */

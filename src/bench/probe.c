@@ -36,7 +36,7 @@
 #define PROBE_BYTES_PER_THREAD ((size_t)256 << 20)
 #define PROBE_BYTES_TOTAL      ((size_t)1 << 30)
 
-typedef enum { PROBE_READ, PROBE_FMA, PROBE_INT8 } probe_kind;
+typedef enum { PROBE_READ, PROBE_FMA, PROBE_INT8, PROBE_BF16 } probe_kind;
 
 typedef struct probe_shared {
     probe_kind kind;
@@ -188,6 +188,27 @@ __attribute__((target("avx512f"))) static uint64_t fma_avx512(long iters) {
     return (uint64_t)(_mm512_reduce_add_ps(s) * 1000.0f);
 }
 
+/* vdpbf16ps (AVX512-BF16), as P16R's gemv runs it where it pays
+ * (kern_bf16_dot_hw): 12 independent chains, each step 16 lanes of two
+ * multiply-adds. The pairs are 2^-10 (BF16 0x3a80), so the sums stay small
+ * normal numbers (2^-19 a step). */
+__attribute__((target("avx512f,avx512bf16"))) static uint64_t bf16dot_avx512(long iters) {
+    const __m512bh w = (__m512bh)_mm512_set1_epi32(0x3a803a80);
+    __m512 a[12];
+    for (int k = 0; k < 12; k++) a[k] = _mm512_set1_ps((float)k);
+    for (long i = 0; i < iters; i++) {
+        a[0] = _mm512_dpbf16_ps(a[0], w, w), a[1] = _mm512_dpbf16_ps(a[1], w, w);
+        a[2] = _mm512_dpbf16_ps(a[2], w, w), a[3] = _mm512_dpbf16_ps(a[3], w, w);
+        a[4] = _mm512_dpbf16_ps(a[4], w, w), a[5] = _mm512_dpbf16_ps(a[5], w, w);
+        a[6] = _mm512_dpbf16_ps(a[6], w, w), a[7] = _mm512_dpbf16_ps(a[7], w, w);
+        a[8] = _mm512_dpbf16_ps(a[8], w, w), a[9] = _mm512_dpbf16_ps(a[9], w, w);
+        a[10] = _mm512_dpbf16_ps(a[10], w, w), a[11] = _mm512_dpbf16_ps(a[11], w, w);
+    }
+    __m512 s = a[0];
+    for (int k = 1; k < 12; k++) s = _mm512_add_ps(s, a[k]);
+    return (uint64_t)(_mm512_reduce_add_ps(s) * 1000.0f);
+}
+
 /* The int8 loops are written in asm: their accumulators start equal and take
  * equal operands, so a compiler may prove the chains equal and keep one
  * (timing one instruction's latency), and barriers that stop it (empty asms
@@ -309,6 +330,7 @@ uint32_t probe_int8_expect(tk_isa isa, long iters) {
 
 /* Ops (multiply-add = 2) one iteration of each loop performs. */
 static double compute_ops_per_iter(probe_kind kind, tk_isa isa) {
+    if (kind == PROBE_BF16) return 12 * 16 * 2 * 2;
     if (kind == PROBE_FMA)
         return isa == TK_ISA_AVX512 ? 12 * 16 * 2 : isa >= TK_ISA_AVX2 ? 12 * 8 * 2 : 8 * 4 * 2;
     return isa == TK_ISA_AVX512    ? PROBE_VNNI_ACC * 64 * 2
@@ -319,6 +341,7 @@ static double compute_ops_per_iter(probe_kind kind, tk_isa isa) {
 
 static uint64_t compute_once(probe_kind kind, tk_isa isa, long iters) {
 #if PROBE_X86
+    if (kind == PROBE_BF16) return bf16dot_avx512(iters); /* probe_peak_gflops_bf16 checked the CPU */
     if (kind == PROBE_FMA && isa == TK_ISA_AVX512) return fma_avx512(iters);
     if (kind == PROBE_FMA && isa >= TK_ISA_AVX2) return fma_avx2(iters);
 #endif
@@ -457,6 +480,18 @@ double probe_read_bw(int n_threads) {
  * that the whole probe stays well under a second. */
 double probe_peak_gflops_f32(int n_threads) {
     return probe_run(PROBE_FMA, n_threads, 0, 16000000, NULL) * 1e-9;
+}
+
+double probe_peak_gflops_bf16(int n_threads) {
+#if PROBE_X86
+    tk_cpu cpu;
+    cpu_detect(&cpu);
+    if (cpu.avx512bf16 && cpu_isa_from_env(&cpu) == TK_ISA_AVX512)
+        return probe_run(PROBE_BF16, n_threads, 0, 16000000, NULL) * 1e-9;
+#else
+    (void)n_threads;
+#endif
+    return 0;
 }
 
 double probe_peak_gops_int8(int n_threads) {

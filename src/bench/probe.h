@@ -37,6 +37,13 @@ double probe_roofline_pct(double achieved_gbs, double probe_gbs, bool *shortfall
  * independent FMA chains on every thread; 0 on failure. */
 double probe_peak_gflops_f32(int n_threads);
 
+/* Peak BF16 dot-product throughput in GFLOP/s (a multiply-add counts 2)
+ * from independent vdpbf16ps chains (two multiply-adds per lane) on every
+ * thread: the peak of P16R's gemv where it runs the instruction
+ * (kern_bf16_dot_hw). 0 where the kernels' level is not avx512 or the CPU
+ * lacks AVX512-BF16, and on failure. */
+double probe_peak_gflops_bf16(int n_threads);
+
 /* Peak int8 dot-product throughput in GOP/s (one u8*s8 multiply-add counts 2
  * ops), using vpdpbusd where AVX-512 VNNI exists, else vpmaddubsw+vpmaddwd;
  * 0 on failure. */

@@ -44,7 +44,7 @@
 
 typedef struct pf_args {
     int batch, steps, prefill;
-    double bw, peak_int8, peak_f32;
+    double bw, peak_int8, peak_f32, peak_bf16;
     const char *json;
     bool stage_cpu;
     bool kernels; /* --kernels: the weight kernels alone (kbench.h) */
@@ -100,6 +100,14 @@ static const cli_opt PF_ROWS_OPT[] = {
      .help = "fp32 peak for the floors (default: probed now)",
      .kind = CLI_DOUBLE,
      .off = offsetof(pf_args, peak_f32),
+     .lo = 0,
+     .hi = 1e9,
+     .flags = CLI_LO_OPEN},
+    {.name = "--peak-bf16",
+     .arg = "GFLOPS",
+     .help = "BF16 dot (vdpbf16ps) peak for the floors of BF16 matmuls that run it (default: probed now)",
+     .kind = CLI_DOUBLE,
+     .off = offsetof(pf_args, peak_bf16),
      .lo = 0,
      .hi = 1e9,
      .flags = CLI_LO_OPEN},
@@ -189,8 +197,10 @@ static double median_of(const double *v, int n, double *tmp) {
 typedef struct pf_machine {
     int threads;
     probe_stats bw; /* GB/s */
-    double gops_int8, gflops_f32;
-    bool int8_given, f32_given;
+    /* the probed (or given) peaks by tk_peak: fp32 and BF16 dot GFLOP/s,
+     * int8 GOP/s; BF16 0 where no kernel runs vdpbf16ps */
+    double peak[TK_PEAK_COUNT];
+    bool given[TK_PEAK_COUNT];
     /* The bandwidth floors use: the probe's best, or a stage's own read rate
      * where one read faster (the probe's shortfall, named in the report). */
     double ceil_gbs;
@@ -201,22 +211,38 @@ typedef struct pf_machine {
      * bandwidth was given. */
     double med_gbs;
     /* The peaks the floors use, the same way: the probe's, or a stage's own
-     * rate where one computed faster (its stage named), index 1 for int8. */
-    double ceil_peak[2];
-    const char *over_peak[2];
+     * rate where one computed faster (its stage named), by tk_peak. */
+    double ceil_peak[TK_PEAK_COUNT];
+    const char *over_peak[TK_PEAK_COUNT];
 } pf_machine;
 
 /* One stage's summary row. */
 typedef struct pf_row {
     const char *name;
     double ms, mean_ms, cpu_ms, uneven_ms, mb, gbs, bw_pct, gop, gops, peak_pct, floor_ms, x_floor;
-    bool int8;
+    tk_peak peak;
 } pf_row;
+
+static const char *peak_unit(tk_peak p) {
+    return p == TK_PEAK_INT8 ? "int8 GOP/s" : p == TK_PEAK_BF16 ? "bf16 GFLOP/s" : "fp32 GFLOP/s";
+}
+
+/* "peak int8 N GOP/s, peak fp32 N GFLOP/s[, peak bf16 dot N GFLOP/s]", each
+ * "(given)" or "(probed now)". */
+static void print_peaks(const pf_machine *mc) {
+    static const tk_peak order[TK_PEAK_COUNT] = {TK_PEAK_INT8, TK_PEAK_F32, TK_PEAK_BF16};
+    for (int k = 0; k < TK_PEAK_COUNT; k++) {
+        const tk_peak i = order[k];
+        if (i == TK_PEAK_BF16 && mc->peak[i] <= 0) continue;
+        printf("%speak %s%s %.0f %s (%s)", k ? ", " : "", kern_peak_name(i), i == TK_PEAK_BF16 ? " dot" : "",
+               mc->peak[i], i == TK_PEAK_INT8 ? "GOP/s" : "GFLOP/s", mc->given[i] ? "given" : "probed now");
+    }
+}
 
 /* A stage's floor in ms, max(bytes / bandwidth at gbs, ops / its peak); 0
  * under a microsecond, where no floor is worth a ratio. */
 static double stage_floor_ms(const fwd_stage_cost *c, const pf_machine *mc, double gbs) {
-    const double peak = mc->ceil_peak[c->int8];
+    const double peak = mc->ceil_peak[c->peak];
     const double fb = gbs > 0 ? (double)c->bytes / (gbs * 1e9) : 0, fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
     const double f = 1e3 * (fb > fo ? fb : fo);
     return f < 1e-3 ? 0 : f;
@@ -231,8 +257,8 @@ static pf_row row_of(const pf_data *d, const pf_machine *mc, int r, double *tmp)
     o.uneven_ms = median_of(d->uneven[r], d->n_steps, tmp) / 1e6;
     o.mb = (double)c->bytes / 1e6;
     o.gop = c->ops / 1e9;
-    o.int8 = c->int8;
-    double s = o.ms / 1e3, peak = mc->ceil_peak[c->int8];
+    o.peak = c->peak;
+    double s = o.ms / 1e3, peak = mc->ceil_peak[c->peak];
     o.gbs = s > 0 ? (double)c->bytes / 1e9 / s : 0;
     o.gops = s > 0 ? o.gop / s : 0;
     o.bw_pct = mc->ceil_gbs > 0 ? 100.0 * o.gbs / mc->ceil_gbs : 0;
@@ -252,16 +278,17 @@ static void set_ceiling(const pf_data *d, pf_machine *mc, double *tmp) {
     mc->ceil_gbs = mc->bw.best;
     mc->med_gbs = mc->bw.median;
     mc->over_stage = NULL;
-    mc->ceil_peak[0] = mc->gflops_f32;
-    mc->ceil_peak[1] = mc->gops_int8;
-    mc->over_peak[0] = mc->over_peak[1] = NULL;
+    for (int i = 0; i < TK_PEAK_COUNT; i++) {
+        mc->ceil_peak[i] = mc->peak[i];
+        mc->over_peak[i] = NULL;
+    }
     for (int r = 0; r < FWD_ST_COUNT; r++) {
         const fwd_stage_cost *c = &d->cost[r];
         double s = median_of(d->ns[r], d->n_steps, tmp) / 1e9;
         if (s <= 0) continue;
-        if (c->ops >= 1e8 && c->ops / 1e9 / s > mc->ceil_peak[c->int8]) {
-            mc->ceil_peak[c->int8] = c->ops / 1e9 / s;
-            mc->over_peak[c->int8] = fwd_stage_name((fwd_stage)r);
+        if (c->ops >= 1e8 && c->ops / 1e9 / s > mc->ceil_peak[c->peak]) {
+            mc->ceil_peak[c->peak] = c->ops / 1e9 / s;
+            mc->over_peak[c->peak] = fwd_stage_name((fwd_stage)r);
         }
         if (c->bytes < 1000000) continue;
         double gbs = (double)c->bytes / 1e9 / s;
@@ -310,19 +337,18 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
                mc->threads, mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median);
     else
         printf("- read bandwidth %.1f GB/s (given), ", mc->bw.best);
-    printf("peak int8 %.0f GOP/s%s, peak fp32 %.0f GFLOP/s%s\n\n", mc->gops_int8,
-           mc->int8_given ? " (given)" : "", mc->gflops_f32, mc->f32_given ? " (given)" : "");
+    print_peaks(mc);
+    printf("\n\n");
     if (mc->over_stage)
         printf(
             "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
             "%.1f GB/s\n\n",
             mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
-    for (int i = 1; i >= 0; i--)
+    for (int i = TK_PEAK_COUNT - 1; i >= 0; i--)
         if (mc->over_peak[i])
             printf("- **probe shortfall**: %s ran %.0f %s > probe peak %.0f; its floors and %% of peak use "
                    "%.0f\n\n",
-                   mc->over_peak[i], mc->ceil_peak[i], i ? "int8 GOP/s" : "fp32 GFLOP/s",
-                   i ? mc->gops_int8 : mc->gflops_f32, mc->ceil_peak[i]);
+                   mc->over_peak[i], mc->ceil_peak[i], peak_unit((tk_peak)i), mc->peak[i], mc->ceil_peak[i]);
     printf("| stage | ms | cpu ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | "
            "floor ms | "
            "x floor | cpu x floor | uneven ms |\n");
@@ -343,7 +369,7 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         else
             printf("- | - | - | ");
         if (o->gop > 0)
-            printf("%.2f | %.0f | %.0f (%s) | ", o->gop, o->gops, o->peak_pct, o->int8 ? "int8" : "fp32");
+            printf("%.2f | %.0f | %.0f (%s) | ", o->gop, o->gops, o->peak_pct, kern_peak_name(o->peak));
         else
             printf("- | - | - | ");
         if (o->floor_ms > 0 && ru->stage_cpu)
@@ -420,12 +446,16 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(pr, "read_gbs_min", mc->bw.min);
     cJSON_AddNumberToObject(pr, "read_gbs_median", mc->bw.median);
     cJSON_AddNumberToObject(pr, "read_passes", mc->bw.n);
-    cJSON_AddNumberToObject(pr, "peak_gops_int8", mc->gops_int8);
-    cJSON_AddNumberToObject(pr, "peak_gflops_f32", mc->gflops_f32);
-    cJSON_AddNumberToObject(pr, "floor_gops_int8", mc->ceil_peak[1]);
-    cJSON_AddNumberToObject(pr, "floor_gflops_f32", mc->ceil_peak[0]);
-    if (mc->over_peak[1]) cJSON_AddStringToObject(pr, "int8_shortfall_stage", mc->over_peak[1]);
-    if (mc->over_peak[0]) cJSON_AddStringToObject(pr, "f32_shortfall_stage", mc->over_peak[0]);
+    cJSON_AddNumberToObject(pr, "peak_gops_int8", mc->peak[TK_PEAK_INT8]);
+    cJSON_AddNumberToObject(pr, "peak_gflops_f32", mc->peak[TK_PEAK_F32]);
+    cJSON_AddNumberToObject(pr, "peak_gflops_bf16", mc->peak[TK_PEAK_BF16]);
+    cJSON_AddNumberToObject(pr, "floor_gops_int8", mc->ceil_peak[TK_PEAK_INT8]);
+    cJSON_AddNumberToObject(pr, "floor_gflops_f32", mc->ceil_peak[TK_PEAK_F32]);
+    cJSON_AddNumberToObject(pr, "floor_gflops_bf16", mc->ceil_peak[TK_PEAK_BF16]);
+    static const char *const short_key[TK_PEAK_COUNT] = {"f32_shortfall_stage", "int8_shortfall_stage",
+                                                         "bf16_shortfall_stage"};
+    for (int i = 0; i < TK_PEAK_COUNT; i++)
+        if (mc->over_peak[i]) cJSON_AddStringToObject(pr, short_key[i], mc->over_peak[i]);
     cJSON *st = cJSON_AddArrayToObject(root, "stages");
     double floor_sum = 0, stage_sum = 0;
     for (int r = 0; r < PF_ROWS; r++) {
@@ -438,7 +468,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddNumberToObject(j, "uneven_ms", o->uneven_ms);
         cJSON_AddNumberToObject(j, "bytes", (double)d->cost[r].bytes);
         cJSON_AddNumberToObject(j, "ops", d->cost[r].ops);
-        cJSON_AddStringToObject(j, "peak", o->int8 ? "int8" : "fp32");
+        cJSON_AddStringToObject(j, "peak", kern_peak_name(o->peak));
         cJSON_AddNumberToObject(j, "gbs", o->gbs);
         cJSON_AddNumberToObject(j, "bw_pct", o->bw_pct);
         cJSON_AddNumberToObject(j, "gops", o->gops);
@@ -736,15 +766,16 @@ static void print_kernels(const char *model, const pf_machine *mc, const pf_args
     printf("# tokamak profile --kernels\n\n");
     printf("- model %s, %d threads, %d rounds over the token counts (medians)\n", model, mc->threads,
            pa->rounds);
-    printf("- read bandwidth %.1f GB/s (%s), peak int8 %.0f GOP/s (%s), peak fp32 %.0f GFLOP/s (%s)\n\n",
-           mc->bw.best, mc->bw.n > 0 ? "probed now, best pass" : "given", mc->gops_int8,
-           mc->int8_given ? "given" : "probed now", mc->gflops_f32, mc->f32_given ? "given" : "probed now");
+    printf("- read bandwidth %.1f GB/s (%s), ", mc->bw.best,
+           mc->bw.n > 0 ? "probed now, best pass" : "given");
+    print_peaks(mc);
+    printf("\n\n");
     printf(
         "| kernel | tokens | MB streamed | streamed GB/s | x first count | GOP/s | %% of bw | %% of peak | "
         "cached GB/s | cached GOP/s | streamed / cached |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
-        const double peak = r[i].int8 ? mc->gops_int8 : mc->gflops_f32;
+        const double peak = mc->peak[r[i].peak];
         printf("| %s %s | %d | %.1f | %.1f | %.2f | %.0f | %.0f | %.0f | %.1f | %.0f | %.2f |\n",
                dtype_name(r[i].type), layout_name(r[i].layout), r[i].n_tok, (double)r[i].bytes / 1e6,
                r[i].gbs, r[i].x_first, r[i].gops, mc->bw.best > 0 ? 100.0 * r[i].gbs / mc->bw.best : 0.0,
@@ -758,7 +789,8 @@ static void print_kernels(const char *model, const pf_machine *mc, const pf_args
     printf("- x first count: the streamed rate over the first count's, round by round; streamed / cached "
            "near 1: the kernel's arithmetic binds at that count, well below 1: memory does\n");
     printf("- %% of peak against the int8 peak where the kernel's dot products run on quantized activations, "
-           "else fp32; %% of bw above 100: part of the kind's bytes came from the last-level cache, or the "
+           "the BF16 dot peak where they run as vdpbf16ps, else fp32; %% of bw above 100: part of the kind's "
+           "bytes came from the last-level cache, or the "
            "probe under-read this machine\n");
 }
 
@@ -774,8 +806,9 @@ static cJSON *json_kernels(const char *model, const pf_machine *mc, const pf_arg
     cJSON_AddNumberToObject(root, "threads", mc->threads);
     cJSON_AddNumberToObject(root, "rounds", pa->rounds);
     cJSON_AddNumberToObject(root, "bw_gbs", mc->bw.best);
-    cJSON_AddNumberToObject(root, "peak_int8_gops", mc->gops_int8);
-    cJSON_AddNumberToObject(root, "peak_f32_gflops", mc->gflops_f32);
+    cJSON_AddNumberToObject(root, "peak_int8_gops", mc->peak[TK_PEAK_INT8]);
+    cJSON_AddNumberToObject(root, "peak_f32_gflops", mc->peak[TK_PEAK_F32]);
+    cJSON_AddNumberToObject(root, "peak_bf16_gflops", mc->peak[TK_PEAK_BF16]);
     cJSON_AddItemToObject(root, "kernels", rows);
     for (int i = 0; i < n; i++) {
         cJSON *o = cJSON_CreateObject();
@@ -786,7 +819,8 @@ static cJSON *json_kernels(const char *model, const pf_machine *mc, const pf_arg
         cJSON_AddItemToArray(rows, o);
         cJSON_AddStringToObject(o, "type", dtype_name(r[i].type));
         cJSON_AddStringToObject(o, "layout", layout_name(r[i].layout));
-        cJSON_AddBoolToObject(o, "int8", r[i].int8);
+        cJSON_AddBoolToObject(o, "int8", r[i].peak == TK_PEAK_INT8);
+        cJSON_AddStringToObject(o, "peak", kern_peak_name(r[i].peak));
         cJSON_AddNumberToObject(o, "tokens", r[i].n_tok);
         cJSON_AddNumberToObject(o, "matrices", r[i].n_mat);
         cJSON_AddNumberToObject(o, "bytes", (double)r[i].bytes);
@@ -872,10 +906,15 @@ int cmd_profile(int argc, char **argv) {
         mc.bw = (probe_stats){.best = pa.bw, .median = pa.bw, .min = pa.bw, .n = 0};
     else
         probe_read_bw_stats(mc.threads, &mc.bw);
-    mc.int8_given = pa.peak_int8 > 0;
-    mc.f32_given = pa.peak_f32 > 0;
-    mc.gops_int8 = pa.peak_int8 > 0 ? pa.peak_int8 : probe_peak_gops_int8(mc.threads);
-    mc.gflops_f32 = pa.peak_f32 > 0 ? pa.peak_f32 : probe_peak_gflops_f32(mc.threads);
+    const double given[TK_PEAK_COUNT] = {pa.peak_f32, pa.peak_int8, pa.peak_bf16};
+    for (int i = 0; i < TK_PEAK_COUNT; i++) {
+        mc.given[i] = given[i] > 0;
+        mc.peak[i] = given[i] > 0                                 ? given[i]
+                     : i == TK_PEAK_INT8                          ? probe_peak_gops_int8(mc.threads)
+                     : i == TK_PEAK_F32                           ? probe_peak_gflops_f32(mc.threads)
+                     : o.model.bf16_dot && kern_bf16_dot_hw(NULL) ? probe_peak_gflops_bf16(mc.threads)
+                                                                  : 0;
+    }
     tk_model *m = NULL;
     if (tk_model_open(o.model_path, &o.model, &m) != TK_OK) {
         fprintf(stderr, "tokamak profile: %s\n", tk_last_error());

@@ -4,8 +4,10 @@
  * per process from the CPU (capped by TOKAMAK_ISA). docs/kernels.md says
  * which rows a new weight type, layout or ISA level adds. */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "kernels/kernels_ref.h"
 
 /* A function per ISA level, by tk_isa; the x86 levels exist on x86-64 only. */
@@ -101,9 +103,91 @@ const tk_weight_kernels *kern_weight(tk_dtype t, tk_layout layout) {
     return w->gemv[TK_ISA_SCALAR] ? w : NULL;
 }
 
+/* Whether (t, layout)'s gemv at K's level is P16R's as vdpbf16ps. */
+static bool gemv_bf16_dot(const tk_kernels *K, tk_dtype t, tk_layout layout) {
+    return t == TK_DTYPE_BF16 && layout == TK_LAYOUT_P16R && K->isa == TK_ISA_AVX512 &&
+           kern_bf16_dot_hw(NULL);
+}
+
 tk_gemv_fn kern_gemv(const tk_kernels *K, tk_dtype t, tk_layout layout) {
     const tk_weight_kernels *w = kern_weight(t, layout);
+#if defined(__x86_64__)
+    if (w && gemv_bf16_dot(K, t, layout)) return kern_gemv_bf16_p16r_avx512bf16;
+#endif
     return w ? w->gemv[K->isa] : NULL;
+}
+
+tk_peak kern_peak(const tk_kernels *K, tk_dtype t, tk_layout layout) {
+    const tk_dtype a = kern_act_type(t, layout);
+    if (a == TK_DTYPE_Q8_0 || a == TK_DTYPE_Q8_K) return TK_PEAK_INT8;
+    return gemv_bf16_dot(K, t, layout) ? TK_PEAK_BF16 : TK_PEAK_F32;
+}
+
+const char *kern_peak_name(tk_peak p) {
+    return p == TK_PEAK_INT8 ? "int8" : p == TK_PEAK_BF16 ? "bf16" : "fp32";
+}
+
+/* ---- vdpbf16ps or two FMAs for P16R ----------------------------------------------------- */
+
+/* P16R's gemv as vdpbf16ps (AVX512-BF16) gives the bits of its FMA form, so
+ * which one runs is a matter of speed alone, and the speed differs by CPU:
+ * ~0.85x the two FMAs it replaces on a Sapphire Rapids class machine, ~2x
+ * on an AMD EPYC (Zen 5) one (docs/kernels.md). So the first P16R call of a
+ * process times both over a matrix that stays in L2 and keeps the
+ * instruction only where it is clearly faster. Write-once statics. */
+static pthread_once_t bf16dot_once = PTHREAD_ONCE_INIT;
+static bool bf16dot_hw;
+static double bf16dot_ratio; /* the FMA form's time over vdpbf16ps's; 0: not measured */
+
+#if defined(__x86_64__)
+enum { BF16DOT_ROWS = 64, BF16DOT_K = 1024, BF16DOT_TOK = 12, BF16DOT_ROUNDS = 7, BF16DOT_CALLS = 3 };
+
+static void bf16dot_measure(void) {
+    tk_cpu c;
+    cpu_detect(&c);
+    if (!c.avx512bf16 || !cpu_has_isa(&c, TK_ISA_AVX512)) return;
+    const size_t nw = (size_t)BF16DOT_ROWS * BF16DOT_K, nx = (size_t)BF16DOT_TOK * BF16DOT_K;
+    uint16_t *rows = malloc(nw * sizeof *rows), *w = aligned_alloc(64, nw * sizeof *w);
+    float *x = malloc(nx * sizeof *x), *y = malloc((size_t)BF16DOT_TOK * BF16DOT_ROWS * sizeof *y);
+    if (rows && w && x && y) {
+        uint32_t s = 12345u;
+        for (size_t i = 0; i < nw;
+             i++) { /* BF16 of magnitude ~2^-4 (exponent 123), random signs and mantissas */
+            s = s * 1664525u + 1013904223u;
+            rows[i] = (uint16_t)((s >> 16 & 0x8000u) | (123u << 7) | (s >> 9 & 0x7fu));
+        }
+        for (size_t i = 0; i < nx; i++) {
+            s = s * 1664525u + 1013904223u;
+            x[i] = (float)(s >> 8) / 16777216.0f - 0.5f;
+        }
+        kern_pack_bf16_p16(rows, w, BF16DOT_ROWS, BF16DOT_K);
+        const tk_gemv_fn fn[2] = {kern_gemv_bf16_p16r_avx512, kern_gemv_bf16_p16r_avx512bf16};
+        double best[2] = {1e30, 1e30};
+        for (int r = 0; r < BF16DOT_ROUNDS; r++) /* alternating, the best of each */
+            for (int v = 0; v < 2; v++) {
+                const uint64_t t0 = tk_now_ns();
+                for (int i = 0; i < BF16DOT_CALLS; i++)
+                    fn[v](BF16DOT_K, w, 0, BF16DOT_ROWS, x, BF16DOT_K * sizeof *x, BF16DOT_TOK, y,
+                          BF16DOT_ROWS);
+                const double dt = (double)(tk_now_ns() - t0);
+                if (dt < best[v]) best[v] = dt;
+            }
+        bf16dot_ratio = best[1] > 0 ? best[0] / best[1] : 0;
+        bf16dot_hw = bf16dot_ratio > 1.1; /* a tie keeps the FMA form */
+    }
+    free(rows);
+    free(w);
+    free(x);
+    free(y);
+}
+#else
+static void bf16dot_measure(void) {}
+#endif
+
+bool kern_bf16_dot_hw(double *ratio) {
+    pthread_once(&bf16dot_once, bf16dot_measure);
+    if (ratio) *ratio = bf16dot_ratio;
+    return bf16dot_hw;
 }
 
 tk_layout kern_pack(tk_dtype t, const void *rows_in, void *out, int64_t rows, int64_t k) {

@@ -107,6 +107,21 @@ const tk_weight_kernels *kern_weight(tk_dtype t, tk_layout layout);
 /* Its gemv at K's level (NULL if there is no row). */
 tk_gemv_fn kern_gemv(const tk_kernels *K, tk_dtype t, tk_layout layout);
 
+/* The peak a weight kernel's multiply-adds are judged by (the profile's
+ * floors): fp32 FMAs (f32 activations), int8 dots (quantized activations),
+ * or BF16 dots (P16R's gemv as vdpbf16ps, kern_bf16_dot_hw). */
+typedef enum tk_peak { TK_PEAK_F32 = 0, TK_PEAK_INT8 = 1, TK_PEAK_BF16 = 2 } tk_peak;
+#define TK_PEAK_COUNT 3
+tk_peak kern_peak(const tk_kernels *K, tk_dtype t, tk_layout layout);
+/* "fp32", "int8", "bf16" */
+const char *kern_peak_name(tk_peak p);
+
+/* Whether P16R's gemv at the avx512 level runs as vdpbf16ps (the same bits
+ * as its FMA form): on a CPU with AVX512-BF16 where the first call, which
+ * times both, found the instruction faster. *ratio (may be NULL) gets the
+ * FMA form's time over the instruction's, 0 where not measured. */
+bool kern_bf16_dot_hw(double *ratio);
+
 /* The gemv for a weight tensor's type and layout (NULL if none). */
 static inline tk_gemv_fn kern_gemv_of(const tk_kernels *K, const tk_tensor *w) {
     return kern_gemv(K, w->type, w->layout);

@@ -18,13 +18,13 @@ const char *fwd_stage_name(fwd_stage s) { return (unsigned)s < FWD_ST_COUNT ? ST
 static void add_matmul(fwd_stage_cost *c, const tk_tensor *w, int n) {
     c->bytes += w->nbytes;
     c->ops += 2.0 * (double)w->ne[0] * (double)w->ne[1] * n;
-    c->int8 = kern_act_type(w->type, w->layout) != TK_DTYPE_F32;
+    c->peak = kern_peak(kernels_default(), w->type, w->layout);
 }
 
 void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8, const fwd_step_shape *sh,
                     fwd_stage_cost out[FWD_ST_COUNT]) {
     const tk_hparams *hp = &m->hp;
-    for (int s = 0; s < FWD_ST_COUNT; s++) out[s] = (fwd_stage_cost){0, 0, false};
+    for (int s = 0; s < FWD_ST_COUNT; s++) out[s] = (fwd_stage_cost){0, 0, TK_PEAK_F32};
     int n = sh->n_tok;
     /* the last layer after attention: the wanted tokens (forward.c trims) */
     const bool trim = sh->n_out < n;
@@ -55,10 +55,10 @@ void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8,
         (double)sh->attn_pairs * (hp->n_layer - 1) + (double)(trim ? sh->attn_pairs_out : sh->attn_pairs);
     out[FWD_ST_ATTN].bytes = (sh->kv_tokens - sh->own_tokens) * kv_bytes_tok;
     out[FWD_ST_ATTN].ops = 4.0 * (all - own) * hp->n_head * hp->head_dim;
-    out[FWD_ST_ATTN].int8 = kv_int8;
+    out[FWD_ST_ATTN].peak = kv_int8 ? TK_PEAK_INT8 : TK_PEAK_F32;
     out[FWD_ST_KV_STORE].bytes = sh->own_tokens * kv_bytes_tok;
     out[FWD_ST_KV_STORE].ops = 4.0 * own * hp->n_head * hp->head_dim;
-    out[FWD_ST_KV_STORE].int8 = kv_int8;
+    out[FWD_ST_KV_STORE].peak = kv_int8 ? TK_PEAK_INT8 : TK_PEAK_F32;
 }
 
 /* Pairs of a query at position p with positions [from, p]. */

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "core/clock.h"
+#include "kernels/kernels.h"
 
 typedef enum fwd_stage {
     FWD_ST_PLAN = 0, /* the step's token tables and checks, before the pool runs */
@@ -58,11 +59,12 @@ typedef struct fwd_prof {
 
 /* What a stage reads (weights and KV) and computes in one step, for its floor:
  * max(bytes / bandwidth, ops / peak), with the int8 peak where the stage's
- * multiply-adds run on quantized activations, else the fp32 one. */
+ * multiply-adds run on quantized activations, the BF16 dot peak where they
+ * run as vdpbf16ps, else the fp32 one (kern_peak). */
 typedef struct fwd_stage_cost {
     uint64_t bytes;
     double ops; /* a multiply-add counts 2 */
-    bool int8;
+    tk_peak peak;
 } fwd_stage_cost;
 
 /* The shape of a step: n_tok tokens, n_out of them wanted (their logits; the

@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/pool.h"
 #include "kernels/kernels.h"
 #include "model/model_internal.h"
@@ -583,6 +584,7 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
     pthread_mutex_init(&job.owned, NULL);
     load_parallel(resident_copy, &job, k);
     pthread_mutex_destroy(&job.owned);
+    bool p16r = false;
     for (int j = 0; j < n; j++) {
         tk_tensor *t = ts[j];
         const int i = at[j];
@@ -591,6 +593,14 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         t->data = p + offs[i];
         t->layout = lays[i];
         t->nbytes = wk && wk->packed_bytes ? wk->packed_bytes(rows, t->ne[0]) : t->nbytes;
+        p16r |= t->layout == TK_LAYOUT_P16R;
+    }
+    if (p16r &&
+        kernels_default()->isa == TK_ISA_AVX512) { /* times vdpbf16ps against two FMAs now, not in a step */
+        double ratio;
+        const bool hw = kern_bf16_dot_hw(&ratio);
+        tk_log_info("bf16-dot: P16R runs as %s (two FMAs take %.2fx vdpbf16ps's time here)",
+                    hw ? "vdpbf16ps" : "two FMAs", ratio);
     }
     tk_free(at);
     tk_free(offs);

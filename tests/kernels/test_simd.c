@@ -581,7 +581,17 @@ static void test_simd_gemv_bf16_p16(void **state) {
 #if defined(__x86_64__)
         tk_cpu c;
         cpu_detect(&c);
-        if (round && K->isa == TK_ISA_AVX512 && c.avx512bf16) fns[n_fn++] = kern_gemv_bf16_p16r_avx512bf16;
+        if (round && K->isa == TK_ISA_AVX512) {
+            /* both forms, whichever the dispatcher picked (the faster here) */
+            double ratio;
+            const bool hw = kern_bf16_dot_hw(&ratio);
+            assert_true(fns[0] == (hw ? kern_gemv_bf16_p16r_avx512bf16 : kern_gemv_bf16_p16r_avx512));
+            assert_true(c.avx512bf16 ? ratio > 0 : !hw && ratio == 0);
+            print_message("p16r dispatches %s (two FMAs take %.2fx its time)\n",
+                          hw ? "vdpbf16ps" : "two FMAs", ratio);
+            fns[0] = kern_gemv_bf16_p16r_avx512;
+            if (c.avx512bf16) fns[n_fn++] = kern_gemv_bf16_p16r_avx512bf16;
+        }
 #endif
         kt_rng r = {1632};
         double worst = 0, e;

@@ -74,29 +74,35 @@ static void h_step(harness *h, int n_seq, const int *seqs, const int32_t *n, con
 
 static const int32_t PROMPT[14] = {5, 17, 299, 42, 8, 100, 3, 77, 150, 201, 9, 64, 33, 250};
 
+/* The logits of PROMPT's first n positions, one token a step (every
+ * position's), against the float64 reference: the relative error. */
+static double ref_error(tk_model *m, int n) {
+    const int V = m->hp.n_vocab;
+    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
+    fx_reference(m, PROMPT, n, ref);
+    harness h;
+    h_init(&h, m, 2, false, TK_KV_F32);
+    for (int p = 0; p < n; p++) {
+        int s = 0;
+        int32_t t1 = 1;
+        h_step(&h, 1, &s, &t1, &PROMPT[p], got + (size_t)p * V);
+    }
+    const double err = fx_rel_err(got, ref, (size_t)n * V);
+    h_free(&h);
+    free(ref);
+    free(got);
+    return err;
+}
+
 static void check_reference(tk_arch arch, tk_dtype wt, double tol) {
     fx_model fx;
     fx_build(&fx, arch, wt, TK_NAMING_HF);
     tk_model *m;
     assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
-    int V = m->hp.n_vocab, n = 14;
-    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float));
-    fx_reference(m, PROMPT, n, ref);
-    harness h;
-    h_init(&h, m, 2, false, TK_KV_F32);
-    /* one token per step: the logits of every position */
-    for (int p = 0; p < n; p++) {
-        int s = 0;
-        int32_t one = 1;
-        h_step(&h, 1, &s, &one, &PROMPT[p], got + (size_t)p * V);
-    }
-    double err = fx_rel_err(got, ref, (size_t)n * V);
+    const double err = ref_error(m, 14);
     if (err > tol) fail_msg("%s/%s: relative error %g > %g", arch_name(arch), dtype_name(wt), err, tol);
-    h_free(&h);
     tk_model_free(m);
     fx_free(&fx);
-    free(ref);
-    free(got);
 }
 
 static void test_forward_matches_reference(void **state) {
@@ -537,6 +543,60 @@ static void test_forward_repack(void **state) {
     free(b);
 }
 
+/* The shape of the opt-in layout tests: every matrix but the 300-row
+ * output takes the layouts of 16 rows and 256 values. */
+static void opt_in_hparams(tk_hparams *hp) {
+    fx_hparams(hp, TK_ARCH_QWEN3);
+    hp->n_layer = 2;
+    hp->n_embd = 256;
+    hp->n_ff = 512;
+    hp->head_dim = 64;
+}
+
+/* A 14-token prompt's last logits have the same bits on 1, 2 and 3 threads,
+ * and beside two other sequences in one step. */
+static void check_same_bits(tk_model *m) {
+    const int V = m->hp.n_vocab;
+    float *one = malloc(3 * (size_t)V * sizeof(float)), *batch = malloc(3 * (size_t)V * sizeof(float));
+    for (int t = 0; t < 3; t++) {
+        harness h;
+        h_init(&h, m, t + 1, false, TK_KV_F16);
+        int s = 0;
+        int32_t n14 = 14;
+        h_step(&h, 1, &s, &n14, PROMPT, one + (size_t)t * V);
+        h_free(&h);
+    }
+    assert_memory_equal(one, one + V, (size_t)V * sizeof(float));
+    assert_memory_equal(one, one + 2 * (size_t)V, (size_t)V * sizeof(float));
+    harness h;
+    h_init(&h, m, 2, false, TK_KV_F16);
+    int seqs[3] = {1, 0, 2};
+    int32_t nn[3] = {5, 14, 9}, toks[28];
+    memcpy(toks, PROMPT + 3, 5 * sizeof(int32_t));
+    memcpy(toks + 5, PROMPT, 14 * sizeof(int32_t));
+    memcpy(toks + 19, PROMPT + 1, 9 * sizeof(int32_t));
+    h_step(&h, 3, seqs, nn, toks, batch);
+    assert_memory_equal(batch + V, one, (size_t)V * sizeof(float));
+    h_free(&h);
+    free(batch);
+    free(one);
+}
+
+/* An opt-in option chooses a layout of the resident copy: none with
+ * row_layout or use_mmap. */
+static void check_opt_in_needs_copy(fx_model *fx, tk_model_opts o) {
+    tk_model *m;
+    o.row_layout = true;
+    assert_int_equal(fx_open(fx, &o, &m), TK_OK);
+    assert_int_equal(m->layers[0].wq.layout, TK_LAYOUT_ROWS);
+    tk_model_free(m);
+    o.row_layout = false;
+    o.use_mmap = true;
+    assert_int_equal(fx_open(fx, &o, &m), TK_OK);
+    assert_int_equal(m->layers[0].wq.layout, TK_LAYOUT_ROWS);
+    tk_model_free(m);
+}
+
 /* q8_coarse: the Q8_0 matmuls whose shapes take it are requantized to a
  * scale per 256 values (X16S) and read with Q8_K activations, beside the
  * output matrix, whose 300 rows do not (so one slot feeds both formats); the
@@ -546,11 +606,7 @@ static void test_forward_repack(void **state) {
 static void test_forward_q8_coarse(void **state) {
     (void)state;
     tk_hparams hp;
-    fx_hparams(&hp, TK_ARCH_QWEN3);
-    hp.n_layer = 2;
-    hp.n_embd = 256;
-    hp.n_ff = 512;
-    hp.head_dim = 64;
+    opt_in_hparams(&hp);
     fx_model fx;
     fx_build_hp(&fx, &hp, TK_DTYPE_Q8_0, TK_NAMING_HF);
     tk_model_opts o;
@@ -568,65 +624,50 @@ static void test_forward_q8_coarse(void **state) {
     assert_int_equal(mq->layers[1].wq.layout, TK_LAYOUT_X16);
     assert_int_not_equal(mc->output.layout, TK_LAYOUT_X16S);
     assert_true(model_decode_bytes(mc) < model_decode_bytes(mq));
-    const int V = hp.n_vocab, n = 14;
-    float *ref = malloc((size_t)n * V * sizeof(float)), *got = malloc((size_t)n * V * sizeof(float)),
-          *one = malloc(3 * (size_t)V * sizeof(float));
-    double err[2];
-    tk_model *ms[2] = {mq, mc};
-    for (int i = 0; i < 2; i++) {
-        fx_reference(ms[i], PROMPT, n, ref);
-        harness h;
-        h_init(&h, ms[i], 2, false, TK_KV_F32);
-        for (int p = 0; p < n; p++) {
-            int s = 0;
-            int32_t t1 = 1;
-            h_step(&h, 1, &s, &t1, &PROMPT[p], got + (size_t)p * V);
-        }
-        err[i] = fx_rel_err(got, ref, (size_t)n * V);
-        h_free(&h);
-    }
+    const double err[2] = {ref_error(mq, 14), ref_error(mc, 14)};
     print_message("relative error against the float64 reference: q8_0 %.3g, q8_coarse %.3g\n", err[0],
                   err[1]);
     assert_true(err[1] > 0 && err[1] < 2.5 * err[0]);
-    /* 1, 2 and 3 threads; then the same sequence beside two others */
-    for (int t = 0; t < 3; t++) {
-        harness h;
-        h_init(&h, mc, t + 1, false, TK_KV_F16);
-        int s = 0;
-        int32_t n14 = 14;
-        h_step(&h, 1, &s, &n14, PROMPT, one + (size_t)t * V);
-        h_free(&h);
-    }
-    assert_memory_equal(one, one + V, (size_t)V * sizeof(float));
-    assert_memory_equal(one, one + 2 * (size_t)V, (size_t)V * sizeof(float));
-    harness h;
-    h_init(&h, mc, 2, false, TK_KV_F16);
-    int seqs[3] = {1, 0, 2};
-    int32_t nn[3] = {5, 14, 9}, toks[28];
-    memcpy(toks, PROMPT + 3, 5 * sizeof(int32_t));
-    memcpy(toks + 5, PROMPT, 14 * sizeof(int32_t));
-    memcpy(toks + 19, PROMPT + 1, 9 * sizeof(int32_t));
-    float *batch = malloc(3 * (size_t)V * sizeof(float));
-    h_step(&h, 3, seqs, nn, toks, batch);
-    assert_memory_equal(batch + V, one, (size_t)V * sizeof(float));
-    h_free(&h);
-    free(batch);
-    tk_model_free(mc);
-    /* the option chooses a layout of the resident copy: none without it */
-    o.row_layout = true;
-    assert_int_equal(fx_open(&fx, &o, &mc), TK_OK);
-    assert_int_equal(mc->layers[0].wq.layout, TK_LAYOUT_ROWS);
-    tk_model_free(mc);
-    o.row_layout = false;
-    o.use_mmap = true;
-    assert_int_equal(fx_open(&fx, &o, &mc), TK_OK);
-    assert_int_equal(mc->layers[0].wq.layout, TK_LAYOUT_ROWS);
+    check_same_bits(mc);
     tk_model_free(mc);
     tk_model_free(mq);
+    check_opt_in_needs_copy(&fx, o);
     fx_free(&fx);
-    free(ref);
-    free(got);
-    free(one);
+}
+
+/* bf16_dot: the BF16 matmuls (the output's 300 rows too: P16 takes any
+ * multiple of 16 rows) are P16R, whose gemv rounds activations to BF16 and
+ * runs as vdpbf16ps where the CPU has it and it is faster (the same bits as
+ * its FMA form): the logits move off the float64 reference by the rounding
+ * (each activation by up to 2^-9 of itself: more than P16's f32 error, less
+ * than 2^-8 of the largest logit), do not depend on the thread count or the
+ * batch; the model reads the same bytes; use_mmap and row_layout leave the
+ * option be. */
+static void test_forward_bf16_dot(void **state) {
+    (void)state;
+    tk_hparams hp;
+    opt_in_hparams(&hp);
+    fx_model fx;
+    fx_build_hp(&fx, &hp, TK_DTYPE_BF16, TK_NAMING_HF);
+    tk_model_opts o;
+    tk_model_opts_default(&o);
+    o.bf16_dot = true;
+    tk_model *mr, *mp;
+    assert_int_equal(fx_open(&fx, &o, &mr), TK_OK);
+    assert_int_equal(fx_open(&fx, NULL, &mp), TK_OK);
+    const tk_tensor *w[4] = {&mr->layers[1].wq, &mr->layers[0].wo, &mr->layers[0].w_up,
+                             &mr->layers[1].w_down};
+    for (int i = 0; i < 4; i++) assert_int_equal(w[i]->layout, TK_LAYOUT_P16R);
+    assert_int_equal(mp->layers[1].wq.layout, TK_LAYOUT_P16);
+    assert_int_equal(model_decode_bytes(mr), model_decode_bytes(mp));
+    const double err[2] = {ref_error(mp, 14), ref_error(mr, 14)};
+    print_message("relative error against the float64 reference: bf16 %.3g, bf16_dot %.3g\n", err[0], err[1]);
+    assert_true(err[1] > err[0] && err[1] < 0x1p-8);
+    check_same_bits(mr);
+    tk_model_free(mr);
+    tk_model_free(mp);
+    check_opt_in_needs_copy(&fx, o);
+    fx_free(&fx);
 }
 
 /* Bad batches are refused before the KV cache is touched. */
@@ -688,6 +729,7 @@ int main(void) {
         cmocka_unit_test(test_forward_llama_unpermute),
         cmocka_unit_test(test_forward_repack),
         cmocka_unit_test(test_forward_q8_coarse),
+        cmocka_unit_test(test_forward_bf16_dot),
         cmocka_unit_test(test_forward_batch_checks),
     };
     return cmocka_run_group_tests_name(isa_level_name(), tests, NULL, NULL);
