@@ -163,6 +163,34 @@ assert j["step"]["prefill_tok_s"] > 0 and "output_tok_s" not in j["step"]
 print("ok: profile JSON")
 PY
 
+# BF16 pairs with rounded activations (--bf16-dot): their matmuls are judged
+# by the vdpbf16ps peak where they run it (the CPU has AVX512-BF16 and the
+# instruction measured faster), which is then probed; else by the fp32 one
+"$TK_CLI" synth --preset tiny --dtype bf16 --layers 2 -o "$W/b.gguf" 2>/dev/null
+"$TK_CLI" profile -m "$W/b.gguf" --bf16-dot --batch 4 --ctx 16 --steps 2 --threads 2 --bw 20 --peak-int8 500 \
+    --peak-f32 100 --json "$W/pb16.json" >"$W/pb16.md" || fail "profile --bf16-dot exited $?"
+"$TK_CLI" profile -m "$W/b.gguf" --bf16-dot --kernels --tokens 1,4 --rounds 1 --threads 2 --bw 20 \
+    --peak-int8 500 --peak-f32 100 --json "$W/pkb16.json" >/dev/null || fail "profile --bf16-dot --kernels exited $?"
+"$TK_PYTHON" - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+j = json.load(open(w + "/pb16.json"))
+pr, hw = j["probe"], j["probe"]["peak_gflops_bf16"] > 0
+want = "bf16" if hw else "fp32"
+proj = [s for s in j["stages"] if s["stage"] in ("qkv", "o_proj", "gate_up", "down", "lm_head")]
+assert all(s["peak"] == want for s in proj), (want, proj)
+assert pr["floor_gflops_bf16"] >= pr["peak_gflops_bf16"], pr
+for s in j["stages"]:
+    assert s["ops"] < 1e8 or s["peak_pct"] <= 100.0 + 1e-6, s
+k = json.load(open(w + "/pkb16.json"))
+assert (k["peak_bf16_gflops"] > 0) == hw, k
+assert all(r["layout"] == "p16r" and r["peak"] == want and not r["int8"] for r in k["kernels"]), k["kernels"]
+print("ok: profile --bf16-dot JSON (%s)" % ("vdpbf16ps" if hw else "two FMAs"))
+PY
+grep -q "peak bf16 dot [0-9]* GFLOP/s (probed now)" "$W/pb16.md" ||
+    "$TK_PYTHON" -c 'import json, sys; assert json.load(open(sys.argv[1]))["probe"]["peak_gflops_bf16"] == 0' "$W/pb16.json" ||
+    fail "profile --bf16-dot: a BF16 dot peak in the JSON but not in the report"
+
 # placement: both threads on CPU 0 (the list cycles), --numa (on one node it says so)
 "$TK_CLI" profile -m "$W/m.gguf" --batch 2 --ctx 16 --steps 2 --threads 2 --cpus 0 --numa --bw 20 \
     --peak-int8 500 --peak-f32 100 \

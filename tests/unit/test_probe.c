@@ -56,10 +56,26 @@ static void test_probe_int8_scalar(void **state) {
     probe_check_level(TK_ISA_SCALAR);
 }
 
+/* The BF16 dot peak: probed where the kernels' level is avx512 and the CPU
+ * has AVX512-BF16 (a positive rate), 0 elsewhere (TOKAMAK_ISA below avx512
+ * included), never a guess. */
+static void test_probe_bf16_where_present(void **state) {
+    (void)state;
+    tk_cpu c;
+    cpu_detect(&c);
+    const double g = probe_peak_gflops_bf16(1);
+    if (c.avx512bf16 && cpu_isa_from_env(&c) == TK_ISA_AVX512)
+        assert_true(g > 0);
+    else
+        assert_true(g == 0);
+    print_message("bf16 dot peak, one thread: %.0f GFLOP/s\n", g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_probe_lanes_sum_extremes),
         cmocka_unit_test(test_probe_int8_scalar),
+        cmocka_unit_test(test_probe_bf16_where_present),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
