@@ -639,7 +639,7 @@ static void test_forward_q8_coarse(void **state) {
  * multiple of 16 rows) are P16R, whose gemv rounds activations to BF16 and
  * runs as vdpbf16ps where the CPU has it and it is faster (the same bits as
  * its FMA form): the logits move off the float64 reference by the rounding
- * (each activation by up to 2^-9 of itself: more than P16's f32 error, less
+ * (each activation by up to 2^-8 of itself: more than P16's f32 error, less
  * than 2^-8 of the largest logit), do not depend on the thread count or the
  * batch; the model reads the same bytes; use_mmap and row_layout leave the
  * option be. */

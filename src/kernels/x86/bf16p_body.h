@@ -50,6 +50,13 @@ P16_AI void p16_prefetch(const void *p) { _mm_prefetch((const char *)((uintptr_t
 
 #if defined(P16_HW)
 #define P16_NT 12 /* tokens per tile: one 512-bit accumulator each */
+/* acc + vdpbf16ps(w, the pair at x in every lane), the pair broadcast from
+ * memory ({1to16}): one fused instruction where the intrinsics compile to a
+ * separate broadcast load before each. */
+P16_AI __m512 p16_dot_bcast(__m512 acc, __m512i w, const uint32_t *x) {
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+}
 /* x[0..31] as 16 BF16 pairs: vcvtne2ps2bf16 puts its second operand low. */
 P16_AI void p16_round32(const float *x, uint32_t *out) {
     __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
@@ -156,10 +163,8 @@ P16_AI void p16_tile(int64_t k, const uint16_t *g, int ng, const uint32_t *xb, i
             if ((j & P16_PF_MASK) == 0) p16_prefetch(c);
 #if defined(P16_HW)
 #pragma GCC unroll 16
-            for (int t = 0; t < nt; t++) {
-                __m512i xp = _mm512_set1_epi32((int)xb[(size_t)t * (size_t)per + (size_t)j]);
-                acc[q * nt + t] = _mm512_dpbf16_ps(acc[q * nt + t], (__m512bh)w, (__m512bh)xp);
-            }
+            for (int t = 0; t < nt; t++)
+                acc[q * nt + t] = p16_dot_bcast(acc[q * nt + t], w, xb + (size_t)t * (size_t)per + (size_t)j);
 #else
             __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
             __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
