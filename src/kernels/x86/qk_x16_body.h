@@ -316,13 +316,17 @@ AI void qk4_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                         __m256i lo = _mm256_and_si256(v, m4),
                                 hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 #pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++)
+                        for (int t = 0; t < nt; t++) {
                             a[hh * nt + t] =
                                 qk_dot(a[hh * nt + t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
+                            keep_sum(&a[hh * nt + t]);
+                        }
 #pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++)
+                        for (int t = 0; t < nt; t++) {
                             a[hh * nt + t] =
                                 qk_dot(a[hh * nt + t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
+                            keep_sum(&a[hh * nt + t]);
+                        }
                     }
 #pragma GCC unroll 2
                 for (int hh = 0; hh < nh; hh++) {
@@ -421,16 +425,22 @@ AI void qk6_tile(int64_t nb, const unsigned char *g, const int32_t *e0, float *y
                             __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
                                                          _mm256_and_si256(hu, m30));
 #pragma GCC unroll 8
-                            for (int t = 0; t < nt; t++)
+                            for (int t = 0; t < nt; t++) {
                                 a[t] = qk_dot(a[t], lo, _mm256_set1_epi32(ej[2 * c * nt + t]));
+                                keep_sum(&a[t]);
+                            }
 #pragma GCC unroll 8
-                            for (int t = 0; t < nt; t++)
+                            for (int t = 0; t < nt; t++) {
                                 a[t] = qk_dot(a[t], hi, _mm256_set1_epi32(ej[(2 * c + 1) * nt + t]));
+                                keep_sum(&a[t]);
+                            }
                             if (QK_I16)
 #pragma GCC unroll 8
-                                for (int t = 0; t < nt; t++)
+                                for (int t = 0; t < nt; t++) {
                                     is[hh * nt + t] =
                                         _mm256_add_epi32(is[hh * nt + t], _mm256_madd_epi16(a[t], s2));
+                                    keep_sum(&is[hh * nt + t]);
+                                }
                         }
                         if (!QK_I16)
 #pragma GCC unroll 8
