@@ -414,6 +414,7 @@ AI void x8_tile(int64_t nb, const unsigned char *g, const void *x, size_t xs, fl
                 int32_t xi;
                 memcpy(&xi, xt[t][b].qs + 4 * c, 4);
                 is[t] = dot_s8_acc(is[t], aw, wv, _mm256_set1_epi32(xi));
+                keep_sum(&is[t]);
             }
         }
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
@@ -1067,6 +1068,7 @@ AI void q4_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
                     pl = _mm256_madd_epi16(pl, sl);
                     ph = _mm256_madd_epi16(ph, sh);
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
+                    keep_sum(&isum[t]);
                 }
             }
             float d = f16_to_f32(wb->d), dmin = f16_to_f32(wb->dmin);
@@ -1158,6 +1160,7 @@ AI void q6_k_tile(int64_t nb, const void *w, const void *x, size_t xs, float *y,
                         __m256i xv = _mm256_loadu_si256((const __m256i *)(xt[t][b].qs + 128 * h + 32 * c));
                         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[c], xv), scv);
                         isum[t] = _mm256_add_epi32(isum[t], p);
+                        keep_sum(&isum[t]);
                     }
                 }
             }
