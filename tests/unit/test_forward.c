@@ -543,14 +543,21 @@ static void test_forward_repack(void **state) {
     free(b);
 }
 
-/* The shape of the opt-in layout tests: every matrix but the 300-row
- * output takes the layouts of 16 rows and 256 values. */
-static void opt_in_hparams(tk_hparams *hp) {
-    fx_hparams(hp, TK_ARCH_QWEN3);
-    hp->n_layer = 2;
-    hp->n_embd = 256;
-    hp->n_ff = 512;
-    hp->head_dim = 64;
+/* The opt-in layout tests' model of weight type t, in a shape whose every
+ * matrix but the 300-row output takes the layouts of 16 rows and 256
+ * values: opened with o (its option set) into *with, with the defaults into
+ * *without. */
+static void opt_in_open(tk_dtype t, const tk_model_opts *o, fx_model *fx, tk_model **with,
+                        tk_model **without) {
+    tk_hparams hp;
+    fx_hparams(&hp, TK_ARCH_QWEN3);
+    hp.n_layer = 2;
+    hp.n_embd = 256;
+    hp.n_ff = 512;
+    hp.head_dim = 64;
+    fx_build_hp(fx, &hp, t, TK_NAMING_HF);
+    assert_int_equal(fx_open(fx, o, with), TK_OK);
+    assert_int_equal(fx_open(fx, NULL, without), TK_OK);
 }
 
 /* A 14-token prompt's last logits have the same bits on 1, 2 and 3 threads,
@@ -605,16 +612,12 @@ static void check_opt_in_needs_copy(fx_model *fx, tk_model_opts o) {
  * or the batch; use_mmap and row_layout leave the option be. */
 static void test_forward_q8_coarse(void **state) {
     (void)state;
-    tk_hparams hp;
-    opt_in_hparams(&hp);
-    fx_model fx;
-    fx_build_hp(&fx, &hp, TK_DTYPE_Q8_0, TK_NAMING_HF);
     tk_model_opts o;
     tk_model_opts_default(&o);
     o.q8_coarse = true;
+    fx_model fx;
     tk_model *mc, *mq;
-    assert_int_equal(fx_open(&fx, &o, &mc), TK_OK);
-    assert_int_equal(fx_open(&fx, NULL, &mq), TK_OK);
+    opt_in_open(TK_DTYPE_Q8_0, &o, &fx, &mc, &mq);
     const tk_tensor *w[5] = {&mc->layers[1].wq, &mc->layers[1].wk, &mc->layers[0].wo, &mc->layers[0].w_up,
                              &mc->layers[1].w_down};
     for (int i = 0; i < 5; i++) {
@@ -645,16 +648,12 @@ static void test_forward_q8_coarse(void **state) {
  * option be. */
 static void test_forward_bf16_dot(void **state) {
     (void)state;
-    tk_hparams hp;
-    opt_in_hparams(&hp);
-    fx_model fx;
-    fx_build_hp(&fx, &hp, TK_DTYPE_BF16, TK_NAMING_HF);
     tk_model_opts o;
     tk_model_opts_default(&o);
     o.bf16_dot = true;
+    fx_model fx;
     tk_model *mr, *mp;
-    assert_int_equal(fx_open(&fx, &o, &mr), TK_OK);
-    assert_int_equal(fx_open(&fx, NULL, &mp), TK_OK);
+    opt_in_open(TK_DTYPE_BF16, &o, &fx, &mr, &mp);
     const tk_tensor *w[4] = {&mr->layers[1].wq, &mr->layers[0].wo, &mr->layers[0].w_up,
                              &mr->layers[1].w_down};
     for (int i = 0; i < 4; i++) assert_int_equal(w[i]->layout, TK_LAYOUT_P16R);
