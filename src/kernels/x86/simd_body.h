@@ -48,9 +48,9 @@
 
 /* Keeps an integer sum one chain in its register, step after step: integer
  * adds may be regrouped, and GCC otherwise builds a tile's chunk sums into
- * trees whose partial sums spill to the stack (the 256-bit Q8_0 and Q4_0
- * tiles stored ~40 of them a block: batch-32 projections 1.25-1.5x slower at
- * avx2). The same integers either way. */
+ * trees whose partial sums spill to the stack (the 256-bit Q8_0 tile stored
+ * about ten a block at four tokens: batch-32 projections 1.25-1.5x slower
+ * at avx2). The same integers either way. */
 AI void keep_sum(__m256i *v) { __asm__("" : "+x"(*v)); }
 
 /* Four horizontal sums at once: lane i of the result is the sum of a_i. */
