@@ -223,9 +223,8 @@ typedef struct pf_row {
     tk_peak peak;
 } pf_row;
 
-static const char *peak_unit(tk_peak p) {
-    return p == TK_PEAK_INT8 ? "int8 GOP/s" : p == TK_PEAK_BF16 ? "bf16 GFLOP/s" : "fp32 GFLOP/s";
-}
+/* A peak's rate unit: int8 operations or flops per second. */
+static const char *peak_rate(tk_peak p) { return p == TK_PEAK_INT8 ? "GOP/s" : "GFLOP/s"; }
 
 /* "peak int8 N GOP/s, peak fp32 N GFLOP/s[, peak bf16 dot N GFLOP/s]", each
  * "(given)" or "(probed now)". */
@@ -235,8 +234,15 @@ static void print_peaks(const pf_machine *mc) {
         const tk_peak i = order[k];
         if (i == TK_PEAK_BF16 && mc->peak[i] <= 0) continue;
         printf("%speak %s%s %.0f %s (%s)", k ? ", " : "", kern_peak_name(i), i == TK_PEAK_BF16 ? " dot" : "",
-               mc->peak[i], i == TK_PEAK_INT8 ? "GOP/s" : "GFLOP/s", mc->given[i] ? "given" : "probed now");
+               mc->peak[i], peak_rate(i), mc->given[i] ? "given" : "probed now");
     }
+}
+
+/* The peak of the floors: the one given (> 0), else probe's on `threads`
+ * (NULL: none, 0). */
+static double peak_of(double given, double (*probe)(int), int threads, bool *was_given) {
+    *was_given = given > 0;
+    return given > 0 ? given : probe ? probe(threads) : 0;
 }
 
 /* A stage's floor in ms, max(bytes / bandwidth at gbs, ops / its peak); 0
@@ -346,9 +352,11 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
             mc->over_stage, mc->ceil_gbs, mc->bw.best, mc->ceil_gbs);
     for (int i = TK_PEAK_COUNT - 1; i >= 0; i--)
         if (mc->over_peak[i])
-            printf("- **probe shortfall**: %s ran %.0f %s > probe peak %.0f; its floors and %% of peak use "
-                   "%.0f\n\n",
-                   mc->over_peak[i], mc->ceil_peak[i], peak_unit((tk_peak)i), mc->peak[i], mc->ceil_peak[i]);
+            printf(
+                "- **probe shortfall**: %s ran %.0f %s %s > probe peak %.0f; its floors and %% of peak use "
+                "%.0f\n\n",
+                mc->over_peak[i], mc->ceil_peak[i], kern_peak_name((tk_peak)i), peak_rate((tk_peak)i),
+                mc->peak[i], mc->ceil_peak[i]);
     printf("| stage | ms | cpu ms | %% of step | MB read | GB/s | %% of bw | GOP | GOP/s | %% of peak | "
            "floor ms | "
            "x floor | cpu x floor | uneven ms |\n");
@@ -906,15 +914,12 @@ int cmd_profile(int argc, char **argv) {
         mc.bw = (probe_stats){.best = pa.bw, .median = pa.bw, .min = pa.bw, .n = 0};
     else
         probe_read_bw_stats(mc.threads, &mc.bw);
-    const double given[TK_PEAK_COUNT] = {pa.peak_f32, pa.peak_int8, pa.peak_bf16};
-    for (int i = 0; i < TK_PEAK_COUNT; i++) {
-        mc.given[i] = given[i] > 0;
-        mc.peak[i] = given[i] > 0                                 ? given[i]
-                     : i == TK_PEAK_INT8                          ? probe_peak_gops_int8(mc.threads)
-                     : i == TK_PEAK_F32                           ? probe_peak_gflops_f32(mc.threads)
-                     : o.model.bf16_dot && kern_bf16_dot_hw(NULL) ? probe_peak_gflops_bf16(mc.threads)
-                                                                  : 0;
-    }
+    mc.peak[TK_PEAK_INT8] = peak_of(pa.peak_int8, probe_peak_gops_int8, mc.threads, &mc.given[TK_PEAK_INT8]);
+    mc.peak[TK_PEAK_F32] = peak_of(pa.peak_f32, probe_peak_gflops_f32, mc.threads, &mc.given[TK_PEAK_F32]);
+    /* only where a BF16 matmul will run vdpbf16ps */
+    mc.peak[TK_PEAK_BF16] =
+        peak_of(pa.peak_bf16, o.model.bf16_dot && kern_bf16_dot_hw(NULL) ? probe_peak_gflops_bf16 : NULL,
+                mc.threads, &mc.given[TK_PEAK_BF16]);
     tk_model *m = NULL;
     if (tk_model_open(o.model_path, &o.model, &m) != TK_OK) {
         fprintf(stderr, "tokamak profile: %s\n", tk_last_error());

@@ -142,6 +142,8 @@ static double bf16dot_ratio; /* the FMA form's time over vdpbf16ps's; 0: not mea
 #if defined(__x86_64__)
 enum { BF16DOT_ROWS = 64, BF16DOT_K = 1024, BF16DOT_TOK = 12, BF16DOT_ROUNDS = 7, BF16DOT_CALLS = 3 };
 
+static uint32_t lcg_next(uint32_t s) { return s * 1664525u + 1013904223u; }
+
 static void bf16dot_measure(void) {
     tk_cpu c;
     cpu_detect(&c);
@@ -151,15 +153,12 @@ static void bf16dot_measure(void) {
     float *x = malloc(nx * sizeof *x), *y = malloc((size_t)BF16DOT_TOK * BF16DOT_ROWS * sizeof *y);
     if (rows && w && x && y) {
         uint32_t s = 12345u;
-        for (size_t i = 0; i < nw;
-             i++) { /* BF16 of magnitude ~2^-4 (exponent 123), random signs and mantissas */
-            s = s * 1664525u + 1013904223u;
+        /* BF16 of magnitude ~2^-4 (exponent 123), random signs and mantissas */
+        for (size_t i = 0; i < nw; i++) {
+            s = lcg_next(s);
             rows[i] = (uint16_t)((s >> 16 & 0x8000u) | (123u << 7) | (s >> 9 & 0x7fu));
         }
-        for (size_t i = 0; i < nx; i++) {
-            s = s * 1664525u + 1013904223u;
-            x[i] = (float)(s >> 8) / 16777216.0f - 0.5f;
-        }
+        for (size_t i = 0; i < nx; i++) x[i] = (float)((s = lcg_next(s)) >> 8) / 16777216.0f - 0.5f;
         kern_pack_bf16_p16(rows, w, BF16DOT_ROWS, BF16DOT_K);
         const tk_gemv_fn fn[2] = {kern_gemv_bf16_p16r_avx512, kern_gemv_bf16_p16r_avx512bf16};
         double best[2] = {1e30, 1e30};

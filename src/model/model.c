@@ -595,8 +595,8 @@ static tk_status model_make_resident(tk_model *m, const tk_model_opts *o) {
         t->nbytes = wk && wk->packed_bytes ? wk->packed_bytes(rows, t->ne[0]) : t->nbytes;
         p16r |= t->layout == TK_LAYOUT_P16R;
     }
-    if (p16r &&
-        kernels_default()->isa == TK_ISA_AVX512) { /* times vdpbf16ps against two FMAs now, not in a step */
+    /* times vdpbf16ps against two FMAs now, at load, not in a step */
+    if (p16r && kernels_default()->isa == TK_ISA_AVX512) {
         double ratio;
         const bool hw = kern_bf16_dot_hw(&ratio);
         tk_log_info("bf16-dot: P16R runs as %s (two FMAs take %.2fx vdpbf16ps's time here)",

@@ -826,8 +826,7 @@ AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb
  * ones (no faster from DRAM, slower from cache: 4 chains and their table
  * entries crowd the 16 registers). */
 #define X16_HALVES(kind, nt) ((nt) == 1 || ((nt) == 2 && (kind) == X16_Q8) ? 2 : 1)
-
-#define X16_U (X16_NT > 4 ? X16_NT : 4)
+#define X16_U                (X16_NT > 4 ? X16_NT : 4)
 AI void x16_tile(int kind, int ng, int64_t nb, const unsigned char *g, size_t gb, const int32_t *e0, float *y,
                  int64_t ldy, int nt, x16_pf pf) {
     (void)ng; /* one group (X16_PAIR) */
