@@ -384,6 +384,26 @@ typedef struct tk_engine_stats {
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);
 
+/* A step's floor is the time the machine's limits allow it: the sum over
+ * its terms of max(bytes / read bandwidth, ops / the peak its multiply-adds
+ * are judged by). The terms are the forward step's stages (tokamak
+ * profile's), those that only read merged into one. Peaks: fp32 FMA, int8
+ * dot products on quantized activations, BF16 dot products (vdpbf16ps). */
+enum { TK_FLOOR_F32, TK_FLOOR_INT8, TK_FLOOR_BF16, TK_FLOOR_PEAKS };
+#define TK_STEP_TERMS 8
+typedef struct tk_floor_term {
+    uint64_t bytes;
+    double ops; /* a multiply-add counts 2 */
+    int peak;   /* TK_FLOOR_* */
+} tk_floor_term;
+
+/* The limits a floor is taken at: read bandwidth in GB/s and each peak in
+ * GOP/s (GFLOP/s); a limit <= 0 leaves its part of every term out. */
+typedef struct tk_floor_limits {
+    double read_gbs;
+    double peak_gops[TK_FLOOR_PEAKS];
+} tk_floor_limits;
+
 /* One engine step, as tk_engine_step_log returns it. */
 typedef struct tk_step_record {
     uint64_t step;     /* its number: tk_engine_stats.steps right after it (1, 2, ...) */
@@ -393,7 +413,15 @@ typedef struct tk_step_record {
     int n_tokens;      /* tokens it processed */
     int prompt_tokens; /* of which prompt (0: a pure decode step) */
     int out_tokens;    /* tokens it gave */
+    /* what its stages read and computed (their bytes add up to `bytes`); all
+     * zero where the backend does not say */
+    tk_floor_term floor_terms[TK_STEP_TERMS];
 } tk_step_record;
+
+/* The floor of a step whose terms are t (TK_STEP_TERMS of them, as in
+ * tk_step_record.floor_terms) at the limits lim, in seconds; 0 for terms
+ * all zero. */
+double tk_step_floor_s(const tk_floor_term *t, const tk_floor_limits *lim);
 
 /* A pure decode step: no prompt token, tokens out, a measured time (the
  * steps tk_engine_stats.decode_* count and a decode roofline reads). */

@@ -68,6 +68,9 @@ typedef struct backend {
      * a token id outside the vocabulary. */
     tk_status (*step)(void *ctx, const tk_batch *b, float *logits);
     uint64_t (*last_bytes)(void *ctx); /* weight + KV bytes the last step read; may be NULL */
+    /* What the last step's stages read and computed, TK_STEP_TERMS terms
+     * (tk_step_record.floor_terms); may be NULL */
+    void (*last_floor_terms)(void *ctx, tk_floor_term *out);
     /* Read back (dequantized) the K and V vectors ([n_head_kv][head_dim] floats
      * each) of position pos in layer l of block table bt. For tests and
      * debugging; may be NULL. */

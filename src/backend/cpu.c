@@ -12,6 +12,7 @@
 #include "core/pool.h"
 #include "kv/kv.h"
 #include "model/forward.h"
+#include "model/fwd_prof.h"
 #include "model/model.h"
 
 typedef struct cpu_be {
@@ -31,6 +32,26 @@ static tk_status cb_step(void *c, const tk_batch *b, float *logits) {
     return fwd_step(((cpu_be *)c)->fwd, b, logits);
 }
 static uint64_t cb_bytes(void *c) { return fwd_last_bytes(((cpu_be *)c)->fwd); }
+
+_Static_assert((int)TK_FLOOR_F32 == (int)TK_PEAK_F32 && (int)TK_FLOOR_INT8 == (int)TK_PEAK_INT8 &&
+                   (int)TK_FLOOR_BF16 == (int)TK_PEAK_BF16 && (int)TK_FLOOR_PEAKS == TK_PEAK_COUNT,
+               "the public floor peaks are the kernels' tk_peak");
+
+/* The last step's stage costs as floor terms: each stage with multiply-adds
+ * its own term, the stages that only read summed into the first (their
+ * floors add: bytes over one bandwidth). */
+static void cb_floor_terms(void *c, tk_floor_term *out) {
+    fwd_stage_cost cost[FWD_ST_COUNT];
+    fwd_last_costs(((cpu_be *)c)->fwd, cost);
+    memset(out, 0, TK_STEP_TERMS * sizeof *out);
+    int n = 1;
+    for (int s = 0; s < FWD_ST_COUNT; s++) {
+        tk_floor_term *t = cost[s].ops > 0 && n < TK_STEP_TERMS ? &out[n++] : &out[0];
+        t->bytes += cost[s].bytes;
+        t->ops += cost[s].ops;
+        if (t != &out[0]) t->peak = (int)cost[s].peak;
+    }
+}
 static void cb_kv_read(void *c, int l, const int32_t *bt, int pos, float *k, float *v) {
     kv_read(((cpu_be *)c)->kv, l, bt, pos, k, v);
 }
@@ -215,6 +236,7 @@ tk_status backend_cpu_create(const tk_model *m, const backend_cpu_opts *o, backe
                      .block_copy = cb_copy,
                      .step = cb_step,
                      .last_bytes = cb_bytes,
+                     .last_floor_terms = cb_floor_terms,
                      .kv_read = cb_kv_read,
                      .run_each = cb_run_each,
                      .destroy = cb_destroy};

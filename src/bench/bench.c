@@ -166,6 +166,7 @@ typedef struct level_plan {
     int n_in, n_out;
     uint64_t seed; /* prompts and arrivals of this run */
     double read_bw_gbs;
+    double peak_gops[TK_FLOOR_PEAKS];
     bool measure; /* false for the warm-up */
 } level_plan;
 
@@ -253,6 +254,7 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
     l->concurrency = p->concurrency;
     l->rate = p->rate;
     l->read_bw_gbs = p->read_bw_gbs;
+    memcpy(l->peak_gops, p->peak_gops, sizeof l->peak_gops);
     ctx_reset(c);
     tk_engine_stats prev, cur;
     tk_status st = tk_engine_stats_get(e, &prev);
@@ -317,6 +319,7 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
                                 .bytes = rec[i].bytes,
                                 .time = rec[i].seconds,
                                 .running = rec[i].n_seqs};
+                memcpy(s.terms, rec[i].floor_terms, sizeof s.terms);
                 st = steps_push(l, &steps_cap, &s);
                 if (st != TK_OK) {
                     drain(c, submitted);
@@ -564,6 +567,9 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
                              .n_out = o->n_out,
                              .seed = o->seed + 1000003ull * (uint64_t)(i + 1) + 7919ull * (uint64_t)r,
                              .read_bw_gbs = info->read_bw_gbs,
+                             .peak_gops = {[TK_FLOOR_F32] = info->peak_gflops_f32,
+                                           [TK_FLOOR_INT8] = info->peak_gops_int8,
+                                           [TK_FLOOR_BF16] = info->peak_gflops_bf16},
                              .measure = true};
             level_plan bp = {.n_requests = o->n_bg,
                              .concurrency = o->n_bg,
@@ -790,11 +796,7 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
         for (int s = 0; s < out->n_series; s++)
             for (int i = 0; i < out->series[s].n_points; i++) {
                 bench_point *p = &out->series[s].points[i];
-                for (int r = 0; r < p->n_rep; r++) {
-                    bench_level *l = &p->rep[r];
-                    l->read_bw_gbs = bw;
-                    l->m[BM_ROOF_PCT] = probe_roofline_pct(l->m[BM_STEP_GBS], bw, NULL);
-                }
+                for (int r = 0; r < p->n_rep; r++) bench_level_restate(&p->rep[r], bw);
                 bench_point_summarize(p);
             }
     }

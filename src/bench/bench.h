@@ -65,10 +65,11 @@ typedef struct bench_request {
 /* One pure decode step of a level (no prompt token, tokens out), every one
  * from the engine's step log (tk_engine_step_log). */
 typedef struct bench_step {
-    double t;       /* when the poller read it, relative to the level's start */
-    uint64_t bytes; /* decode_bytes_last: weights + KV the step read */
-    double time;    /* step_time_last, seconds */
-    int running;    /* sequences in the step */
+    double t;                           /* when the poller read it, relative to the level's start */
+    uint64_t bytes;                     /* decode_bytes_last: weights + KV the step read */
+    double time;                        /* step_time_last, seconds */
+    int running;                        /* sequences in the step */
+    tk_floor_term terms[TK_STEP_TERMS]; /* what its stages read and computed (its floor) */
 } bench_step;
 
 typedef enum bench_metric {
@@ -93,6 +94,7 @@ typedef enum bench_metric {
     BM_KV_PEAK_MB,
     BM_STEP_GBS,
     BM_ROOF_PCT,
+    BM_X_FLOOR,
     BM_DURATION,
     BM_ERRORS, /* requests that failed (loadgen: by status in bench_level.err; bench: always 0) */
     /* The background streams inside the foreground window (NaN without --background). */
@@ -162,6 +164,7 @@ typedef struct bench_level {
     int kv_blocks_total, block_size;
     size_t kv_bytes_per_token;
     double read_bw_gbs;                         /* the probe's bandwidth this run compares with */
+    double peak_gops[TK_FLOOR_PEAKS];           /* and its peaks (TK_FLOOR_*; 0: not probed) */
     int n_asked_out;                            /* output tokens asked of each request */
     stats_summary s_ttft, s_tpot, s_itl, s_e2e; /* seconds */
     double m[BM_COUNT];                         /* every metric, filled by bench_level_finalize */
@@ -207,6 +210,7 @@ typedef struct bench_info {
     double read_bw_gbs;                         /* probe_read_bw(engine threads), measured by this run */
     double read_bw_min_gbs, read_bw_median_gbs; /* the spread of that probe's passes */
     double peak_gflops_f32, peak_gops_int8;
+    double peak_gflops_bf16; /* the BF16 dot (vdpbf16ps) loop; 0 where the CPU or level lacks it */
     int probe_threads;
 } bench_info;
 
@@ -245,6 +249,9 @@ void bench_request_fill(bench_request *r, double t0, double t_submit, const doub
                         double *itl);
 /* Derive l->ttft/tpot/itl/e2e summaries and l->m[] from the raw samples. */
 tk_status bench_level_finalize(bench_level *l);
+/* The level's decode figures (read rate, roofline, floor ratio) from its
+ * steps, against read_gbs (which becomes l->read_bw_gbs) and l->peak_gops. */
+void bench_level_restate(bench_level *l, double read_gbs);
 /* The gaps of one stream's ascending token times tok_t[0..n_tok) that end
  * inside the window (w0, w1]: written to gaps (room for n_tok - 1), counted
  * in the return value; *mean is their mean, NaN when there is none. A gap that

@@ -31,6 +31,7 @@ static const char *const METRIC_NAMES[BM_COUNT] = {
     [BM_KV_PEAK_MB] = "kv_peak_mb",
     [BM_STEP_GBS] = "decode_read_gb_s",
     [BM_ROOF_PCT] = "roofline_pct",
+    [BM_X_FLOOR] = "decode_x_floor",
     [BM_DURATION] = "duration_s",
     [BM_ERRORS] = "errors",
     [BM_BG_ITL_P50] = "bg_itl_p50_ms",
@@ -105,22 +106,43 @@ tk_status bench_level_finalize(bench_level *l) {
     m[BM_KV_PEAK_MB] = l->block_size > 0
                            ? (double)l->kv_blocks_peak * l->block_size * (double)l->kv_bytes_per_token / 1e6
                            : NAN;
-    /* Aggregate, not a mean of per-step ratios: long steps weigh by their
-     * time. In a closed loop, the steps that decode the whole level (its
-     * concurrency): the steady state the level stands for, not the tail where
-     * the last requests decode alone (they read as one stream does). Without
-     * such steps (rate mode, or a level that never filled), all of them. */
-    double bytes = 0, secs = 0;
-    for (int pass = 0; pass < 2 && !(secs > 0); pass++)
-        for (size_t i = 0; i < l->n_steps; i++)
-            if (pass || (l->concurrency > 0 && l->steps[i].running >= l->concurrency))
-                bytes += (double)l->steps[i].bytes, secs += l->steps[i].time;
+    bench_level_restate(l, l->read_bw_gbs);
+    return bench_bg_finalize(l);
+}
+
+/* The decode steps the level's decode figures are taken over. In a closed
+ * loop, the steps that decode the whole level (its concurrency): the steady
+ * state the level stands for, not the tail where the last requests decode
+ * alone (they read as one stream does). Without such steps (rate mode, or a
+ * level that never filled), all of them. */
+static bool steady_only(const bench_level *l) {
+    if (l->concurrency <= 0) return false;
+    for (size_t i = 0; i < l->n_steps; i++)
+        if (l->steps[i].running >= l->concurrency && l->steps[i].time > 0) return true;
+    return false;
+}
+
+void bench_level_restate(bench_level *l, double read_gbs) {
+    double *m = l->m;
+    l->read_bw_gbs = read_gbs;
+    const tk_floor_limits lim = {.read_gbs = read_gbs,
+                                 .peak_gops = {l->peak_gops[0], l->peak_gops[1], l->peak_gops[2]}};
+    /* Aggregates, not means of per-step ratios: long steps weigh by their time. */
+    const bool steady = steady_only(l);
+    double bytes = 0, secs = 0, floor = 0;
+    for (size_t i = 0; i < l->n_steps; i++) {
+        const bench_step *st = &l->steps[i];
+        if (steady && st->running < l->concurrency) continue;
+        bytes += (double)st->bytes, secs += st->time;
+        floor += tk_step_floor_s(st->terms, &lim);
+    }
     m[BM_STEP_GBS] = secs > 0 ? bytes / secs / 1e9 : NAN;
     /* Capped at 100%: a run that reads faster than the probe shows the probe's
      * shortfall (the report says so), not a roofline above the machine. */
-    m[BM_ROOF_PCT] =
-        secs > 0 && l->read_bw_gbs > 0 ? probe_roofline_pct(m[BM_STEP_GBS], l->read_bw_gbs, NULL) : NAN;
-    return bench_bg_finalize(l);
+    m[BM_ROOF_PCT] = secs > 0 && read_gbs > 0 ? probe_roofline_pct(m[BM_STEP_GBS], read_gbs, NULL) : NAN;
+    /* At least 1 the same way: steps faster than their floor mean the probe
+     * under-read the machine. */
+    m[BM_X_FLOOR] = secs > 0 && floor > 0 ? (secs > floor ? secs / floor : 1.0) : NAN;
 }
 
 void bench_errors_add(bench_errors *e, int status, const char *message) {
@@ -239,4 +261,5 @@ void bench_probe_machine(int n_threads, bench_info *info) {
     info->read_bw_median_gbs = bw.median;
     info->peak_gflops_f32 = probe_peak_gflops_f32(info->probe_threads);
     info->peak_gops_int8 = probe_peak_gops_int8(info->probe_threads);
+    info->peak_gflops_bf16 = probe_peak_gflops_bf16(info->probe_threads);
 }

@@ -41,9 +41,11 @@ void report_probe(const bench_info *in, FILE *f) {
     fprintf(
         f,
         "- probe (%d threads): read bandwidth %.1f GB/s (best pass; min %.1f, median %.1f), peak fp32 %.1f "
-        "GFLOP/s, peak int8 %.1f GOP/s\n",
+        "GFLOP/s, peak int8 %.1f GOP/s",
         in->probe_threads, in->read_bw_gbs, in->read_bw_min_gbs, in->read_bw_median_gbs, in->peak_gflops_f32,
         in->peak_gops_int8);
+    if (in->peak_gflops_bf16 > 0) fprintf(f, ", peak BF16 dot %.1f GFLOP/s", in->peak_gflops_bf16);
+    fprintf(f, "\n");
 }
 
 static void md_cell(FILE *f, double v, int prec) {
@@ -164,11 +166,11 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         f,
         "| %s | TTFT mean | TTFT P50 | TTFT P95 | TTFT P99 | TPOT mean | TPOT P50 | TPOT P95 | TPOT P99 | "
         "ITL P50 | ITL P95 | ITL P99 | E2E mean | E2E P99 | out tok/s | total tok/s | req/s | out len | "
-        "errors | KV peak MB | decode GB/s | roofline %% |\n",
+        "errors | KV peak MB | decode GB/s | roofline %% | x floor |\n",
         rate ? "rate (req/s)" : "concurrency");
     fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|--"
-               "-:|---:|---:|---:|\n");
-    bool any_short = false;
+               "-:|---:|---:|---:|---:|\n");
+    bool any_short = false, any_under = false;
     double over_gbs = 0; /* the fastest decode read above the probe, if any */
     for (int i = 0; i < s->n_points; i++) {
         const bench_point *p = &s->points[i];
@@ -197,6 +199,12 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         } else {
             md_cell(f, m[BM_ROOF_PCT], 1);
         }
+        if (m[BM_X_FLOOR] == 1.0) { /* capped: the steps beat their floor */
+            fprintf(f, " 1.00 * |");
+            any_under = true;
+        } else {
+            md_cell(f, m[BM_X_FLOOR], 2);
+        }
         fprintf(f, "\n");
     }
     if (r->remote.on)
@@ -207,13 +215,20 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         fprintf(f,
                 "\nLatencies in ms. Roofline: bytes the decode steps read (weights + KV) / their time, as a "
                 "share "
-                "of the %.1f GB/s read bandwidth probed by this run.\n",
+                "of the %.1f GB/s read bandwidth probed by this run. x floor: the decode steps' time over "
+                "their floor, the sum over each step's stages of max(bytes / that bandwidth, operations / "
+                "the peak the stage's multiply-adds run at), as tokamak profile counts them; 1.00 is the "
+                "machine's limit (a step that computes more than it reads is judged by the peak).\n",
                 r->info.read_bw_gbs);
     if (over_gbs > 0)
         fprintf(f,
                 "\n**\\*** probe shortfall: run read %.1f GB/s > probe %.1f GB/s. The probe under-read this "
                 "machine: a roofline above it is shown as 100%%.\n",
                 over_gbs, r->info.read_bw_gbs);
+    if (any_under)
+        fprintf(f,
+                "\n**\\*** x floor: the decode steps took less than their floor at this run's probe, which "
+                "under-read the machine; shown as 1.00.\n");
     if (any_short)
         fprintf(f,
                 "\n**!** some request produced a different number of tokens than --out %d: its level's "
@@ -225,9 +240,10 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
         fprintf(f,
                 "\nSpread over %d repeats (median, min-max):\n\n| %s | TTFT P50 | TPOT P50 | TPOT P99 | out "
                 "tok/s "
-                "| roofline %% |\n|---:|---:|---:|---:|---:|---:|\n",
+                "| roofline %% | x floor |\n|---:|---:|---:|---:|---:|---:|---:|\n",
                 r->opts.repeat, rate ? "rate" : "concurrency");
-        static const bench_metric sp[] = {BM_TTFT_P50, BM_TPOT_P50, BM_TPOT_P99, BM_OUT_TOK_S, BM_ROOF_PCT};
+        static const bench_metric sp[] = {BM_TTFT_P50,  BM_TPOT_P50, BM_TPOT_P99,
+                                          BM_OUT_TOK_S, BM_ROOF_PCT, BM_X_FLOOR};
         for (int i = 0; i < s->n_points; i++) {
             const bench_point *p = &s->points[i];
             if (rate)
@@ -475,6 +491,11 @@ static cJSON *js_level(const bench_level *l) {
         cJSON_AddStringToObject(j, "message", k->message);
         cJSON_AddItemToArray(errs, j);
     }
+    const tk_floor_limits lim = {.read_gbs = l->read_bw_gbs,
+                                 .peak_gops = {l->peak_gops[0], l->peak_gops[1], l->peak_gops[2]}};
+    js_num(o, "peak_gflops_f32", l->peak_gops[TK_FLOOR_F32]);
+    js_num(o, "peak_gops_int8", l->peak_gops[TK_FLOOR_INT8]);
+    js_num(o, "peak_gflops_bf16", l->peak_gops[TK_FLOOR_BF16]);
     cJSON *steps = cJSON_AddArrayToObject(o, "decode_steps");
     for (size_t i = 0; i < l->n_steps; i++) {
         cJSON *j = cJSON_CreateObject();
@@ -482,6 +503,7 @@ static cJSON *js_level(const bench_level *l) {
         cJSON_AddNumberToObject(j, "bytes", (double)l->steps[i].bytes);
         cJSON_AddNumberToObject(j, "time_s", l->steps[i].time);
         cJSON_AddNumberToObject(j, "running", l->steps[i].running);
+        js_num(j, "floor_s", tk_step_floor_s(l->steps[i].terms, &lim));
         cJSON_AddItemToArray(steps, j);
     }
     return o;
@@ -536,6 +558,7 @@ static cJSON *js_result(const bench_result *r) {
     js_num(pr, "read_bw_median_gbs", in->read_bw_median_gbs);
     js_num(pr, "peak_gflops_f32", in->peak_gflops_f32);
     js_num(pr, "peak_gops_int8", in->peak_gops_int8);
+    js_num(pr, "peak_gflops_bf16", in->peak_gflops_bf16);
     cJSON *md = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(md, "path", in->model_path);
     cJSON_AddStringToObject(md, "name", in->model_name);

@@ -248,9 +248,7 @@ static double peak_of(double given, double (*probe)(int), int threads, bool *was
 /* A stage's floor in ms, max(bytes / bandwidth at gbs, ops / its peak); 0
  * under a microsecond, where no floor is worth a ratio. */
 static double stage_floor_ms(const fwd_stage_cost *c, const pf_machine *mc, double gbs) {
-    const double peak = mc->ceil_peak[c->peak];
-    const double fb = gbs > 0 ? (double)c->bytes / (gbs * 1e9) : 0, fo = peak > 0 ? c->ops / (peak * 1e9) : 0;
-    const double f = 1e3 * (fb > fo ? fb : fo);
+    const double f = 1e3 * fwd_stage_floor_s(c, gbs, mc->ceil_peak);
     return f < 1e-3 ? 0 : f;
 }
 

@@ -154,7 +154,8 @@ struct fwd_ctx {
     bool trim_last;
     int rows;
     uint64_t last_bytes;
-    fwd_prof *prof; /* stage timing (fwd_set_profile); NULL: off */
+    fwd_step_shape last_shape; /* the last step's (fwd_last_costs) */
+    fwd_prof *prof;            /* stage timing (fwd_set_profile); NULL: off */
 
     /* the attention plan of the current step (attn_plan) */
     attn_unit *units; /* (max_units) by owner, then largest cost first (attn_plan) */
@@ -1123,7 +1124,10 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     if (st) return st;
     int n_out = 0, t = 0;
     uint64_t kv_tokens = 0;
+    const int own_block = f->own ? kv_opts(f->kv)->block_size : 0;
+    fwd_step_shape sh = {0};
     for (int s = 0; s < b->n_seq; s++) {
+        fwd_step_shape_add(&sh, b->n[s], b->pos0[s], b->n_logits[s], own_block);
         f->seq_tok0[s] = t;
         for (int i = 0; i < b->n[s]; i++, t++) {
             f->tok_pos[t] = b->pos0[s] + i;
@@ -1135,6 +1139,8 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     if (n_out > 0 && !logits) return tk_fail(TK_ERR_INVALID, "forward: logits wanted but no output buffer");
     f->n_out = n_out;
     f->trim_last = n_out < b->n_tok && !f->o.unfused && !f->o.observe;
+    sh.untrimmed = !f->trim_last;
+    f->last_shape = sh;
     f->rows = b->n_tok;
     f->b = b;
     f->logits = logits;
@@ -1161,6 +1167,14 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
 }
 
 uint64_t fwd_last_bytes(const fwd_ctx *f) { return f ? f->last_bytes : 0; }
+
+void fwd_last_costs(const fwd_ctx *f, fwd_stage_cost *out) {
+    if (f->last_shape.n_tok == 0) { /* no step yet, or an empty one: nothing read */
+        for (int s = 0; s < FWD_ST_COUNT; s++) out[s] = (fwd_stage_cost){0, 0, TK_PEAK_F32};
+        return;
+    }
+    fwd_prof_costs(f->m, f->kv_bytes_tok, kv_opts(f->kv)->type == TK_KV_INT8, &f->last_shape, out);
+}
 
 tk_status fwd_set_row_shares(fwd_ctx *f, const double *shares) {
     if (!f) return tk_fail(TK_ERR_INVALID, "forward: NULL context");

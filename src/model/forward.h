@@ -37,6 +37,11 @@ void fwd_free(fwd_ctx *f);
 tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits);
 /* Weight + KV bytes the last step had to read (for the roofline). */
 uint64_t fwd_last_bytes(const fwd_ctx *f);
+struct fwd_stage_cost;
+/* What each stage of the last step read and computed (model/fwd_prof.h:
+ * FWD_ST_COUNT of them, indexed by fwd_stage), for its floor; the bytes add
+ * up to fwd_last_bytes. Before any step: all zero. */
+void fwd_last_costs(const fwd_ctx *f, struct fwd_stage_cost *out);
 
 /* The output, gate/up and down projections and the vocabulary rows are
  * split between the threads in shares that follow each thread's measured

@@ -27,7 +27,7 @@ void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8,
     for (int s = 0; s < FWD_ST_COUNT; s++) out[s] = (fwd_stage_cost){0, 0, TK_PEAK_F32};
     int n = sh->n_tok;
     /* the last layer after attention: the wanted tokens (forward.c trims) */
-    const bool trim = sh->n_out < n;
+    const bool trim = sh->n_out < n && !sh->untrimmed;
     for (int l = 0; l < hp->n_layer; l++) {
         const tk_layer *L = &m->layers[l];
         const int nr = trim && l == hp->n_layer - 1 ? sh->n_out : n;
@@ -64,19 +64,31 @@ void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8,
 /* Pairs of a query at position p with positions [from, p]. */
 static uint64_t pairs_from(int from, int p) { return (uint64_t)(p - from + 1); }
 
-fwd_step_shape fwd_step_shape_of(int n_seq, int n, int pos0, int block) {
-    fwd_step_shape sh = {.n_tok = n_seq * n, .n_out = n_seq};
-    const uint64_t q = (uint64_t)n_seq, last = (uint64_t)pos0 + (uint64_t)n - 1;
-    sh.kv_tokens = q * (last + 1);
-    sh.attn_pairs_out = q * pairs_from(0, (int)last);
+void fwd_step_shape_add(fwd_step_shape *sh, int n, int pos0, int n_logits, int block) {
+    const int last = pos0 + n - 1;
+    sh->n_tok += n;
+    sh->n_out += n_logits;
+    sh->kv_tokens += (uint64_t)last + 1;
     for (int i = 0; i < n; i++) {
         const int p = pos0 + i;
-        sh.attn_pairs += q * pairs_from(0, p);
-        if (block > 0) sh.own_pairs += q * pairs_from(p - p % block, p);
+        const bool out = i >= n - n_logits;
+        sh->attn_pairs += pairs_from(0, p);
+        if (out) sh->attn_pairs_out += pairs_from(0, p);
+        if (block <= 0) continue;
+        sh->own_pairs += pairs_from(p - p % block, p);
+        if (out) sh->own_pairs_out += pairs_from(p - p % block, p);
     }
-    if (block > 0) {
-        sh.own_tokens = q * (last + 1 - (uint64_t)(pos0 - pos0 % block));
-        sh.own_pairs_out = q * pairs_from((int)(last - last % (uint64_t)block), (int)last);
-    }
+    if (block > 0) sh->own_tokens += (uint64_t)last + 1 - (uint64_t)(pos0 - pos0 % block);
+}
+
+fwd_step_shape fwd_step_shape_of(int n_seq, int n, int pos0, int block) {
+    fwd_step_shape sh = {0};
+    for (int s = 0; s < n_seq; s++) fwd_step_shape_add(&sh, n, pos0, 1, block);
     return sh;
+}
+
+double fwd_stage_floor_s(const fwd_stage_cost *c, double gbs, const double peak[TK_PEAK_COUNT]) {
+    const double pk = peak[c->peak];
+    const double fb = gbs > 0 ? (double)c->bytes / (gbs * 1e9) : 0, fo = pk > 0 ? c->ops / (pk * 1e9) : 0;
+    return fb > fo ? fb : fo;
 }

@@ -76,16 +76,20 @@ typedef struct fwd_stage_cost {
  * reads own_tokens of those positions (a sequence's, from the start of its
  * first token's block: its records reach them first) and does own_pairs of
  * every layer's pairs (a query's, from the start of its own block), and the
- * attention stage the rest; 0 without records. */
+ * attention stage the rest; 0 without records. untrimmed: the last layer
+ * runs for every token (the unfused plan, or an observer). */
 typedef struct fwd_step_shape {
     int n_tok, n_out;
     uint64_t kv_tokens, attn_pairs, attn_pairs_out;
     uint64_t own_tokens, own_pairs, own_pairs_out;
+    bool untrimmed;
 } fwd_step_shape;
 
-/* The shape of a step of n_seq sequences, each with n tokens from position
- * pos0 and its last token wanted; block: the KV block size when queries read
- * their own block through records, else 0. */
+/* Adds to *sh one sequence of n tokens from position pos0, its last
+ * n_logits wanted; block: the KV block size when queries read their own
+ * block through records, else 0. */
+void fwd_step_shape_add(fwd_step_shape *sh, int n, int pos0, int n_logits, int block);
+/* The shape of a step of n_seq such sequences, each with its last token wanted. */
 fwd_step_shape fwd_step_shape_of(int n_seq, int n, int pos0, int block);
 
 struct tk_model;
@@ -94,6 +98,10 @@ struct tk_model;
  * context (all layers); kv_int8: INT8 KV (its dot products run in int8). */
 void fwd_prof_costs(const struct tk_model *m, size_t kv_bytes_tok, bool kv_int8, const fwd_step_shape *sh,
                     fwd_stage_cost out[FWD_ST_COUNT]);
+
+/* A stage's floor in seconds: max(bytes / (gbs GB/s), ops / its peak in
+ * GOP/s, peak[c->peak]); a limit <= 0 leaves its part out. */
+double fwd_stage_floor_s(const fwd_stage_cost *c, double gbs, const double peak[TK_PEAK_COUNT]);
 
 /* "qkv", "attention", ... (stable: the JSON keys of tokamak profile). */
 const char *fwd_stage_name(fwd_stage s);

@@ -41,6 +41,7 @@ grep -q "read bandwidth" "$dir/probe.md" || fail "--probe prints no bandwidth"
 "$TK_CLI" bench -m "$model" --in 8 --out 6 --batch 1,3 --requests 3 --repeat 2 --warmup 1 --threads 1 -q \
   --json "$dir/r.json" --csv "$dir/r.csv" --plot "$dir/r.png" >"$dir/r.md"
 grep -q "| concurrency | TTFT mean" "$dir/r.md" || fail "no markdown table"
+grep -q "| roofline % | x floor |" "$dir/r.md" || fail "no x floor column"
 grep -q "commit " "$dir/r.md" || fail "no commit in the report"
 [ "$(wc -l <"$dir/r.csv")" -eq 5 ] || fail "csv: want header + 2 levels x 2 repeats"
 command -v gnuplot >/dev/null || fail "gnuplot is not installed (scripts/deps.sh installs gnuplot-nox)"
@@ -55,11 +56,12 @@ for k in ("git_commit", "date", "machine", "model", "options", "series"):
 for k in ("cpu", "features", "isa", "n_cores", "probe"):
     assert k in r["machine"], k
 assert r["machine"]["probe"]["read_bw_gbs"] > 0
+assert r["machine"]["probe"]["peak_gops_int8"] > 0 and r["machine"]["probe"]["peak_gflops_bf16"] >= 0
 assert r["model"]["weight_dtype"] == "bf16"
 metrics = ["ttft_mean_ms", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p50_ms",
            "tpot_p95_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p95_ms", "itl_p99_ms", "e2e_mean_ms", "e2e_p99_ms",
            "output_tok_s", "total_tok_s", "requests_s", "mean_output_len", "kv_peak_blocks", "kv_peak_mb",
-           "decode_read_gb_s", "roofline_pct", "duration_s"]
+           "decode_read_gb_s", "roofline_pct", "decode_x_floor", "duration_s"]
 (s,) = r["series"]
 assert s["engine"]["n_threads"] == 1, s["engine"]
 # the engine (and its KV pool) sized for the largest level, not the default 32
@@ -109,6 +111,12 @@ for p in s["points"]:
             assert close(m["decode_read_gb_s"], b / t / 1e9)
             # capped at 100: a run faster than its probe is the probe's shortfall
             assert close(m["roofline_pct"], min(100.0, 100 * b / t / 1e9 / run["read_bw_gbs"]))
+            # each step's floor: at least its bytes at the run's bandwidth; the
+            # ratio over the same steps, at least 1 the same way
+            for st in full:
+                assert st["floor_s"] >= st["bytes"] / run["read_bw_gbs"] / 1e9 * (1 - 1e-9), st
+            fl = sum(st["floor_s"] for st in full)
+            assert close(m["decode_x_floor"], max(1.0, t / fl)), (m["decode_x_floor"], t, fl)
 print("json ok")
 PY
 

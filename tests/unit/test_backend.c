@@ -403,6 +403,45 @@ static void test_backend_block_cow(void **state) {
 /* runner_feed: a prompt longer than a step goes in steps of max_tokens with
  * the last token's logits out, as the same steps by hand give them; nothing
  * to feed, or no tokens, is refused. */
+/* The CPU backend's floor terms for the engine's step log: what a step's
+ * stages read adds up to last_bytes, the first term only reads, and every
+ * stage with multiply-adds has a term of its own (per-head INT8 KV: the
+ * own-block records' kv_store too), judged by the peak its kernels run at. */
+static void test_backend_floor_terms(void **state) {
+    (void)state;
+    fixture f;
+    fix_init_type(&f, TK_DTYPE_Q8_0);
+    const int kinds[2] = {1, 4}; /* f16; int8 per head */
+    const int compute[2] = {6, 7};
+    for (int k = 0; k < 2; k++) {
+        backend be;
+        be_make(&f, &KINDS[kinds[k]], 8, 2, &be);
+        assert_non_null(be.last_floor_terms);
+        runner *r = run_make(&be);
+        float *lg = malloc((size_t)f.V * sizeof(float));
+        step(r, TOKS, 20, 1, lg);
+        tk_floor_term t[TK_STEP_TERMS];
+        be.last_floor_terms(be.ctx, t);
+        uint64_t bytes = 0;
+        int n_ops = 0, n_int8 = 0;
+        for (int i = 0; i < TK_STEP_TERMS; i++) {
+            bytes += t[i].bytes;
+            n_ops += t[i].ops > 0;
+            n_int8 += t[i].ops > 0 && t[i].peak == TK_FLOOR_INT8;
+        }
+        assert_int_equal(bytes, be.last_bytes(be.ctx));
+        assert_true(t[0].bytes > 0 && t[0].ops == 0);
+        assert_int_equal(n_ops, compute[k]);
+        assert_int_equal(n_int8, k == 1 ? 7 : 5); /* Q8_0 projections; INT8 KV's attention */
+        const tk_floor_limits lim = {.read_gbs = 50, .peak_gops = {100, 1000, 0}};
+        assert_true(tk_step_floor_s(t, &lim) >= (double)bytes / 50e9);
+        free(lg);
+        runner_free(r);
+        backend_free(&be);
+    }
+    fix_free(&f);
+}
+
 static void test_backend_feed(void **state) {
     (void)state;
     fixture f;
@@ -625,6 +664,7 @@ int main(void) {
         cmocka_unit_test(test_backend_truncate_int8_head_needs_rewrite),
         cmocka_unit_test(test_backend_fork),
         cmocka_unit_test(test_backend_block_cow),
+        cmocka_unit_test(test_backend_floor_terms),
         cmocka_unit_test(test_backend_feed),
         cmocka_unit_test(test_backend_bad_calls),
         cmocka_unit_test(test_backend_run_each),

@@ -155,6 +155,49 @@ static void test_bench_level_metrics(void **state) {
     bench_level_free(&l);
 }
 
+/* The decode floor ratio: the same steps as the roofline, each step's floor
+ * the sum over its terms of max(bytes / bandwidth, ops / the term's peak);
+ * restated at another bandwidth; at least 1; NaN without terms. */
+static void test_bench_level_floor(void **state) {
+    (void)state;
+    bench_level l;
+    make_level(&l, 3);                   /* two steps of 0.1 s at the level's concurrency, read at 40 GB/s */
+    assert_true(isnan(l.m[BM_X_FLOOR])); /* no terms: not known */
+    l.peak_gops[TK_FLOOR_INT8] = 1000;
+    /* step 0: 1 GB that only reads (25 ms at 40 GB/s) and 40 G int8 ops
+     * (40 ms at 1000 GOP/s); step 1: 3 GB (75 ms) */
+    l.steps[0].terms[0] = (tk_floor_term){.bytes = 1000000000ull};
+    l.steps[0].terms[1] = (tk_floor_term){.ops = 40e9, .peak = TK_FLOOR_INT8};
+    l.steps[1].terms[0] = (tk_floor_term){.bytes = 3000000000ull};
+    const tk_floor_limits lim = {.read_gbs = 40, .peak_gops = {[TK_FLOOR_INT8] = 1000}};
+    assert_near(tk_step_floor_s(l.steps[0].terms, &lim), 0.065, 1e-12);
+    assert_near(tk_step_floor_s(NULL, &lim), 0, 0);
+    assert_int_equal(bench_level_finalize(&l), TK_OK);
+    assert_near(l.m[BM_X_FLOOR], 0.2 / 0.14, 1e-9);
+    /* a tail step of one sequence is left out, as from the roofline */
+    bench_step *more = tk_realloc(l.steps, 3 * sizeof *l.steps);
+    assert_non_null(more);
+    l.steps = more;
+    l.steps[2] = (bench_step){.t = 0.4, .bytes = 9000000000ull, .time = 0.1, .running = 1};
+    l.steps[2].terms[0] = (tk_floor_term){.bytes = 9000000000ull};
+    l.n_steps = 3;
+    assert_int_equal(bench_level_finalize(&l), TK_OK);
+    assert_near(l.m[BM_X_FLOOR], 0.2 / 0.14, 1e-9);
+    /* a faster probe: the reads' parts halve, the int8 term's stays */
+    bench_level_restate(&l, 80);
+    assert_near(l.read_bw_gbs, 80, 0);
+    assert_near(l.m[BM_ROOF_PCT], 25, 1e-9);
+    assert_near(l.m[BM_X_FLOOR], 0.2 / (0.0125 + 0.04 + 0.0375), 1e-9);
+    /* an unknown peak leaves its part out */
+    l.peak_gops[TK_FLOOR_INT8] = 0;
+    bench_level_restate(&l, 80);
+    assert_near(l.m[BM_X_FLOOR], 0.2 / 0.05, 1e-9);
+    /* steps faster than their floor: the probe under-read, shown as 1 */
+    bench_level_restate(&l, 10);
+    assert_near(l.m[BM_X_FLOOR], 1, 0);
+    bench_level_free(&l);
+}
+
 static void test_bench_single_token_has_no_tpot(void **state) {
     (void)state;
     bench_request r;
@@ -490,13 +533,21 @@ static void test_bench_probe_sane(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bench_percentile_numpy), cmocka_unit_test(test_bench_summary_nan_and_empty),
-        cmocka_unit_test(test_bench_level_metrics),    cmocka_unit_test(test_bench_single_token_has_no_tpot),
-        cmocka_unit_test(test_bench_point_median),     cmocka_unit_test(test_bench_metric_names),
-        cmocka_unit_test(test_bench_ablation_ratios),  cmocka_unit_test(test_bench_json_report),
-        cmocka_unit_test(test_bench_csv_and_markdown), cmocka_unit_test(test_bench_plot),
-        cmocka_unit_test(test_bench_probe_sane),       cmocka_unit_test(test_bench_window_gaps),
-        cmocka_unit_test(test_bench_bg_finalize),      cmocka_unit_test(test_bench_probe_shortfall),
+        cmocka_unit_test(test_bench_percentile_numpy),
+        cmocka_unit_test(test_bench_summary_nan_and_empty),
+        cmocka_unit_test(test_bench_level_metrics),
+        cmocka_unit_test(test_bench_level_floor),
+        cmocka_unit_test(test_bench_single_token_has_no_tpot),
+        cmocka_unit_test(test_bench_point_median),
+        cmocka_unit_test(test_bench_metric_names),
+        cmocka_unit_test(test_bench_ablation_ratios),
+        cmocka_unit_test(test_bench_json_report),
+        cmocka_unit_test(test_bench_csv_and_markdown),
+        cmocka_unit_test(test_bench_plot),
+        cmocka_unit_test(test_bench_probe_sane),
+        cmocka_unit_test(test_bench_window_gaps),
+        cmocka_unit_test(test_bench_bg_finalize),
+        cmocka_unit_test(test_bench_probe_shortfall),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

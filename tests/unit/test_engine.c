@@ -281,6 +281,9 @@ static void test_engine_single_request(void **state) {
         sum_prompt += (uint64_t)log[i].prompt_tokens;
         sum_out += (uint64_t)log[i].out_tokens;
         n_dec += log[i].prompt_tokens == 0 && log[i].out_tokens > 0 && log[i].seconds > 0;
+        /* a backend that does not say what its steps read leaves no floor */
+        const tk_floor_limits lim = {.read_gbs = 10, .peak_gops = {10, 10, 10}};
+        assert_true(tk_step_floor_s(log[i].floor_terms, &lim) == 0);
     }
     assert_int_equal(sum_prompt, s.prompt_tokens);
     assert_int_equal(sum_out, s.output_tokens);

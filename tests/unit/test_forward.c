@@ -13,6 +13,7 @@
 #include "core/pool.h"
 #include "isa_level.h"
 #include "model/forward.h"
+#include "model/fwd_prof.h"
 #include "test_model_fixture.h"
 
 #define BS      16
@@ -669,6 +670,72 @@ static void test_forward_bf16_dot(void **state) {
     fx_free(&fx);
 }
 
+/* The (query, position) pairs of tokens [from, from + n) of a sequence, each
+ * with its context up to itself, or (block > 0) from its own block's start. */
+static double pairs_of(int from, int n, int block) {
+    double s = 0;
+    for (int p = from; p < from + n; p++) s += block > 0 ? p % block + 1 : p + 1;
+    return s;
+}
+
+/* fwd_last_costs, what the bench's floors are taken from: zero before a
+ * step; after a mixed step of prompts of two lengths, the stages' bytes add
+ * up to fwd_last_bytes and attention's operations (with own-block records,
+ * kv_store's too) to 4 x heads x head_dim per pair, counted here pair by
+ * pair (the last layer for the wanted tokens alone); a step of equal
+ * decodes costs what tokamak profile's shape of it does. */
+static void test_forward_last_costs(void **state) {
+    (void)state;
+    fx_model fx;
+    fx_build(&fx, TK_ARCH_QWEN3, TK_DTYPE_Q8_0, TK_NAMING_HF);
+    tk_model *m;
+    assert_int_equal(fx_open(&fx, NULL, &m), TK_OK);
+    const tk_hparams *hp = &m->hp;
+    const double per_pair = 4.0 * hp->n_head * hp->head_dim;
+    const tk_kv_type kvt[2] = {TK_KV_F16, TK_KV_INT8};
+    for (int k = 0; k < 2; k++) {
+        harness h;
+        h_init(&h, m, 2, false, kvt[k]);
+        const int block = kvt[k] == TK_KV_INT8 ? BS : 0; /* per-head INT8 keeps own-block records */
+        const size_t kv_tok = kv_bytes_per_token(kv_opts(h.kv));
+        fwd_stage_cost c[FWD_ST_COUNT], want[FWD_ST_COUNT];
+        fwd_last_costs(h.f, c);
+        for (int s = 0; s < FWD_ST_COUNT; s++) assert_true(c[s].bytes == 0 && c[s].ops == 0);
+        float *lg = malloc(4 * (size_t)hp->n_vocab * sizeof(float));
+        int seqs[2] = {0, 1};
+        int32_t n[2] = {14, 5};
+        h_step(&h, 2, seqs, n, PROMPT, lg);
+        fwd_last_costs(h.f, c);
+        uint64_t bytes = 0;
+        for (int s = 0; s < FWD_ST_COUNT; s++) bytes += c[s].bytes;
+        assert_int_equal(bytes, fwd_last_bytes(h.f));
+        const double all = pairs_of(0, 14, 0) + pairs_of(0, 5, 0), out = 14 + 5;
+        const double own = pairs_of(0, 14, block) + pairs_of(0, 5, block);
+        const double own_out = block ? 13 % block + 1 + 4 % block + 1 : 0;
+        const double attn = (hp->n_layer - 1) * all + out,
+                     rec = block ? (hp->n_layer - 1) * own + own_out : 0;
+        assert_true(fabs(c[FWD_ST_ATTN].ops + c[FWD_ST_KV_STORE].ops - per_pair * attn) <
+                    1e-6 * per_pair * attn);
+        assert_true(fabs(c[FWD_ST_KV_STORE].ops - per_pair * rec) < 1e-6 * per_pair * (rec + 1));
+        /* seqs 2 and 3 to the same length, then one decode each */
+        int two[2] = {2, 3};
+        int32_t n3[2] = {3, 3}, n1[2] = {1, 1};
+        h_step(&h, 2, two, n3, PROMPT, lg);
+        h_step(&h, 2, two, n1, PROMPT, lg);
+        fwd_last_costs(h.f, c);
+        const fwd_step_shape sh = fwd_step_shape_of(2, 1, 3, block);
+        fwd_prof_costs(m, kv_tok, kvt[k] == TK_KV_INT8, &sh, want);
+        for (int s = 0; s < FWD_ST_COUNT; s++) {
+            assert_int_equal(c[s].bytes, want[s].bytes);
+            assert_true(c[s].ops == want[s].ops && c[s].peak == want[s].peak);
+        }
+        free(lg);
+        h_free(&h);
+    }
+    tk_model_free(m);
+    fx_free(&fx);
+}
+
 /* Bad batches are refused before the KV cache is touched. */
 static void test_forward_batch_checks(void **state) {
     (void)state;
@@ -729,6 +796,7 @@ int main(void) {
         cmocka_unit_test(test_forward_repack),
         cmocka_unit_test(test_forward_q8_coarse),
         cmocka_unit_test(test_forward_bf16_dot),
+        cmocka_unit_test(test_forward_last_costs),
         cmocka_unit_test(test_forward_batch_checks),
     };
     return cmocka_run_group_tests_name(isa_level_name(), tests, NULL, NULL);
