@@ -39,7 +39,9 @@ _Static_assert((int)TK_FLOOR_F32 == (int)TK_PEAK_F32 && (int)TK_FLOOR_INT8 == (i
 
 /* The last step's stage costs as floor terms: each stage with multiply-adds
  * its own term, the stages that only read summed into the first (their
- * floors add: bytes over one bandwidth). */
+ * floors add: bytes over one bandwidth). The fused plan has seven stages
+ * with multiply-adds (test_backend_floor_terms counts them): TK_STEP_TERMS
+ * must grow with it. */
 static void cb_floor_terms(void *c, tk_floor_term *out) {
     fwd_stage_cost cost[FWD_ST_COUNT];
     fwd_last_costs(((cpu_be *)c)->fwd, cost);

@@ -252,6 +252,8 @@ tk_status bench_level_finalize(bench_level *l);
 /* The level's decode figures (read rate, roofline, floor ratio) from its
  * steps, against read_gbs (which becomes l->read_bw_gbs) and l->peak_gops. */
 void bench_level_restate(bench_level *l, double read_gbs);
+/* The limits l's floors are taken at: l->read_bw_gbs and l->peak_gops. */
+tk_floor_limits bench_level_limits(const bench_level *l);
 /* The gaps of one stream's ascending token times tok_t[0..n_tok) that end
  * inside the window (w0, w1]: written to gaps (room for n_tok - 1), counted
  * in the return value; *mean is their mean, NaN when there is none. A gap that

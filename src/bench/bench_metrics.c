@@ -122,11 +122,16 @@ static bool steady_only(const bench_level *l) {
     return false;
 }
 
+tk_floor_limits bench_level_limits(const bench_level *l) {
+    tk_floor_limits lim = {.read_gbs = l->read_bw_gbs};
+    memcpy(lim.peak_gops, l->peak_gops, sizeof lim.peak_gops);
+    return lim;
+}
+
 void bench_level_restate(bench_level *l, double read_gbs) {
     double *m = l->m;
     l->read_bw_gbs = read_gbs;
-    const tk_floor_limits lim = {.read_gbs = read_gbs,
-                                 .peak_gops = {l->peak_gops[0], l->peak_gops[1], l->peak_gops[2]}};
+    const tk_floor_limits lim = bench_level_limits(l);
     /* Aggregates, not means of per-step ratios: long steps weigh by their time. */
     const bool steady = steady_only(l);
     double bytes = 0, secs = 0, floor = 0;

@@ -491,8 +491,7 @@ static cJSON *js_level(const bench_level *l) {
         cJSON_AddStringToObject(j, "message", k->message);
         cJSON_AddItemToArray(errs, j);
     }
-    const tk_floor_limits lim = {.read_gbs = l->read_bw_gbs,
-                                 .peak_gops = {l->peak_gops[0], l->peak_gops[1], l->peak_gops[2]}};
+    const tk_floor_limits lim = bench_level_limits(l);
     js_num(o, "peak_gflops_f32", l->peak_gops[TK_FLOOR_F32]);
     js_num(o, "peak_gops_int8", l->peak_gops[TK_FLOOR_INT8]);
     js_num(o, "peak_gflops_bf16", l->peak_gops[TK_FLOOR_BF16]);
