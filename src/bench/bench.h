@@ -252,6 +252,8 @@ tk_status bench_level_finalize(bench_level *l);
 /* The level's decode figures (read rate, roofline, floor ratio) from its
  * steps, against read_gbs (which becomes l->read_bw_gbs) and l->peak_gops. */
 void bench_level_restate(bench_level *l, double read_gbs);
+/* The most sequences any of l's pure decode steps ran (0: no step). */
+int bench_level_max_running(const bench_level *l);
 /* The limits l's floors are taken at: l->read_bw_gbs and l->peak_gops. */
 tk_floor_limits bench_level_limits(const bench_level *l);
 /* The gaps of one stream's ascending token times tok_t[0..n_tok) that end

@@ -122,6 +122,13 @@ static bool steady_only(const bench_level *l) {
     return false;
 }
 
+int bench_level_max_running(const bench_level *l) {
+    int mx = 0;
+    for (size_t i = 0; i < l->n_steps; i++)
+        if (l->steps[i].running > mx) mx = l->steps[i].running;
+    return mx;
+}
+
 tk_floor_limits bench_level_limits(const bench_level *l) {
     tk_floor_limits lim = {.read_gbs = l->read_bw_gbs};
     memcpy(lim.peak_gops, l->peak_gops, sizeof lim.peak_gops);

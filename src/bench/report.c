@@ -48,6 +48,27 @@ void report_probe(const bench_info *in, FILE *f) {
     fprintf(f, "\n");
 }
 
+/* A closed-loop level whose pure decode steps never ran all its requests
+ * at once: its decode figures are over every decode step (bench_metrics.c),
+ * and the report says how many ran together. */
+static void md_unfilled(const bench_series *s, FILE *f) {
+    for (int i = 0; i < s->n_points; i++) {
+        const bench_point *p = &s->points[i];
+        if (p->concurrency <= 0 || p->n_rep == 0) continue;
+        int mx = 0;
+        for (int r = 0; r < p->n_rep; r++) {
+            const int m = bench_level_max_running(&p->rep[r]);
+            if (r == 0 || m < mx) mx = m;
+        }
+        if (mx <= 0 || mx >= p->concurrency) continue;
+        fprintf(f,
+                "\nconcurrency %d: at most %d sequences decoded together in a pure decode step (the step "
+                "budget admits queued prompts beside the running decodes; --step-ms trades their ITL for "
+                "more at once), so its decode GB/s, roofline and x floor are over all its decode steps.\n",
+                p->concurrency, mx);
+    }
+}
+
 static void md_cell(FILE *f, double v, int prec) {
     if (isnan(v))
         fprintf(f, " - |");
@@ -234,6 +255,7 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
                 "\n**!** some request produced a different number of tokens than --out %d: its level's "
                 "throughput and TPOT are not comparable.\n",
                 r->opts.n_out);
+    md_unfilled(s, f);
     md_errors(s, rate, f);
     if (r->opts.n_bg > 0) md_background(r, s, f);
     if (r->opts.repeat > 1) {
@@ -495,6 +517,7 @@ static cJSON *js_level(const bench_level *l) {
     js_num(o, "peak_gflops_f32", l->peak_gops[TK_FLOOR_F32]);
     js_num(o, "peak_gops_int8", l->peak_gops[TK_FLOOR_INT8]);
     js_num(o, "peak_gflops_bf16", l->peak_gops[TK_FLOOR_BF16]);
+    cJSON_AddNumberToObject(o, "max_decoding", bench_level_max_running(l));
     cJSON *steps = cJSON_AddArrayToObject(o, "decode_steps");
     for (size_t i = 0; i < l->n_steps; i++) {
         cJSON *j = cJSON_CreateObject();

@@ -105,6 +105,7 @@ for p in s["points"]:
         # that decode the whole level (all when none does).
         for st in run["decode_steps"]:
             assert st["bytes"] > 0 and st["time_s"] > 0 and st["running"] >= 1
+        assert run["max_decoding"] == max([st["running"] for st in run["decode_steps"]] or [0])
         full = [st for st in run["decode_steps"] if st["running"] >= p["concurrency"]] or run["decode_steps"]
         if full:
             b = sum(st["bytes"] for st in full); t = sum(st["time_s"] for st in full)

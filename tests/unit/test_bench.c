@@ -174,6 +174,7 @@ static void test_bench_level_floor(void **state) {
     assert_near(tk_step_floor_s(NULL, &lim), 0, 0);
     assert_int_equal(bench_level_finalize(&l), TK_OK);
     assert_near(l.m[BM_X_FLOOR], 0.2 / 0.14, 1e-9);
+    assert_int_equal(bench_level_max_running(&l), 2);
     /* a tail step of one sequence is left out, as from the roofline */
     bench_step *more = tk_realloc(l.steps, 3 * sizeof *l.steps);
     assert_non_null(more);
@@ -442,11 +443,15 @@ static void test_bench_csv_and_markdown(void **state) {
     unlink(path);
 
     tmp_path(path, sizeof path, "r.md");
+    /* a level of 4 whose decode steps ran 2 sequences: said so */
+    r.series[1].points[1].concurrency = 4;
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     report_markdown(&r, f);
     fclose(f);
     text = read_all(path);
+    assert_non_null(strstr(text, "concurrency 4: at most 2 sequences decoded together"));
+    assert_null(strstr(text, "concurrency 2: at most"));
     assert_non_null(strstr(text, "commit abc1234"));
     assert_non_null(strstr(text, "| concurrency | TTFT mean"));
     assert_non_null(strstr(text, "## Ablation"));
