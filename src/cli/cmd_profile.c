@@ -44,6 +44,7 @@
 
 typedef struct pf_args {
     int batch, steps, prefill;
+    int ctx_spread; /* decode: the sequences' contexts spread evenly over this many positions */
     double bw, peak_int8, peak_f32, peak_bf16;
     const char *json;
     bool stage_cpu;
@@ -65,6 +66,14 @@ static const cli_opt PF_ROWS_OPT[] = {
      .off = offsetof(pf_args, batch),
      .lo = 1,
      .hi = 1024},
+    {.name = "--ctx-spread",
+     .arg = "S",
+     .help = "decode: sequence q of B holds --ctx - S/2 + q S/(B-1) tokens, contexts spread evenly\n"
+             "over S as a served batch's differ (default 0: every sequence at --ctx)",
+     .kind = CLI_INT,
+     .off = offsetof(pf_args, ctx_spread),
+     .lo = 0,
+     .hi = 1 << 20},
     {.name = "--prefill",
      .arg = "N",
      .help = "time N-token prefill chunks of one sequence at context --ctx instead of decode steps",
@@ -316,10 +325,17 @@ typedef struct pf_run {
     const char *weight_dtype;
     const char *kv_type;
     int batch, ctx, steps, threads;
+    int ctx_spread; /* --ctx-spread */
     int prefill;    /* tokens of the timed chunk; 0: decode steps */
     bool even_rows; /* --even-rows: the row-split projections in even shares */
     bool stage_cpu; /* --stage-cpu: the stages' CPU times were read */
 } pf_run;
+
+/* Sequence q of batch's context offset from --ctx with --ctx-spread S:
+ * -S/2 for the first, S - S/2 for the last, even steps between. */
+static int spread_off(int spread, int q, int batch) {
+    return batch > 1 ? -spread / 2 + (int)((int64_t)q * spread / (batch - 1)) : 0;
+}
 
 /* Tokens a timed step processes. */
 static int run_tokens(const pf_run *ru) { return ru->prefill > 0 ? ru->prefill : ru->batch; }
@@ -332,6 +348,12 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
                "%s, "
                "%d timed chunks (medians)\n",
                ru->model, ru->weight_dtype, ru->threads, ru->prefill, ru->ctx, ru->kv_type, ru->steps);
+    else if (ru->ctx_spread > 0)
+        printf("- model %s (%s weights), %d threads, batch %d at contexts %d-%d (spread evenly), KV %s, %d "
+               "timed decode steps (medians)\n",
+               ru->model, ru->weight_dtype, ru->threads, ru->batch,
+               ru->ctx + spread_off(ru->ctx_spread, 0, ru->batch),
+               ru->ctx + spread_off(ru->ctx_spread, ru->batch - 1, ru->batch), ru->kv_type, ru->steps);
     else
         printf("- model %s (%s weights), %d threads, batch %d at context %d, KV %s, %d timed decode steps "
                "(medians)\n",
@@ -441,6 +463,7 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(root, "threads", ru->threads);
     cJSON_AddNumberToObject(root, "batch", ru->batch);
     cJSON_AddNumberToObject(root, "ctx", ru->ctx);
+    cJSON_AddNumberToObject(root, "ctx_spread", ru->ctx_spread);
     cJSON_AddNumberToObject(root, "prefill", ru->prefill);
     cJSON_AddNumberToObject(root, "steps", ru->steps);
     cJSON *pr = cJSON_AddObjectToObject(root, "probe");
@@ -532,6 +555,7 @@ typedef struct pf_state {
     int32_t **bt; /* (batch) block tables */
     int32_t *tok, *n, *pos0, *n_logits;
     int32_t *chunk; /* (prefill) the timed chunk's tokens; NULL for decode */
+    int spread;     /* --ctx-spread */
     float *logits;  /* (batch, n_vocab) */
     float *prompt_logits;
     tk_sampler **smp; /* (batch) */
@@ -606,7 +630,9 @@ static tk_status build_context(pf_state *s, int batch, int ctx, int nb_seq, int 
 static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch, int ctx, int steps,
                           int prefill, int *nb_seq) {
     const tk_engine_opts *e = &o->engine;
-    int64_t total = (int64_t)ctx + (prefill > 0 ? prefill : PF_WARMUP + steps);
+    /* every sequence's context is a prefix of the longest one's */
+    const int built = ctx + spread_off(s->spread, batch - 1, batch);
+    int64_t total = (int64_t)built + (prefill > 0 ? prefill : PF_WARMUP + steps);
     int bs = e->block_size;
     const int64_t nbs64 = (total + bs - 1) / bs;
     if (nbs64 * batch > (1 << 30)) return tk_fail(TK_ERR_RANGE, "profile: too many KV blocks");
@@ -668,7 +694,7 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
         sp.seed += (uint64_t)q;
         if ((st = sampler_init(&sp, V, &s->smp[q])) != TK_OK) return st;
     }
-    return build_context(s, batch, ctx, nbs, V);
+    return build_context(s, batch, built, nbs, V);
 }
 
 /* Sample sequence q's next token (on the backend's threads, as the engine does). */
@@ -686,7 +712,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     int V = be->n_vocab, nth = be->n_threads;
     for (int q = 0; q < batch; q++) {
         s->n[q] = prefill > 0 ? prefill : 1;
-        s->pos0[q] = pos;
+        s->pos0[q] = pos + spread_off(s->spread, q, batch);
         s->n_logits[q] = 1;
     }
     const int n_tok = prefill > 0 ? prefill : batch;
@@ -752,8 +778,9 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     if (i == 0) {
         d->fwd_bytes = be->last_bytes ? be->last_bytes(be->ctx) : 0;
         /* each token attends to the context before it and to itself */
-        fwd_step_shape sh = fwd_step_shape_of(batch, prefill > 0 ? prefill : 1, pos,
-                                              backend_kv_rescales(be) ? be->block_size : 0);
+        fwd_step_shape sh = {0};
+        for (int q = 0; q < batch; q++)
+            fwd_step_shape_add(&sh, s->n[q], s->pos0[q], 1, backend_kv_rescales(be) ? be->block_size : 0);
         fwd_prof_costs(m, be->kv_bytes_per_token, be->kv_type == TK_KV_INT8, &sh, d->cost);
         d->cost[PF_SAMPLE] = (fwd_stage_cost){.bytes = (uint64_t)batch * (uint64_t)V * sizeof(float)};
     }
@@ -885,8 +912,8 @@ int cmd_profile(int argc, char **argv) {
         return 2;
     }
     if (pa.kernels) {
-        static const char *const step_only[] = {"--batch", "--prefill", "--steps",
-                                                "--ctx",   "--kv-type", "--stage-cpu"};
+        static const char *const step_only[] = {"--batch",   "--prefill",   "--steps",     "--ctx",
+                                                "--kv-type", "--stage-cpu", "--ctx-spread"};
         for (size_t i = 0; i < sizeof step_only / sizeof step_only[0]; i++)
             if (cli_opts_given(&o, step_only[i])) {
                 cli_error(&PF_CMD, "%s is for steps; --kernels times the weight kernels alone", step_only[i]);
@@ -896,8 +923,14 @@ int cmd_profile(int argc, char **argv) {
         cli_error(&PF_CMD, "--tokens and --rounds go with --kernels");
         return 2;
     }
-    if (pa.prefill > 0 && cli_opts_given(&o, "--batch")) {
-        cli_error(&PF_CMD, "--prefill times one sequence's chunks; --batch is for decode steps");
+    if (pa.prefill > 0 && (cli_opts_given(&o, "--batch") || cli_opts_given(&o, "--ctx-spread"))) {
+        cli_error(&PF_CMD,
+                  "--prefill times one sequence's chunks; --batch and --ctx-spread are for decode steps");
+        return 2;
+    }
+    if (pa.ctx_spread > 0 && pa.ctx_spread / 2 >= o.engine.ctx) {
+        cli_error(&PF_CMD, "--ctx-spread %d: the shortest context would be %d; it needs --ctx above %d",
+                  pa.ctx_spread, o.engine.ctx - pa.ctx_spread / 2, pa.ctx_spread / 2);
         return 2;
     }
     int batch = pa.prefill > 0 ? 1 : pa.batch, steps = pa.steps, ctx = o.engine.ctx, prefill = pa.prefill;
@@ -933,6 +966,7 @@ int cmd_profile(int argc, char **argv) {
     }
     pf_state s;
     memset(&s, 0, sizeof s);
+    s.spread = pa.ctx_spread;
     int nb_seq = 0, rc = 1;
     tk_status st = pf_setup(&s, m, &o, batch, ctx, steps, prefill, &nb_seq);
     /* decode steps move on a position each; prefill chunks rewrite the same ones */
@@ -957,6 +991,7 @@ int cmd_profile(int argc, char **argv) {
                      .kv_type = names_str(&NAMES_KV_TYPE, (int)s.be.kv_type),
                      .batch = batch,
                      .ctx = ctx,
+                     .ctx_spread = pa.ctx_spread,
                      .steps = steps,
                      .threads = s.be.n_threads,
                      .prefill = prefill,

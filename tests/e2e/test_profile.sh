@@ -33,6 +33,20 @@ for b in 1 4; do
     grep -q "^- the output, gate/up, down and vocabulary rows were split by each thread's measured speed; shares after the last step: [0-9.]*% / [0-9.]*%$" "$W/p$b.md" ||
         fail "no row shares line (batch $b)"
 done
+# contexts spread over the batch: 32 - 12, -4, +4, +13 (--ctx-spread 25); a spread past --ctx and one with
+# --prefill are refused
+"$TK_CLI" profile -m "$W/m.gguf" --batch 4 --ctx 32 --ctx-spread 25 --steps 2 --kv-type int8 --block-size 128 \
+    --threads 2 --bw 20 --peak-int8 500 --peak-f32 100 --json "$W/pr.json" >"$W/pr.md" || fail "profile --ctx-spread exited $?"
+grep -q "batch 4 at contexts 20-45 (spread evenly)" "$W/pr.md" || fail "profile --ctx-spread: no contexts line"
+for bad in "--ctx-spread 64" "--ctx-spread 4 --prefill 8"; do
+    set +e
+    # shellcheck disable=SC2086
+    "$TK_CLI" profile -m "$W/m.gguf" --ctx 32 $bad >/dev/null 2>"$W/bad.err"
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "profile $bad exited $rc, want 2"
+    [ -s "$W/bad.err" ] || fail "profile $bad printed no message"
+done
 # the rows in halves on request
 "$TK_CLI" profile -m "$W/m.gguf" --batch 4 --ctx 32 --steps 2 --threads 2 --even-rows \
     --bw 20 --peak-int8 500 --peak-f32 100 --json "$W/pe.json" >"$W/pe.md" || fail "profile --even-rows exited $?"
@@ -121,6 +135,11 @@ for b in (1, 4):
     for s in st:
         assert s["ops"] < 1e8 or s["peak_pct"] <= 100.0 + 1e-6, s
 assert json.load(open(w + "/pe.json"))["step"]["row_shares"] == [0.5, 0.5]
+# the spread batch reads the KV of its own contexts: one position more in all than the even batch of 4
+r4, rs = json.load(open(w + "/p4.json")), json.load(open(w + "/pr.json"))
+assert rs["ctx_spread"] == 25 and r4["ctx_spread"] == 0
+assert rs["step"]["bytes"] == r4["step"]["bytes"] + kv8, (rs["step"]["bytes"], r4["step"]["bytes"], kv8)
+assert sum(s["bytes"] for s in rs["stages"] if s["stage"] != "sampling") == rs["step"]["bytes"]
 j = json.load(open(w + "/ps.json"))
 pr = j["probe"]
 assert pr["peak_gops_int8"] == 1 and pr["floor_gops_int8"] > 1 and pr["int8_shortfall_stage"], pr
