@@ -165,7 +165,7 @@ typedef struct level_plan {
     double rate;
     int n_in, n_out;
     uint64_t seed; /* prompts and arrivals of this run */
-    double read_bw_gbs;
+    double read_bw_gbs, read_bw_median_gbs;
     double peak_gops[TK_FLOOR_PEAKS];
     bool measure; /* false for the warm-up */
 } level_plan;
@@ -254,6 +254,7 @@ static tk_status level_run(tk_engine *e, bench_ctx *c, const level_plan *p, benc
     l->concurrency = p->concurrency;
     l->rate = p->rate;
     l->read_bw_gbs = p->read_bw_gbs;
+    l->read_bw_median_gbs = p->read_bw_median_gbs;
     memcpy(l->peak_gops, p->peak_gops, sizeof l->peak_gops);
     ctx_reset(c);
     tk_engine_stats prev, cur;
@@ -567,6 +568,7 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
                              .n_out = o->n_out,
                              .seed = o->seed + 1000003ull * (uint64_t)(i + 1) + 7919ull * (uint64_t)r,
                              .read_bw_gbs = info->read_bw_gbs,
+                             .read_bw_median_gbs = info->read_bw_median_gbs,
                              .peak_gops = {[TK_FLOOR_F32] = info->peak_gflops_f32,
                                            [TK_FLOOR_INT8] = info->peak_gops_int8,
                                            [TK_FLOOR_BF16] = info->peak_gflops_bf16},
@@ -796,7 +798,7 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
         for (int s = 0; s < out->n_series; s++)
             for (int i = 0; i < out->series[s].n_points; i++) {
                 bench_point *p = &out->series[s].points[i];
-                for (int r = 0; r < p->n_rep; r++) bench_level_restate(&p->rep[r], bw);
+                for (int r = 0; r < p->n_rep; r++) bench_level_restate(&p->rep[r], bw, ps.median);
                 bench_point_summarize(p);
             }
     }

@@ -95,6 +95,7 @@ typedef enum bench_metric {
     BM_STEP_GBS,
     BM_ROOF_PCT,
     BM_X_FLOOR,
+    BM_X_FLOOR_MED, /* the same at the probe's median pass */
     BM_DURATION,
     BM_ERRORS, /* requests that failed (loadgen: by status in bench_level.err; bench: always 0) */
     /* The background streams inside the foreground window (NaN without --background). */
@@ -164,6 +165,7 @@ typedef struct bench_level {
     int kv_blocks_total, block_size;
     size_t kv_bytes_per_token;
     double read_bw_gbs;                         /* the probe's bandwidth this run compares with */
+    double read_bw_median_gbs;                  /* that probe's median pass */
     double peak_gops[TK_FLOOR_PEAKS];           /* and its peaks (TK_FLOOR_*; 0: not probed) */
     int n_asked_out;                            /* output tokens asked of each request */
     stats_summary s_ttft, s_tpot, s_itl, s_e2e; /* seconds */
@@ -250,8 +252,10 @@ void bench_request_fill(bench_request *r, double t0, double t_submit, const doub
 /* Derive l->ttft/tpot/itl/e2e summaries and l->m[] from the raw samples. */
 tk_status bench_level_finalize(bench_level *l);
 /* The level's decode figures (read rate, roofline, floor ratio) from its
- * steps, against read_gbs (which becomes l->read_bw_gbs) and l->peak_gops. */
-void bench_level_restate(bench_level *l, double read_gbs);
+ * steps, against read_gbs (which becomes l->read_bw_gbs, the probe's best
+ * pass; median_gbs its median pass, l->read_bw_median_gbs) and
+ * l->peak_gops. */
+void bench_level_restate(bench_level *l, double read_gbs, double median_gbs);
 /* The most sequences any of l's pure decode steps ran (0: no step). */
 int bench_level_max_running(const bench_level *l);
 /* The limits l's floors are taken at: l->read_bw_gbs and l->peak_gops. */

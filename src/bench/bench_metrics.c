@@ -32,6 +32,7 @@ static const char *const METRIC_NAMES[BM_COUNT] = {
     [BM_STEP_GBS] = "decode_read_gb_s",
     [BM_ROOF_PCT] = "roofline_pct",
     [BM_X_FLOOR] = "decode_x_floor",
+    [BM_X_FLOOR_MED] = "decode_x_floor_median_read",
     [BM_DURATION] = "duration_s",
     [BM_ERRORS] = "errors",
     [BM_BG_ITL_P50] = "bg_itl_p50_ms",
@@ -106,7 +107,7 @@ tk_status bench_level_finalize(bench_level *l) {
     m[BM_KV_PEAK_MB] = l->block_size > 0
                            ? (double)l->kv_blocks_peak * l->block_size * (double)l->kv_bytes_per_token / 1e6
                            : NAN;
-    bench_level_restate(l, l->read_bw_gbs);
+    bench_level_restate(l, l->read_bw_gbs, l->read_bw_median_gbs);
     return bench_bg_finalize(l);
 }
 
@@ -135,26 +136,35 @@ tk_floor_limits bench_level_limits(const bench_level *l) {
     return lim;
 }
 
-void bench_level_restate(bench_level *l, double read_gbs) {
+/* At least 1: steps faster than their floor mean the probe under-read the
+ * machine (as the roofline is at most 100%). */
+static double x_floor(double secs, double floor) {
+    return secs > 0 && floor > 0 ? (secs > floor ? secs / floor : 1.0) : NAN;
+}
+
+void bench_level_restate(bench_level *l, double read_gbs, double median_gbs) {
     double *m = l->m;
     l->read_bw_gbs = read_gbs;
+    l->read_bw_median_gbs = median_gbs;
     const tk_floor_limits lim = bench_level_limits(l);
+    tk_floor_limits lim_med = lim;
+    lim_med.read_gbs = median_gbs;
     /* Aggregates, not means of per-step ratios: long steps weigh by their time. */
     const bool steady = steady_only(l);
-    double bytes = 0, secs = 0, floor = 0;
+    double bytes = 0, secs = 0, floor = 0, floor_med = 0;
     for (size_t i = 0; i < l->n_steps; i++) {
         const bench_step *st = &l->steps[i];
         if (steady && st->running < l->concurrency) continue;
         bytes += (double)st->bytes, secs += st->time;
         floor += tk_step_floor_s(st->terms, &lim);
+        floor_med += tk_step_floor_s(st->terms, &lim_med);
     }
     m[BM_STEP_GBS] = secs > 0 ? bytes / secs / 1e9 : NAN;
     /* Capped at 100%: a run that reads faster than the probe shows the probe's
      * shortfall (the report says so), not a roofline above the machine. */
     m[BM_ROOF_PCT] = secs > 0 && read_gbs > 0 ? probe_roofline_pct(m[BM_STEP_GBS], read_gbs, NULL) : NAN;
-    /* At least 1 the same way: steps faster than their floor mean the probe
-     * under-read the machine. */
-    m[BM_X_FLOOR] = secs > 0 && floor > 0 ? (secs > floor ? secs / floor : 1.0) : NAN;
+    m[BM_X_FLOOR] = x_floor(secs, floor);
+    m[BM_X_FLOOR_MED] = median_gbs > 0 ? x_floor(secs, floor_med) : NAN;
 }
 
 void bench_errors_add(bench_errors *e, int status, const char *message) {

@@ -246,6 +246,22 @@ static void md_series(const bench_result *r, const bench_series *s, FILE *f) {
                 "\n**\\*** probe shortfall: run read %.1f GB/s > probe %.1f GB/s. The probe under-read this "
                 "machine: a roofline above it is shown as 100%%.\n",
                 over_gbs, r->info.read_bw_gbs);
+    if (!r->remote.on && r->info.read_bw_median_gbs > 0) {
+        fprintf(f, "\nx floor at the probe's median pass (%.1f GB/s, what the machine gave most of the run):",
+                r->info.read_bw_median_gbs);
+        for (int i = 0; i < s->n_points; i++) {
+            const bench_point *p = &s->points[i];
+            if (rate)
+                fprintf(f, "%s rate %g: ", i ? ";" : "", p->rate);
+            else
+                fprintf(f, "%s concurrency %d: ", i ? ";" : "", p->concurrency);
+            if (isnan(p->med[BM_X_FLOOR_MED]))
+                fprintf(f, "-");
+            else
+                fprintf(f, "%.2f", p->med[BM_X_FLOOR_MED]);
+        }
+        fprintf(f, ".\n");
+    }
     if (any_under)
         fprintf(f,
                 "\n**\\*** x floor: the decode steps took less than their floor at this run's probe, which "
@@ -480,6 +496,7 @@ static cJSON *js_level(const bench_level *l) {
     cJSON_AddNumberToObject(o, "block_size", l->block_size);
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)l->kv_bytes_per_token);
     js_num(o, "read_bw_gbs", l->read_bw_gbs);
+    js_num(o, "read_bw_median_gbs", l->read_bw_median_gbs);
     cJSON *reqs = cJSON_AddArrayToObject(o, "requests");
     for (int i = 0; i < l->n_requests; i++) {
         const bench_request *q = &l->req[i];

@@ -42,6 +42,8 @@ grep -q "read bandwidth" "$dir/probe.md" || fail "--probe prints no bandwidth"
   --json "$dir/r.json" --csv "$dir/r.csv" --plot "$dir/r.png" >"$dir/r.md"
 grep -q "| concurrency | TTFT mean" "$dir/r.md" || fail "no markdown table"
 grep -q "| roofline % | x floor |" "$dir/r.md" || fail "no x floor column"
+grep -q "^x floor at the probe's median pass ([0-9.]* GB/s, what the machine gave most of the run): concurrency 1: " "$dir/r.md" ||
+  fail "no x floor at the median pass"
 grep -q "commit " "$dir/r.md" || fail "no commit in the report"
 [ "$(wc -l <"$dir/r.csv")" -eq 5 ] || fail "csv: want header + 2 levels x 2 repeats"
 command -v gnuplot >/dev/null || fail "gnuplot is not installed (scripts/deps.sh installs gnuplot-nox)"
@@ -118,6 +120,9 @@ for p in s["points"]:
                 assert st["floor_s"] >= st["bytes"] / run["read_bw_gbs"] / 1e9 * (1 - 1e-9), st
             fl = sum(st["floor_s"] for st in full)
             assert close(m["decode_x_floor"], max(1.0, t / fl)), (m["decode_x_floor"], t, fl)
+            # at the probe's median pass (no faster than its best) the floors are no lower
+            assert 0 < run["read_bw_median_gbs"] <= run["read_bw_gbs"]
+            assert 1.0 <= m["decode_x_floor_median_read"] <= m["decode_x_floor"] * (1 + 1e-9), m
 print("json ok")
 PY
 

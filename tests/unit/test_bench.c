@@ -184,18 +184,23 @@ static void test_bench_level_floor(void **state) {
     l.n_steps = 3;
     assert_int_equal(bench_level_finalize(&l), TK_OK);
     assert_near(l.m[BM_X_FLOOR], 0.2 / 0.14, 1e-9);
-    /* a faster probe: the reads' parts halve, the int8 term's stays */
-    bench_level_restate(&l, 80);
+    assert_true(isnan(l.m[BM_X_FLOOR_MED])); /* no median pass given */
+    /* a faster probe: the reads' parts halve, the int8 term's stays; at its
+     * median pass (40 GB/s) the floors are the first probe's */
+    bench_level_restate(&l, 80, 40);
     assert_near(l.read_bw_gbs, 80, 0);
+    assert_near(l.read_bw_median_gbs, 40, 0);
     assert_near(l.m[BM_ROOF_PCT], 25, 1e-9);
     assert_near(l.m[BM_X_FLOOR], 0.2 / (0.0125 + 0.04 + 0.0375), 1e-9);
+    assert_near(l.m[BM_X_FLOOR_MED], 0.2 / 0.14, 1e-9);
     /* an unknown peak leaves its part out */
     l.peak_gops[TK_FLOOR_INT8] = 0;
-    bench_level_restate(&l, 80);
+    bench_level_restate(&l, 80, 0);
     assert_near(l.m[BM_X_FLOOR], 0.2 / 0.05, 1e-9);
     /* steps faster than their floor: the probe under-read, shown as 1 */
-    bench_level_restate(&l, 10);
+    bench_level_restate(&l, 10, 10);
     assert_near(l.m[BM_X_FLOOR], 1, 0);
+    assert_near(l.m[BM_X_FLOOR_MED], 1, 0);
     bench_level_free(&l);
 }
 
