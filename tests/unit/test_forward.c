@@ -702,9 +702,11 @@ static void test_forward_last_costs(void **state) {
         fwd_last_costs(h.f, c);
         for (int s = 0; s < FWD_ST_COUNT; s++) assert_true(c[s].bytes == 0 && c[s].ops == 0);
         float *lg = malloc(4 * (size_t)hp->n_vocab * sizeof(float));
+        int32_t toks[19]; /* the two prompts' tokens, PROMPT's over again */
+        for (int i = 0; i < 19; i++) toks[i] = PROMPT[i % 14];
         int seqs[2] = {0, 1};
         int32_t n[2] = {14, 5};
-        h_step(&h, 2, seqs, n, PROMPT, lg);
+        h_step(&h, 2, seqs, n, toks, lg);
         fwd_last_costs(h.f, c);
         uint64_t bytes = 0;
         for (int s = 0; s < FWD_ST_COUNT; s++) bytes += c[s].bytes;
