@@ -614,16 +614,15 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
         s->steps++;
         s->step_time_last = dt;
         s->decode_bytes_last = e->be.last_bytes ? e->be.last_bytes(e->be.ctx) : 0;
-        const tk_step_record r = {.step = s->steps,
-                                  .seconds = dt,
-                                  .bytes = s->decode_bytes_last,
-                                  .n_seqs = p->n_items,
-                                  .n_tokens = p->n_tok,
-                                  .prompt_tokens = (int)prompt_tok,
-                                  .out_tokens = (int)out_tok};
+        tk_step_record r = {.step = s->steps,
+                            .seconds = dt,
+                            .bytes = s->decode_bytes_last,
+                            .n_seqs = p->n_items,
+                            .n_tokens = p->n_tok,
+                            .prompt_tokens = (int)prompt_tok,
+                            .out_tokens = (int)out_tok};
+        if (e->be.last_floor_terms) e->be.last_floor_terms(e->be.ctx, r.floor_terms);
         e->step_log[(s->steps - 1) % TK_STEP_LOG] = r;
-        if (e->be.last_floor_terms)
-            e->be.last_floor_terms(e->be.ctx, e->step_log[(s->steps - 1) % TK_STEP_LOG].floor_terms);
         if (tk_step_is_decode(&r)) {
             s->decode_steps++;
             s->decode_seconds += dt;
@@ -1078,19 +1077,6 @@ tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out) {
     *out = e->stats;
     pthread_mutex_unlock(&e->stats_mu);
     return TK_OK;
-}
-
-double tk_step_floor_s(const tk_floor_term *terms, const tk_floor_limits *lim) {
-    if (!terms || !lim) return 0;
-    double f = 0;
-    for (int i = 0; i < TK_STEP_TERMS; i++) {
-        const tk_floor_term *t = &terms[i];
-        const double pk = t->peak >= 0 && t->peak < TK_FLOOR_PEAKS ? lim->peak_gops[t->peak] : 0;
-        const double fb = lim->read_gbs > 0 ? (double)t->bytes / (lim->read_gbs * 1e9) : 0;
-        const double fo = pk > 0 ? t->ops / (pk * 1e9) : 0;
-        f += fb > fo ? fb : fo;
-    }
-    return f;
 }
 
 int tk_engine_step_log(tk_engine *e, uint64_t after, tk_step_record *out, int max) {

@@ -1123,7 +1123,6 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
     tk_status st = batch_check(f, b);
     if (st) return st;
     int n_out = 0, t = 0;
-    uint64_t kv_tokens = 0;
     const int own_block = f->own ? kv_opts(f->kv)->block_size : 0;
     fwd_step_shape sh = {0};
     for (int s = 0; s < b->n_seq; s++) {
@@ -1134,7 +1133,6 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
             f->tok_seq[t] = s;
         }
         for (int i = t - b->n_logits[s]; i < t; i++) f->out_tok[n_out++] = i;
-        kv_tokens += (uint64_t)b->pos0[s] + (uint64_t)b->n[s];
     }
     if (n_out > 0 && !logits) return tk_fail(TK_ERR_INVALID, "forward: logits wanted but no output buffer");
     f->n_out = n_out;
@@ -1148,7 +1146,7 @@ tk_status fwd_step(fwd_ctx *f, const tk_batch *b, float *logits) {
      * the output matrix when any logits are wanted; plus KV at the real lengths. */
     uint64_t bytes = f->m->decode_bytes - f->emb_row_bytes + (uint64_t)b->n_tok * f->emb_row_bytes;
     if (n_out == 0) bytes -= f->m->output.nbytes;
-    f->last_bytes = bytes + kv_tokens * f->kv_bytes_tok;
+    f->last_bytes = bytes + sh.kv_tokens * f->kv_bytes_tok; /* every sequence's length after the step */
     unsigned long bar0 = f->prof ? pool_barrier_count(f->pool) : 0;
     if (b->n_tok > 0) attn_plan(f);
     MARK(f, 0, FWD_ST_PLAN);

@@ -81,14 +81,24 @@ void fwd_step_shape_add(fwd_step_shape *sh, int n, int pos0, int n_logits, int b
     if (block > 0) sh->own_tokens += (uint64_t)last + 1 - (uint64_t)(pos0 - pos0 % block);
 }
 
-fwd_step_shape fwd_step_shape_of(int n_seq, int n, int pos0, int block) {
-    fwd_step_shape sh = {0};
-    for (int s = 0; s < n_seq; s++) fwd_step_shape_add(&sh, n, pos0, 1, block);
-    return sh;
+/* max(bytes / (gbs GB/s), ops / (peak GOP/s)) in seconds; a limit <= 0
+ * leaves its part out. The one floor formula of profile and bench. */
+static double floor_s(uint64_t bytes, double ops, double gbs, double peak) {
+    const double fb = gbs > 0 ? (double)bytes / (gbs * 1e9) : 0, fo = peak > 0 ? ops / (peak * 1e9) : 0;
+    return fb > fo ? fb : fo;
 }
 
 double fwd_stage_floor_s(const fwd_stage_cost *c, double gbs, const double peak[TK_PEAK_COUNT]) {
-    const double pk = peak[c->peak];
-    const double fb = gbs > 0 ? (double)c->bytes / (gbs * 1e9) : 0, fo = pk > 0 ? c->ops / (pk * 1e9) : 0;
-    return fb > fo ? fb : fo;
+    return floor_s(c->bytes, c->ops, gbs, peak[c->peak]);
+}
+
+double tk_step_floor_s(const tk_floor_term *terms, const tk_floor_limits *lim) {
+    if (!terms || !lim) return 0;
+    double f = 0;
+    for (int i = 0; i < TK_STEP_TERMS; i++) {
+        const tk_floor_term *t = &terms[i];
+        const double pk = t->peak >= 0 && t->peak < TK_FLOOR_PEAKS ? lim->peak_gops[t->peak] : 0;
+        f += floor_s(t->bytes, t->ops, lim->read_gbs, pk);
+    }
+    return f;
 }

@@ -89,8 +89,6 @@ typedef struct fwd_step_shape {
  * n_logits wanted; block: the KV block size when queries read their own
  * block through records, else 0. */
 void fwd_step_shape_add(fwd_step_shape *sh, int n, int pos0, int n_logits, int block);
-/* The shape of a step of n_seq such sequences, each with its last token wanted. */
-fwd_step_shape fwd_step_shape_of(int n_seq, int n, int pos0, int block);
 
 struct tk_model;
 /* Costs of every stage of the fused plan; the bytes add up to what

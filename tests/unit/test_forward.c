@@ -725,7 +725,8 @@ static void test_forward_last_costs(void **state) {
         h_step(&h, 2, two, n3, PROMPT, lg);
         h_step(&h, 2, two, n1, PROMPT, lg);
         fwd_last_costs(h.f, c);
-        const fwd_step_shape sh = fwd_step_shape_of(2, 1, 3, block);
+        fwd_step_shape sh = {0}; /* as tokamak profile builds it: one sequence at a time */
+        for (int q = 0; q < 2; q++) fwd_step_shape_add(&sh, 1, 3, 1, block);
         fwd_prof_costs(m, kv_tok, kvt[k] == TK_KV_INT8, &sh, want);
         for (int s = 0; s < FWD_ST_COUNT; s++) {
             assert_int_equal(c[s].bytes, want[s].bytes);
