@@ -493,8 +493,11 @@ static int level_requests(const bench_opts *o, int level) {
     return level > 0 ? x * level : 16;
 }
 
+/* Repeats [r0, r1) of every level of one series, in one engine of its own
+ * (warm-up first). The first call allocates the levels' repeats; a later call
+ * for the same series fills the next ones (the ladder's rounds). */
 static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk_model *m, bench_info *info,
-                            bench_series *out) {
+                            bench_series *out, int r0, int r1) {
     snprintf(out->label, sizeof out->label, "%s", sp->label);
     out->repack = sp->repack;
     out->repack_output = sp->repack_output;
@@ -546,21 +549,21 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
         st = level_run(e, c, &wp, &scratch);
         bench_level_free(&scratch);
     }
-    if (st == TK_OK) {
+    if (st == TK_OK && !out->points) {
         out->points = tk_calloc((size_t)n_points, sizeof *out->points);
         if (!out->points) st = tk_fail(TK_ERR_NOMEM, "bench: no memory for %d points", n_points);
     }
     for (int i = 0; st == TK_OK && i < n_points; i++) {
         bench_point *pt = &out->points[i];
-        out->n_points = i + 1;
+        if (out->n_points < i + 1) out->n_points = i + 1;
         pt->concurrency = o->n_rates > 0 ? 0 : o->levels[i];
         pt->rate = o->n_rates > 0 ? o->rates[i] : 0;
-        pt->rep = tk_calloc((size_t)o->repeat, sizeof *pt->rep);
+        if (!pt->rep) pt->rep = tk_calloc((size_t)o->repeat, sizeof *pt->rep);
         if (!pt->rep) {
             st = tk_fail(TK_ERR_NOMEM, "bench: no memory for %d repeats", o->repeat);
             break;
         }
-        for (int r = 0; st == TK_OK && r < o->repeat; r++) {
+        for (int r = r0; st == TK_OK && r < r1; r++) {
             level_plan lp = {.n_requests = level_requests(o, pt->concurrency),
                              .concurrency = pt->concurrency,
                              .rate = pt->rate,
@@ -765,25 +768,36 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
             specs[n_specs++].check = true;
         }
     }
+    /* One configuration runs its repeats one after another. The ladder runs
+     * in rounds, one repeat of every rung a round, in reverse order every
+     * other round, so that a machine whose speed drifts during the ladder
+     * (this project's VMs' memory does, by 2x within an hour) weighs on every
+     * rung alike; its speed-ups are the medians of the rounds' ratios. */
+    const int rounds = o->ablation ? o->repeat : 1, per_round = o->ablation ? 1 : o->repeat;
     tk_model *m = NULL;
-    for (int i = 0; i < n_specs; i++) {
-        if (!m || specs[i].repack != specs[i - 1].repack ||
-            specs[i].repack_output != specs[i - 1].repack_output) {
-            tk_model_free(m);
-            m = NULL;
-            if (!o->quiet) fprintf(stderr, "bench: loading %s\n", o->model_path);
-            st = open_model(o->model_path, &o->model, &specs[i], info, &m);
-            if (st != TK_OK) break;
-            if (o->ablation && i == 0 && strcmp(info->model_dtype, "bf16") != 0) {
-                st = tk_fail(TK_ERR_INVALID, "bench: --ablation needs a BF16 model; %s holds %s weights",
-                             o->model_path, info->model_dtype);
-                break;
+    const series_spec *loaded = NULL;
+    for (int r = 0; st == TK_OK && r < rounds; r++)
+        for (int k = 0; k < n_specs; k++) {
+            const int i = r % 2 ? n_specs - 1 - k : k;
+            if (!loaded || specs[i].repack != loaded->repack ||
+                specs[i].repack_output != loaded->repack_output) {
+                tk_model_free(m);
+                m = NULL;
+                loaded = NULL;
+                if (!o->quiet) fprintf(stderr, "bench: loading %s\n", o->model_path);
+                st = open_model(o->model_path, &o->model, &specs[i], info, &m);
+                if (st != TK_OK) break;
+                loaded = &specs[i];
+                if (o->ablation && strcmp(info->model_dtype, "bf16") != 0) {
+                    st = tk_fail(TK_ERR_INVALID, "bench: --ablation needs a BF16 model; %s holds %s weights",
+                                 o->model_path, info->model_dtype);
+                    break;
+                }
             }
+            if (out->n_series < i + 1) out->n_series = i + 1;
+            st = series_run(ro, &specs[i], m, info, &out->series[i], r * per_round, (r + 1) * per_round);
+            if (st != TK_OK) break;
         }
-        out->n_series = i + 1;
-        st = series_run(ro, &specs[i], m, info, &out->series[i]);
-        if (st != TK_OK) break;
-    }
     tk_model_free(m);
     /* Probe again after the engines are gone: a neighbour's load only ever
      * lowers a probe, so the higher of the two is the machine's ceiling, and

@@ -42,6 +42,8 @@ typedef struct bench_opts {
 } bench_opts;
 
 /* Defaults: 512 in, 512 out, levels 1,4,8,16,32, one repeat. */
+/* The ladder's rounds unless --repeat says otherwise (tokamak bench --ablation). */
+#define BENCH_ABLATION_ROUNDS 3
 void bench_opts_default(bench_opts *o);
 
 /* The seeded draws of prompts and arrival times (splitmix64), shared by bench

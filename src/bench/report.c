@@ -307,6 +307,21 @@ static const bench_point *point_at_level(const bench_series *s, bool want_max, i
     return best;
 }
 
+/* The median over the repeats both points ran of p's metric k against
+ * base's in the same repeat (base / p where a lower value is better); NAN
+ * when no repeat has both. */
+static double rung_ratio(const bench_point *base, const bench_point *p, bench_metric k, bool lower_better) {
+    double v[64];
+    size_t n = 0;
+    for (int r = 0; r < base->n_rep && r < p->n_rep && n < 64; r++) {
+        double b = base->rep[r].m[k], x = p->rep[r].m[k];
+        double q = lower_better ? b / x : x / b;
+        if (isfinite(q)) v[n++] = q;
+    }
+    stats_summary s;
+    return n > 0 && stats_summarize(v, n, &s) == TK_OK ? s.p50 : NAN;
+}
+
 bool report_rung_summary(const bench_result *r, int s, report_rung *o) {
     if (s < 0 || s >= r->n_series || r->n_series < 1) return false;
     int lo0, hi0;
@@ -319,10 +334,12 @@ bool report_rung_summary(const bench_result *r, int s, report_rung *o) {
     o->thr_hi = h->med[BM_OUT_TOK_S];
     o->tpot_p99_hi_ms = h->med[BM_TPOT_P99];
     o->roof_lo_pct = l->med[BM_ROOF_PCT];
-    /* Speed-ups: the time ratios are inverted so that > 1 always means better. */
-    o->tpot_lo_x = l0->med[BM_TPOT_P50] / o->tpot_lo_ms;
-    o->thr_hi_x = o->thr_hi / h0->med[BM_OUT_TOK_S];
-    o->tpot_p99_hi_x = h0->med[BM_TPOT_P99] / o->tpot_p99_hi_ms;
+    /* Speed-ups: the time ratios are inverted so that > 1 always means
+     * better; each the median over the repeats (the ladder's rounds) of the
+     * rung's value against rung 1's in the same round. */
+    o->tpot_lo_x = rung_ratio(l0, l, BM_TPOT_P50, true);
+    o->thr_hi_x = rung_ratio(h0, h, BM_OUT_TOK_S, false);
+    o->tpot_p99_hi_x = rung_ratio(h0, h, BM_TPOT_P99, true);
     return true;
 }
 
@@ -417,12 +434,19 @@ void report_markdown(const bench_result *r, FILE *f) {
                     g.tpot_p99_hi_x);
         }
         report_rung g;
-        if (report_rung_summary(r, 0, &g))
+        if (report_rung_summary(r, 0, &g)) {
             fprintf(f,
                     "\nlo = concurrency %d, hi = concurrency %d; roofline: the rung's own decode floor (the "
                     "bytes "
-                    "its weights and KV make a step read, at the probe's bandwidth) / its TPOT.\n",
+                    "its weights and KV make a step read, at the probe's bandwidth) / its TPOT.",
                     g.lo_level, g.hi_level);
+            if (o->repeat > 1)
+                fprintf(f,
+                        " %d rounds, the rungs' order reversed every other round; values are medians over "
+                        "the rounds, each x the median of the rung's ratios to rung 1 in the same round.",
+                        o->repeat);
+            fprintf(f, "\n");
+        }
     }
 }
 

@@ -22,7 +22,8 @@ typedef struct bench_args {
 static const cli_opt BENCH_ROWS[] = {
     {.kind = CLI_SECTION, .name = "bench"},
     {.name = "--ablation",
-     .help = "the optimisation ladder, each rung against the first",
+     .help = "the optimisation ladder, each rung against the first, in rounds (--repeat, default 3) that "
+             "alternate the rungs' order",
      .kind = CLI_FLAG,
      .off = offsetof(bench_args, l.b.ablation)},
     {.name = "--probe",
@@ -76,11 +77,13 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "tokamak bench: --rate and --concurrency exclude each other\n");
         return 2;
     }
-    /* The ablation reports batch 1 and batch 32 unless told otherwise. */
+    /* The ablation reports batch 1 and batch 32 unless told otherwise, in
+     * three rounds (bench_run) unless --repeat says how many. */
     if (o.ablation && !batch_set && o.n_rates == 0) {
         o.levels[0] = 1, o.levels[1] = 32;
         o.n_levels = 2;
     }
+    if (o.ablation && !cli_opts_given(&co, "--repeat")) o.repeat = BENCH_ABLATION_ROUNDS;
     if (o.ablation && o.n_bg > 0) {
         fprintf(stderr, "tokamak bench: --background measures one configuration, not --ablation\n");
         return 2;

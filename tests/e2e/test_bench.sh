@@ -139,13 +139,34 @@ assert 0 < b < a, (a, b)
 print("model options ok")
 PY
 
-# The ablation: each rung must run (and report through engine stats) what it names.
-"$TK_CLI" bench -m "$model" --ablation --in 8 --out 4 --batch 1,2 --requests 2 --warmup 0 --threads 1 -q \
-  --json "$dir/a.json" >"$dir/a.md"
+# The ablation: each rung must run (and report through engine stats) what it
+# names, in three rounds by default, the rungs' order reversed every other
+# round, its speed-ups the medians of the rounds' ratios.
+"$TK_CLI" bench -m "$model" --ablation --in 8 --out 4 --batch 1,2 --requests 2 --warmup 0 --threads 1 \
+  --json "$dir/a.json" >"$dir/a.md" 2>"$dir/a.err"
 grep -q "## Ablation" "$dir/a.md" || fail "no ablation table"
-"$TK_PYTHON" - "$dir/a.json" <<'PY'
-import json, sys
+"$TK_PYTHON" - "$dir/a.json" "$dir/a.err" <<'PY'
+import json, re, statistics, sys
 r = json.load(open(sys.argv[1]))
+assert r["options"]["repeat"] == 3, r["options"]["repeat"]
+for s in r["series"]:
+    assert [len(p["runs"]) for p in s["points"]] == [3, 3], s["label"]
+# the order the rungs ran in, round by round (progress lines on stderr)
+order = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"bench: (\d) .* concurrency 1 rep (\d)/3:", line)
+    if m:
+        order.setdefault(int(m.group(2)), []).append(int(m.group(1)))
+assert order == {1: [1, 2, 3, 4, 5, 6], 2: [6, 5, 4, 3, 2, 1], 3: [1, 2, 3, 4, 5, 6]}, order
+def ratios(s, level, key, lower_better):
+    base = r["series"][0]["points"][level]["runs"]
+    runs = r["series"][s]["points"][level]["runs"]
+    return [(b["metrics"][key] / x["metrics"][key]) if lower_better else (x["metrics"][key] / b["metrics"][key])
+            for b, x in zip(base, runs)]
+for s, a in enumerate(r["ablation"]):
+    assert abs(a["tpot_p50_lo_speedup"] - statistics.median(ratios(s, 0, "tpot_p50_ms", True))) < 1e-9
+    assert abs(a["output_tok_s_hi_speedup"] - statistics.median(ratios(s, 1, "output_tok_s", False))) < 1e-9
+    assert abs(a["tpot_p99_hi_speedup"] - statistics.median(ratios(s, 1, "tpot_p99_ms", True))) < 1e-9
 want = [  # weights, kv, unfused, static, no_chunking
     ("bf16", "bf16", True, True, True),
     ("q8_0", "bf16", True, True, True),
