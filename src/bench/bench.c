@@ -788,7 +788,7 @@ tk_status bench_run(const bench_opts *o, bench_result *out) {
                 st = open_model(o->model_path, &o->model, &specs[i], info, &m);
                 if (st != TK_OK) break;
                 loaded = &specs[i];
-                if (o->ablation && strcmp(info->model_dtype, "bf16") != 0) {
+                if (o->ablation && r == 0 && k == 0 && strcmp(info->model_dtype, "bf16") != 0) {
                     st = tk_fail(TK_ERR_INVALID, "bench: --ablation needs a BF16 model; %s holds %s weights",
                                  o->model_path, info->model_dtype);
                     break;
