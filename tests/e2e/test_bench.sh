@@ -47,7 +47,8 @@ grep -q "^x floor at the probe's median pass ([0-9.]* GB/s, what the machine gav
 grep -q "commit " "$dir/r.md" || fail "no commit in the report"
 [ "$(wc -l <"$dir/r.csv")" -eq 5 ] || fail "csv: want header + 2 levels x 2 repeats"
 command -v gnuplot >/dev/null || fail "gnuplot is not installed (scripts/deps.sh installs gnuplot-nox)"
-head -c 4 "$dir/r.png" | od -An -c | grep -q "P   N   G" || fail "plot is not a PNG"
+magic=$(head -c 4 "$dir/r.png" | od -An -c)
+grep -q "P   N   G" <<<"$magic" || fail "plot is not a PNG"
 
 "$TK_PYTHON" - "$dir/r.json" <<'PY'
 import json, math, sys
