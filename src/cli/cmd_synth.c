@@ -14,7 +14,7 @@
 typedef struct synth_args {
     const char *preset, *arch, *out, *format;
     synth_quant quant;
-    long layers, vocab, shard_mb, n_ctx;
+    long layers, vocab, shard_mb, n_ctx, embd, heads, kv_heads, head_dim, ff;
     uint64_t seed;
     int outliers;
     bool tied, untied, dry;
@@ -54,6 +54,41 @@ static const cli_opt SYNTH_ROWS[] = {
      .off = offsetof(synth_args, layers),
      .lo = 1,
      .hi = 1024},
+    {.name = "--embd",
+     .arg = "N",
+     .help = "override the embedding width (hidden size)",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, embd),
+     .lo = 1,
+     .hi = 1 << 16},
+    {.name = "--heads",
+     .arg = "N",
+     .help = "override the number of query heads",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, heads),
+     .lo = 1,
+     .hi = 1024},
+    {.name = "--kv-heads",
+     .arg = "N",
+     .help = "override the number of KV heads (it divides the query heads: GQA)",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, kv_heads),
+     .lo = 1,
+     .hi = 1024},
+    {.name = "--head-dim",
+     .arg = "N",
+     .help = "override head_dim, the width of each head (even: RoPE rotates pairs)",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, head_dim),
+     .lo = 2,
+     .hi = 1024},
+    {.name = "--ff",
+     .arg = "N",
+     .help = "override the feed-forward width",
+     .kind = CLI_LONG,
+     .off = offsetof(synth_args, ff),
+     .lo = 1,
+     .hi = 1 << 20},
     {.name = "--seed",
      .arg = "S",
      .help = "weight seed (default 0); same seed, same bytes",
@@ -191,6 +226,20 @@ int cmd_synth(int argc, char **argv) {
     if (tied >= 0) c.p.tied = tied;
     if (vocab) c.p.n_vocab = (int)vocab;
     if (sa.n_ctx) c.p.n_ctx = (int)sa.n_ctx;
+    if (sa.embd) c.p.n_embd = (int)sa.embd;
+    if (sa.heads) c.p.n_head = (int)sa.heads;
+    if (sa.kv_heads) c.p.n_head_kv = (int)sa.kv_heads;
+    if (sa.ff) c.p.n_ff = (int)sa.ff;
+    if (sa.head_dim) c.p.head_dim = (int)sa.head_dim;
+    if (c.p.n_head % c.p.n_head_kv) {
+        cli_error(&SYNTH_CMD, "%d query heads are not a multiple of %d KV heads (--heads, --kv-heads)",
+                  c.p.n_head, c.p.n_head_kv);
+        return 2;
+    }
+    if (c.p.head_dim % 2) {
+        cli_error(&SYNTH_CMD, "--head-dim %d is odd (RoPE rotates pairs)", c.p.head_dim);
+        return 2;
+    }
     if (dry) return print_plan(&c);
 
     char tok_dir[4096];

@@ -63,6 +63,15 @@ expect qwen3-4b "36 2560 32 8 128 9728 151936 1" 4022468096
 expect qwen3-8b "36 4096 32 8 128 12288 151936 0" 8190735360
 expect qwen3-14b "40 5120 40 8 128 17408 151936 0" 14768307200
 expect qwen3-32b "64 5120 64 8 128 25600 151936 0" 32762123264
+# the layout overrides: a Qwen2.5-0.5B shape from the tiny qwen2 preset
+got=$("$TK_CLI" synth --preset tiny --arch qwen2 --layers 24 --embd 896 --heads 14 --kv-heads 2 --head-dim 64 \
+    --ff 4864 --tied --dry-run)
+[ "$(awk 'NR == 1 {print $6, $8, $10, $12, $14, $16, $22, $24}' <<<"$got")" = "24 896 14 2 64 4864 1 494032768" ] ||
+    fail "layout overrides: $(head -n 1 <<<"$got")"
+for line in "tensor blk.23.attn_q.weight f32 896 896" "tensor blk.23.attn_k.weight f32 896 128" \
+    "tensor blk.0.attn_q.bias f32 896 0" "tensor blk.0.ffn_down.weight f32 4864 896"; do
+    grep -qx "$line" <<<"$got" || fail "layout overrides: the plan lacks '$line'"
+done
 # tensor shapes of the plan (GGML order: ne0 = input features)
 plan=$("$TK_CLI" synth --preset qwen3-8b --dtype bf16 --dry-run)
 for line in "tensor token_embd.weight bf16 4096 151936" "tensor output.weight bf16 4096 151936" \
@@ -178,6 +187,11 @@ err 2 "f32, f16 or bf16" --preset tiny --dtype q8_0 --format hf -o "$W/x"
 err 2 "-o" --preset tiny
 err 2 "--layers" --preset tiny --layers 0 -o "$W/x.gguf"
 err 1 "outside the model vocabulary" --preset tiny --vocab 1000 -o "$W/x.gguf"
+err 2 "6 query heads are not a multiple of 4 KV heads" --preset tiny --heads 6 --kv-heads 4 -o "$W/x.gguf"
+err 2 "4 query heads are not a multiple of 8 KV heads" --preset tiny --kv-heads 8 -o "$W/x.gguf"
+err 2 "--head-dim 63 is odd" --preset tiny --head-dim 63 -o "$W/x.gguf"
+err 2 "--embd" --preset tiny --embd 0 -o "$W/x.gguf"
+err 2 "not a multiple of the q8_0 block" --preset tiny --dtype q8_0 --embd 100 -o "$W/x.gguf"
 TOKAMAK_TOKENIZER_DIR="$W/none" err 2 "TOKAMAK_TOKENIZER_DIR" --preset tiny -o "$W/x.gguf"
 [ ! -e "$W/x.gguf" ] || fail "a failed synth left a file behind"
 echo "synth: all checks passed"

@@ -19,10 +19,11 @@ WORK=$(mktemp -d "$TK_TMP/ref.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 FAILS=0
 
-# tk_run MODEL DUMP: greedy, ignoring EOS, logits dumped (prompt's last row + one per step).
+# tk_run MODEL DUMP: greedy, ignoring EOS, logits dumped (prompt's last row + one per step);
+# $KV and $RUN_EXTRA (word lists) are added to the run's flags.
 tk_run() {
     # shellcheck disable=SC2086
-    "$TK_CLI" run -m "$1" --tokens "$PROMPT" -n "$N" --temp 0 $KV --no-probe --ignore-eos --dump-logits "$2" >"$WORK/run.out" 2>"$WORK/run.err" || {
+    "$TK_CLI" run -m "$1" --tokens "$PROMPT" -n "$N" --temp 0 $KV ${RUN_EXTRA:-} --no-probe --ignore-eos --dump-logits "$2" >"$WORK/run.out" 2>"$WORK/run.err" || {
         echo "FAIL: tokamak run -m $1 exited $?"
         cat "$WORK/run.err"
         return 1
