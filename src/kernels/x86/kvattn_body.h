@@ -457,7 +457,7 @@ AI void tile_reset(const tile_state *st, int hd, const int P) {
     for (int p = 0; p < P; p++) {
         st->m[p] = -INFINITY;
         st->l[p] = 0.0f;
-        for (int c = 0; c < hd; c++) st->acc[p * hd + c] = 0.0f;
+        for (int c = 0; c < hd; c += VL) vf_store(st->acc + (size_t)p * hd + c, vf_zero());
     }
 }
 
@@ -540,7 +540,8 @@ AI void tile_run(const kv_geom *g, const int32_t *bt, int kvh, const tile_pairs 
         if (part != -1) {
             /* one part's (or the own block's) record */
             for (int p = 0; p < P; p++) {
-                for (int c = 0; c < hd; c++) tp->out[p][c] = st.acc[p * hd + c];
+                for (int c = 0; c < hd; c += VL)
+                    vf_store(tp->out[p] + c, vf_load(st.acc + (size_t)p * hd + c));
                 tp->out[p][hd] = st.m[p];
                 tp->out[p][hd + 1] = st.l[p];
             }
