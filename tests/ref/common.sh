@@ -40,6 +40,19 @@ rows_ok() {
     return 1
 }
 
+# run_compare MODEL DUMP LABEL TOL [reference flags...]: tk_run, then the
+# dump's rows and the reference's comparison; each failure counted.
+run_compare() {
+    local m=$1 d=$2 label=$3 tol=$4
+    shift 4
+    if ! tk_run "$m" "$d"; then
+        FAILS=$((FAILS + 1))
+    elif rows_ok "$d" "$label" && ! "$TK_PYTHON" "$REF" compare "$m" --tokens "$PROMPT" --dump "$d" --tol "$tol" "$@"; then
+        echo "FAIL: $label (tolerance $tol)"
+        FAILS=$((FAILS + 1))
+    fi
+}
+
 # check_ref ARCH DTYPE TOL [reference flags...]: synthesize, run tokamak, compare with the reference.
 check_ref() {
     local arch=$1 dtype=$2 tol=$3
@@ -64,15 +77,7 @@ check_ref() {
         FAILS=$((FAILS + 1))
         return 0
     fi
-    if ! tk_run "$m" "$d"; then
-        FAILS=$((FAILS + 1))
-        rm -f "$m" "$d"
-        return 0
-    fi
-    if rows_ok "$d" "$arch $dtype" && ! "$TK_PYTHON" "$REF" compare "$m" --tokens "$PROMPT" --dump "$d" --tol "$tol" "$@"; then
-        echo "FAIL: $arch $dtype (tolerance $tol)"
-        FAILS=$((FAILS + 1))
-    fi
+    run_compare "$m" "$d" "$arch $dtype" "$tol" "$@"
     rm -f "$m" "$d"
 }
 

@@ -30,21 +30,13 @@ shape() {
 
 # against NAME TAG TOL [reference flags...]: run NAME.gguf with $KV and
 # $RUN_EXTRA (threads, ISA from the caller's environment), dump to NAME-TAG.f32,
-# compare with the reference.
+# compare with the reference (run_compare).
 against() {
-    local name=$1 tag=$2 tol=$3 m="$WORK/$1.gguf" d="$WORK/$1-$2.f32"
-    shift 3
-    [ -f "$m" ] || return 0 # its synth failed, counted there
-    if ! tk_run "$m" "$d"; then
-        FAILS=$((FAILS + 1))
-        return 0
-    fi
-    rows_ok "$d" "$name $tag" || return 0
-    echo -n "$name $tag ($KV $RUN_EXTRA${TOKAMAK_ISA:+, TOKAMAK_ISA=$TOKAMAK_ISA}): "
-    "$TK_PYTHON" "$REF" compare "$m" --tokens "$PROMPT" --dump "$d" --tol "$tol" "$@" | tail -n 1 || {
-        echo "FAIL: $name $tag (tolerance $tol)"
-        FAILS=$((FAILS + 1))
-    }
+    local name=$1 tag=$2
+    shift 2
+    [ -f "$WORK/$name.gguf" ] || return 0 # its synth failed, counted there
+    echo "$name $tag ($KV $RUN_EXTRA${TOKAMAK_ISA:+, TOKAMAK_ISA=$TOKAMAK_ISA}):"
+    run_compare "$WORK/$name.gguf" "$WORK/$name-$tag.f32" "$name $tag" "$@"
 }
 
 same_as() { # NAME TAG REF_TAG: run as against does, the dump bit-identical to REF_TAG's
