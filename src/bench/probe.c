@@ -36,13 +36,14 @@
 #define PROBE_BYTES_PER_THREAD ((size_t)256 << 20)
 #define PROBE_BYTES_TOTAL      ((size_t)1 << 30)
 
-typedef enum { PROBE_READ, PROBE_FMA, PROBE_INT8, PROBE_BF16 } probe_kind;
+typedef enum { PROBE_READ, PROBE_RUNS, PROBE_FMA, PROBE_INT8, PROBE_BF16 } probe_kind;
 
 typedef struct probe_shared {
     probe_kind kind;
     tk_isa isa;
     int nth;
-    size_t bytes; /* per thread, for PROBE_READ */
+    size_t bytes; /* per thread, for PROBE_READ and PROBE_RUNS */
+    size_t run;   /* bytes of a run, for PROBE_RUNS */
     long iters;   /* per thread, for the compute probes */
     pthread_barrier_t bar;
     atomic_int state; /* 0: wait, 1: go, 2: abort (a thread could not start) */
@@ -75,12 +76,15 @@ static uint64_t read_plain(const unsigned char *p, size_t n) {
 }
 
 #if PROBE_X86
-__attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p, size_t n, bool pf) {
+/* pf: NULL, or what to ask for line by line in step with the reads (the
+ * line at pf + i while reading p + i). */
+__attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p, size_t n,
+                                                          const unsigned char *pf) {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
     for (size_t i = 0; i + 128 <= n; i += 128) {
         if (pf)
             for (int o = 0; o < 128; o += 64)
-                _mm_prefetch((const char *)((uintptr_t)p + i + o + PROBE_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)pf + i + o), _MM_HINT_T0);
         a = _mm256_xor_si256(a, _mm256_load_si256((const __m256i *)(const void *)(p + i)));
         b = _mm256_xor_si256(b, _mm256_load_si256((const __m256i *)(const void *)(p + i + 32)));
         c = _mm256_xor_si256(c, _mm256_load_si256((const __m256i *)(const void *)(p + i + 64)));
@@ -90,12 +94,13 @@ __attribute__((target("avx2"))) static uint64_t read_avx2(const unsigned char *p
     return (uint64_t)_mm256_extract_epi64(s, 0) ^ (uint64_t)_mm256_extract_epi64(s, 3);
 }
 
-__attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned char *p, size_t n, bool pf) {
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned char *p, size_t n,
+                                                               const unsigned char *pf) {
     __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
     for (size_t i = 0; i + 256 <= n; i += 256) {
         if (pf)
             for (int o = 0; o < 256; o += 64)
-                _mm_prefetch((const char *)((uintptr_t)p + i + o + PROBE_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)((uintptr_t)pf + i + o), _MM_HINT_T0);
         a = _mm512_xor_si512(a, _mm512_load_si512((const void *)(p + i)));
         b = _mm512_xor_si512(b, _mm512_load_si512((const void *)(p + i + 64)));
         c = _mm512_xor_si512(c, _mm512_load_si512((const void *)(p + i + 128)));
@@ -109,7 +114,7 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned ch
 }
 #endif
 
-static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n, bool pf) {
+static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n, const unsigned char *pf) {
 #if PROBE_X86
     if (isa == TK_ISA_AVX512) return read_avx512(p, n, pf);
     if (isa >= TK_ISA_AVX2) return read_avx2(p, n, pf); /* avxvnni too */
@@ -117,6 +122,19 @@ static uint64_t read_once(tk_isa isa, const unsigned char *p, size_t n, bool pf)
     (void)isa;
     (void)pf;
     return read_plain(p, n);
+}
+
+/* The runs of p (run bytes each) in the order given, each read whole while
+ * the next one is asked for line by line in step (as the attention kernels
+ * read a context's scattered KV blocks). */
+static uint64_t read_runs(tk_isa isa, const unsigned char *p, const uint32_t *order, size_t n_runs,
+                          size_t run) {
+    uint64_t x = 0;
+    for (size_t k = 0; k < n_runs; k++) {
+        const unsigned char *next = k + 1 < n_runs ? p + (size_t)order[k + 1] * run : NULL;
+        x ^= read_once(isa, p + (size_t)order[k] * run, run, next);
+    }
+    return x;
 }
 
 /* ---- compute loops --------------------------------------------------------- */
@@ -359,7 +377,9 @@ static void *probe_main(void *arg) {
     int st;
     while ((st = atomic_load(&sh->state)) == 0) sched_yield();
     if (st == 2) return NULL;
-    if (sh->kind == PROBE_READ) {
+    uint32_t *order = NULL;
+    size_t n_runs = 0;
+    if (sh->kind == PROBE_READ || sh->kind == PROBE_RUNS) {
         /* Allocated and written by the thread that reads it, so its pages are
          * local to that core's NUMA node; non-zero so no page is the shared
          * zero page. */
@@ -371,6 +391,24 @@ static void *probe_main(void *arg) {
         else
             atomic_store(&sh->failed, 1);
         t->work = (double)sh->bytes;
+        if (sh->kind == PROBE_RUNS) {
+            /* the thread's runs in a shuffled order (its own seed) */
+            n_runs = sh->bytes / sh->run;
+            t->work = (double)(n_runs * sh->run);
+            order = tk_malloc(n_runs * sizeof *order);
+            if (order) {
+                uint64_t z = 0x9e3779b97f4a7c15ull * (uint64_t)(t->ith + 1);
+                for (size_t k = 0; k < n_runs; k++) order[k] = (uint32_t)k;
+                for (size_t k = n_runs - 1; k > 0; k--) {
+                    z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+                    const size_t j = (size_t)(z % (k + 1));
+                    const uint32_t tmp = order[k];
+                    order[k] = order[j], order[j] = tmp;
+                }
+            } else {
+                atomic_store(&sh->failed, 1);
+            }
+        }
     } else {
         t->work = (double)sh->iters * compute_ops_per_iter(sh->kind, sh->isa);
     }
@@ -380,23 +418,26 @@ static void *probe_main(void *arg) {
         pthread_barrier_wait(&sh->bar);
         t->t0[r] = now_s();
         if (run)
-            t->sink ^= sh->kind == PROBE_READ ? read_once(sh->isa, buf, sh->bytes, r % 2 == 0)
-                                              : compute_once(sh->kind, sh->isa, sh->iters);
+            t->sink ^= sh->kind == PROBE_READ
+                           ? read_once(sh->isa, buf, sh->bytes, r % 2 == 0 ? buf + PROBE_PREFETCH : NULL)
+                       : sh->kind == PROBE_RUNS ? read_runs(sh->isa, buf, order, n_runs, sh->run)
+                                                : compute_once(sh->kind, sh->isa, sh->iters);
         t->t1[r] = now_s();
     }
     tk_free_huge(buf, sh->bytes);
+    tk_free(order);
     return NULL;
 }
 
 /* Runs the probe on nth pinned threads; returns work per second of the best rep.
  * rates (may be NULL): each timed rep's work per second, PROBE_REPS - 1 of them. */
-static double probe_run(probe_kind kind, int n_threads, size_t bytes, long iters, double *rates) {
+static double probe_run(probe_kind kind, int n_threads, size_t bytes, size_t run, long iters, double *rates) {
     tk_cpu cpu;
     cpu_detect(&cpu);
     int nth = n_threads > 0 ? n_threads : cpu.n_cores;
     if (nth > PROBE_MAX_THREADS) nth = PROBE_MAX_THREADS;
     probe_shared sh = {
-        .kind = kind, .isa = cpu_isa_from_env(&cpu), .nth = nth, .bytes = bytes, .iters = iters};
+        .kind = kind, .isa = cpu_isa_from_env(&cpu), .nth = nth, .bytes = bytes, .run = run, .iters = iters};
     atomic_init(&sh.failed, 0);
     atomic_init(&sh.state, 0);
     if (pthread_barrier_init(&sh.bar, NULL, (unsigned)nth) != 0) return 0;
@@ -451,7 +492,8 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void probe_read_bw_stats(int n_threads, probe_stats *out) {
+/* The read probes' statistics over their timed passes. */
+static void read_stats(probe_kind kind, int n_threads, size_t run, probe_stats *out) {
     tk_cpu cpu;
     cpu_detect(&cpu);
     int nth = n_threads > 0 ? n_threads : cpu.n_cores;
@@ -462,12 +504,20 @@ void probe_read_bw_stats(int n_threads, probe_stats *out) {
     double rates[PROBE_REPS - 1] = {0};
     int n = PROBE_REPS - 1;
     memset(out, 0, sizeof *out);
-    if (probe_run(PROBE_READ, nth, per, 0, rates) <= 0) return;
+    if (probe_run(kind, nth, per, run, 0, rates) <= 0) return;
     qsort(rates, (size_t)n, sizeof rates[0], cmp_double);
     out->n = n;
     out->min = rates[0] * 1e-9;
     out->best = rates[n - 1] * 1e-9;
     out->median = stats_percentile_sorted(rates, (size_t)n, 50) * 1e-9;
+}
+
+void probe_read_bw_stats(int n_threads, probe_stats *out) { read_stats(PROBE_READ, n_threads, 0, out); }
+
+void probe_read_runs_stats(int n_threads, size_t run_bytes, probe_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (run_bytes < PROBE_RUN_MIN || run_bytes > PROBE_RUN_MAX || run_bytes % 256) return;
+    read_stats(PROBE_RUNS, n_threads, run_bytes, out);
 }
 
 double probe_read_bw(int n_threads) {
@@ -479,7 +529,7 @@ double probe_read_bw(int n_threads) {
 /* About 10-40 ms per rep on a 3 GHz core: long enough to time, short enough
  * that the whole probe stays well under a second. */
 double probe_peak_gflops_f32(int n_threads) {
-    return probe_run(PROBE_FMA, n_threads, 0, 16000000, NULL) * 1e-9;
+    return probe_run(PROBE_FMA, n_threads, 0, 0, 16000000, NULL) * 1e-9;
 }
 
 double probe_peak_gflops_bf16(int n_threads) {
@@ -487,7 +537,7 @@ double probe_peak_gflops_bf16(int n_threads) {
     tk_cpu cpu;
     cpu_detect(&cpu);
     if (cpu.avx512bf16 && cpu_isa_from_env(&cpu) == TK_ISA_AVX512)
-        return probe_run(PROBE_BF16, n_threads, 0, 16000000, NULL) * 1e-9;
+        return probe_run(PROBE_BF16, n_threads, 0, 0, 16000000, NULL) * 1e-9;
 #else
     (void)n_threads;
 #endif
@@ -495,7 +545,7 @@ double probe_peak_gflops_bf16(int n_threads) {
 }
 
 double probe_peak_gops_int8(int n_threads) {
-    return probe_run(PROBE_INT8, n_threads, 0, 16000000, NULL) * 1e-9;
+    return probe_run(PROBE_INT8, n_threads, 0, 0, 16000000, NULL) * 1e-9;
 }
 
 double probe_roofline_pct(double achieved_gbs, double probe_gbs, bool *shortfall) {

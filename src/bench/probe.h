@@ -6,6 +6,7 @@
 #define TK_BENCH_PROBE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/cpu.h"
@@ -26,6 +27,17 @@ typedef struct probe_stats {
     int n;
 } probe_stats;
 void probe_read_bw_stats(int n_threads, probe_stats *out);
+
+/* The read probe over runs of run_bytes each (what one (KV block, kv head)
+ * of the paged cache holds) read in a shuffled order, each run whole while
+ * the next is asked for line by line in step, as the attention kernels read
+ * a context's blocks: the rate scattered runs allow, against the streaming
+ * probe's one long read per thread. Same buffers and passes as
+ * probe_read_bw_stats; all 0 on failure or when run_bytes is not a multiple
+ * of 256 in [PROBE_RUN_MIN, PROBE_RUN_MAX]. */
+#define PROBE_RUN_MIN ((size_t)4 << 10)
+#define PROBE_RUN_MAX ((size_t)4 << 20)
+void probe_read_runs_stats(int n_threads, size_t run_bytes, probe_stats *out);
 
 /* A rate a run achieved against its probe: the percentage, capped so a
  * roofline never reads above 100%. *shortfall is true when the run was

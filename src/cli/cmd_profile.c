@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/names.h"
 #include "engine/sampler.h"
+#include "kv/kv.h"
 #include "model/fwd_prof.h"
 #include "model/model.h"
 #include "tokamak.h"
@@ -223,6 +224,11 @@ typedef struct pf_machine {
      * rate where one computed faster (its stage named), by tk_peak. */
     double ceil_peak[TK_PEAK_COUNT];
     const char *over_peak[TK_PEAK_COUNT];
+    /* The read probe over the paged KV's runs (one per block and kv head) in
+     * a shuffled order, as attention reads them: shown beside the floors,
+     * which count the streaming rate (n 0: not probed). */
+    probe_stats runs;
+    size_t run_bytes;
 } pf_machine;
 
 /* One stage's summary row. */
@@ -340,6 +346,13 @@ static int spread_off(int spread, int q, int batch) {
 /* Tokens a timed step processes. */
 static int run_tokens(const pf_run *ru) { return ru->prefill > 0 ? ru->prefill : ru->batch; }
 
+/* The attention stage's KV bytes at the paged-read probe's best pass, in ms;
+ * 0 where that probe did not run or the stage reads nothing. */
+static double attn_at_runs_ms(const pf_data *d, const pf_machine *mc) {
+    const double b = (double)d->cost[FWD_ST_ATTN].bytes;
+    return mc->runs.n > 0 && mc->runs.best > 0 && b > 0 ? b / (mc->runs.best * 1e9) * 1e3 : 0;
+}
+
 static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data *d, const pf_row *rows,
                            double step_ms, double fwd_ms, double off) {
     printf("# tokamak profile\n\n");
@@ -359,12 +372,19 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
                "(medians)\n",
                ru->model, ru->weight_dtype, ru->threads, ru->batch, ru->ctx, ru->kv_type, ru->steps);
     if (mc->bw.n > 0)
-        printf("- probe (%d threads): read %.1f GB/s (best of %d passes; min %.1f, median %.1f), ",
-               mc->threads, mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median);
+        printf("- probe (%d thread%s): read %.1f GB/s (best of %d passes; min %.1f, median %.1f), ",
+               mc->threads, mc->threads == 1 ? "" : "s", mc->bw.best, mc->bw.n, mc->bw.min, mc->bw.median);
     else
         printf("- read bandwidth %.1f GB/s (given), ", mc->bw.best);
     print_peaks(mc);
     printf("\n\n");
+    if (mc->runs.n > 0)
+        printf("- paged KV reads (%zu KiB runs, one per KV block and kv head, in a shuffled order, the next "
+               "asked "
+               "for in step, as attention reads them): best %.1f GB/s (median %.1f), %.0f%% of the streaming "
+               "probe's best\n\n",
+               mc->run_bytes >> 10, mc->runs.best, mc->runs.median,
+               mc->bw.best > 0 ? 100.0 * mc->runs.best / mc->bw.best : 0);
     if (mc->over_stage)
         printf(
             "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
@@ -426,6 +446,11 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         printf("- at the probe's median pass (%.1f GB/s) the floors sum to %.3f ms: the step is %.1fx that\n",
                mc->med_gbs, fm, fm > 0 ? step_ms / fm : 0);
     }
+    const double runs_ms = attn_at_runs_ms(d, mc);
+    if (runs_ms > 0)
+        printf("- attention's %.1f MB at the paged-read rate (%.1f GB/s) take %.3f ms: the stage took %.1fx "
+               "that (its floor counts the streaming rate)\n",
+               rows[FWD_ST_ATTN].mb, mc->runs.best, runs_ms, rows[FWD_ST_ATTN].ms / runs_ms);
     printf("- forward %.3f ms + sampling %.3f ms; %.1f %s tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
            step_ms > 0 ? 1e3 * run_tokens(ru) / step_ms : 0, ru->prefill > 0 ? "prefill" : "output");
     printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
@@ -475,6 +500,12 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
     cJSON_AddNumberToObject(pr, "read_gbs_min", mc->bw.min);
     cJSON_AddNumberToObject(pr, "read_gbs_median", mc->bw.median);
     cJSON_AddNumberToObject(pr, "read_passes", mc->bw.n);
+    if (mc->runs.n > 0) {
+        cJSON_AddNumberToObject(pr, "kv_run_bytes", (double)mc->run_bytes);
+        cJSON_AddNumberToObject(pr, "kv_runs_gbs", mc->runs.best);
+        cJSON_AddNumberToObject(pr, "kv_runs_gbs_median", mc->runs.median);
+        cJSON_AddNumberToObject(pr, "kv_runs_gbs_min", mc->runs.min);
+    }
     cJSON_AddNumberToObject(pr, "peak_gops_int8", mc->peak[TK_PEAK_INT8]);
     cJSON_AddNumberToObject(pr, "peak_gflops_f32", mc->peak[TK_PEAK_F32]);
     cJSON_AddNumberToObject(pr, "peak_gflops_bf16", mc->peak[TK_PEAK_BF16]);
@@ -504,6 +535,8 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddNumberToObject(j, "peak_pct", o->peak_pct);
         cJSON_AddNumberToObject(j, "floor_ms", o->floor_ms);
         cJSON_AddNumberToObject(j, "x_floor", o->x_floor);
+        if (r == FWD_ST_ATTN && attn_at_runs_ms(d, mc) > 0)
+            cJSON_AddNumberToObject(j, "paged_read_ms", attn_at_runs_ms(d, mc));
         cJSON_AddItemToArray(st, j);
         floor_sum += o->floor_ms;
         stage_sum += o->mean_ms;
@@ -963,6 +996,18 @@ int cmd_profile(int argc, char **argv) {
         int krc = run_kernels(&o, &pa, &mc, m, model_name);
         tk_model_free(m);
         return krc;
+    }
+    /* the paged-read probe where the read probe ran: before the backend's threads too */
+    if (pa.bw <= 0) {
+        const tk_kv_opts ko = {.n_layer = in.n_layer,
+                               .n_head_kv = in.n_head_kv,
+                               .head_dim = in.head_dim,
+                               .block_size = o.engine.block_size,
+                               .n_blocks = 1,
+                               .type = o.engine.kv_type,
+                               .scale = o.engine.kv_scale};
+        mc.run_bytes = kv_run_bytes(&ko);
+        probe_read_runs_stats(mc.threads, mc.run_bytes, &mc.runs);
     }
     pf_state s;
     memset(&s, 0, sizeof s);

@@ -98,6 +98,14 @@ size_t kv_block_bytes(const tk_kv_opts *o) {
     return n;
 }
 
+/* kv_init's head stride: one kv head's K and V together (int8), or its K. */
+size_t kv_run_bytes(const tk_kv_opts *o) {
+    kv_layout L;
+    if (!opts_valid(o) || !layout_of(o, &L)) return 0;
+    const size_t head = L.sect / (size_t)o->n_head_kv;
+    return o->type == TK_KV_INT8 ? 2 * head : head;
+}
+
 /* Logical bytes (no alignment padding); per-head scales are shared by a block's
  * tokens, so their share is rounded up. */
 size_t kv_bytes_per_token(const tk_kv_opts *o) {
@@ -162,7 +170,7 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
      * sections (F16's one 64 KB run read up to 6% slower at batch 32,
      * though faster at batch 1). docs/notes.md. */
     const size_t head = L.sect / (size_t)o->n_head_kv;
-    kv->head_stride = o->type == TK_KV_INT8 ? 2 * head : head;
+    kv->head_stride = kv_run_bytes(o);
     kv->v_off = o->type == TK_KV_INT8 ? head : L.sect;
     kv->ks_off = 2 * L.sect;
     kv->vs_off = 2 * L.sect + L.scales;

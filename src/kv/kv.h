@@ -49,6 +49,10 @@ const tk_kv_opts *kv_opts(const tk_kv *kv);
 size_t kv_bytes_per_token(const tk_kv_opts *o);
 /* Bytes of one block over all layers. */
 size_t kv_block_bytes(const tk_kv_opts *o);
+/* Bytes of one contiguous run the attention reads per (layer, block, kv
+ * head): int8 keeps a head's K and V together, the float types a head's K
+ * (its V is another run of the same size). 0 for options kv_init refuses. */
+size_t kv_run_bytes(const tk_kv_opts *o);
 
 /* Block allocation (one thread at a time: the engine loop or a runner).
  * Blocks are reference counted so sequences can share a prefix read-only:

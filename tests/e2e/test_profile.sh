@@ -21,14 +21,25 @@ fail() {
 "$TK_CLI" info -m "$W/m.gguf" --bw 10 >"$W/info.txt"
 for b in 1 4; do
     bw=""
-    # the probes once are enough; the stages' CPU clocks at batch 4 only
-    [ $b -eq 4 ] && bw="--bw 20 --peak-int8 500 --peak-f32 100 --stage-cpu"
+    # the probes once are enough; the stages' CPU clocks at batch 4 only; one sequence past its first
+    # block, so that attention reads blocks besides the own one (its records' in kv_store)
+    ctx=160
+    [ $b -eq 4 ] && bw="--bw 20 --peak-int8 500 --peak-f32 100 --stage-cpu" && ctx=32
     # shellcheck disable=SC2086
-    "$TK_CLI" profile -m "$W/m.gguf" --batch $b --ctx 32 --steps 4 --kv-type int8 --block-size 128 --threads 2 \
+    "$TK_CLI" profile -m "$W/m.gguf" --batch $b --ctx $ctx --steps 4 --kv-type int8 --block-size 128 --threads 2 \
         $bw --json "$W/p$b.json" >"$W/p$b.md" || fail "profile --batch $b exited $?"
     grep -q '^| attention | ' "$W/p$b.md" || fail "no attention row (batch $b)"
     grep -q '^| \*\*step\*\* | ' "$W/p$b.md" || fail "no step row (batch $b)"
     grep -q '^- barriers per step: ' "$W/p$b.md" || fail "no barrier count (batch $b)"
+    # the paged-read probe runs with the read probe (INT8, blocks of 128, head_dim 128: 32 KiB runs)
+    if [ $b -eq 1 ]; then
+        grep -q '^- paged KV reads (32 KiB runs, one per KV block and kv head, .*): best [0-9.]* GB/s (median [0-9.]*), [0-9]*% of the streaming probe' "$W/p$b.md" ||
+            fail "no paged-read probe line"
+        grep -q "^- attention's [0-9.]* MB at the paged-read rate ([0-9.]* GB/s) take [0-9.]* ms: the stage took [0-9.]*x that" "$W/p$b.md" ||
+            fail "no attention at the paged-read rate line"
+    elif grep -q 'paged' "$W/p$b.md"; then
+        fail "a paged-read line with the bandwidth given"
+    fi
     grep -q '| uneven ms |$' "$W/p$b.md" || fail "no uneven ms column (batch $b)"
     grep -q "^- the output, gate/up, down and vocabulary rows were split by each thread's measured speed; shares after the last step: [0-9.]*% / [0-9.]*%$" "$W/p$b.md" ||
         fail "no row shares line (batch $b)"
@@ -78,6 +89,7 @@ w = sys.argv[1]
 info = open(w + "/info.txt").read()
 decode = int(re.search(r"decode bytes/token\s+(\d+)", info).group(1))
 kv8 = int(re.search(r"kv bytes/token\s+f16 \d+, int8 (\d+)", info).group(1))
+hd = int(re.search(r"head_dim (\d+)", info).group(1))
 names = ["plan", "embed", "norm_quant", "qkv", "qk_norm_rope", "kv_store", "attention", "o_proj", "residual",
          "gate_up", "silu_mul_quant", "down", "lm_head", "barrier_wait", "sampling"]
 for b in (1, 4):
@@ -85,7 +97,8 @@ for b in (1, 4):
     st, step = j["stages"], j["step"]
     got = [s["stage"] for s in st]
     assert got == names, f"stages {got}"
-    assert j["batch"] == b and j["ctx"] == 32 and j["steps"] == 4
+    ctx = 160 if b == 1 else 32
+    assert j["batch"] == b and j["ctx"] == ctx and j["steps"] == 4
     # times: the stages (barrier wait and sampling included) are the step,
     # less what stages between the same two barriers overlapped (their
     # longest threads differ: attention starts as each thread's kv_store ends)
@@ -106,9 +119,9 @@ for b in (1, 4):
     # bytes: the forward stages read what the step reads
     fwd = sum(s["bytes"] for s in st if s["stage"] != "sampling")
     assert fwd == step["bytes"], f"stage bytes {fwd} != step bytes {step['bytes']}"
-    if b == 1:  # one token: the model's decode bytes, plus the KV of 32 + 2 warm-up + 1 positions
-        want = decode + 35 * kv8
-        assert fwd == want, f"stage bytes {fwd}, model says {decode} + 35 x {kv8} = {want}"
+    if b == 1:  # one token: the model's decode bytes, plus the KV of 160 + 2 warm-up + 1 positions
+        want = decode + (ctx + 3) * kv8
+        assert fwd == want, f"stage bytes {fwd}, model says {decode} + {ctx + 3} x {kv8} = {want}"
     assert step["barriers"] > 0, "no barriers counted"
     # the row shares: one per thread, a split within [1/2, 3/2] of even
     rs = step["row_shares"]
@@ -122,6 +135,14 @@ for b in (1, 4):
     assert pr["read_gbs_median"] <= pr["floor_gbs_median"] <= pr["floor_gbs"], pr
     assert step["floor_ms_median_read"] >= step["floor_ms"] * (1 - 1e-9), step
     assert abs(step["x_floor_median_read"] * step["floor_ms_median_read"] - step["x_floor"] * step["floor_ms"]) <= 1e-6 * step["x_floor"] * step["floor_ms"], step
+    attn = next(s for s in st if s["stage"] == "attention")
+    if b == 1:  # the paged-read probe: a (block, kv head) of INT8 K and V, and attention's bytes at its rate
+        assert pr["kv_run_bytes"] == 2 * 128 * hd, pr
+        assert 0 < pr["kv_runs_gbs_min"] <= pr["kv_runs_gbs_median"] <= pr["kv_runs_gbs"], pr
+        want = attn["bytes"] / (pr["kv_runs_gbs"] * 1e9) * 1e3
+        assert attn["bytes"] > 0 and abs(attn["paged_read_ms"] - want) <= 1e-6 * want, (attn, want)
+    else:
+        assert "kv_runs_gbs" not in pr and "paged_read_ms" not in attn, (pr, attn)
     if b == 4:
         assert pr["read_gbs"] == 20 and pr["read_passes"] == 0 and pr["peak_gops_int8"] == 500
         # a given bandwidth has no spread: one floor

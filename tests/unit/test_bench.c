@@ -535,6 +535,16 @@ static void test_bench_probe_sane(void **state) {
     probe_read_bw_stats(1, &ps);
     assert_true(ps.n > 2);
     assert_true(ps.min > 0 && ps.min <= ps.median && ps.median <= ps.best);
+    /* the paged-read probe: KV-sized runs in a shuffled order; a run size it
+     * does not take reads nothing */
+    probe_read_runs_stats(1, (size_t)32 << 10, &ps);
+    assert_true(ps.n > 2);
+    assert_true(ps.min > 0 && ps.min <= ps.median && ps.median <= ps.best && ps.best < 2000);
+    const size_t bad[] = {0, 1000, PROBE_RUN_MIN - 256, PROBE_RUN_MAX + 256, PROBE_RUN_MIN + 64};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        probe_read_runs_stats(1, bad[i], &ps);
+        assert_true(ps.n == 0 && ps.best == 0 && ps.median == 0 && ps.min == 0);
+    }
     double gf = probe_peak_gflops_f32(1);
     assert_true(gf > 0.1 && gf < 100000);
     double gi = probe_peak_gops_int8(1);

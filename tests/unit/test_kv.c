@@ -418,7 +418,15 @@ static void test_kv_bytes_per_token(void **state) {
         assert_true(kv_block_bytes(&head) >= bpt * (size_t)head.block_size - (size_t)head.block_size);
         assert_true(kv_block_bytes(&head) <= bpt * (size_t)head.block_size + 64u * 28u);
         assert_int_equal(kv_block_bytes(&f16), kv_bytes_per_token(&f16) * (size_t)f16.block_size);
+        /* the run attention reads per (block, kv head): int8 a head's K and V, a float type its K */
+        assert_int_equal(kv_run_bytes(&head), 2u * (size_t)head.block_size * 128u);
+        assert_int_equal(kv_run_bytes(&f16), (size_t)f16.block_size * 128u * 2u);
     }
+    f32.block_size = 128;
+    assert_int_equal(kv_run_bytes(&f32), 128u * 128u * 4u);
+    f32.block_size = 100; /* a block size kv_init refuses */
+    assert_int_equal(kv_run_bytes(&f32), 0);
+    assert_int_equal(kv_run_bytes(NULL), 0);
 }
 
 /* ---- conversions ------------------------------------------------------------------ */
