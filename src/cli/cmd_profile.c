@@ -184,9 +184,11 @@ typedef struct pf_data {
     double *overlap_ns;      /* (n_steps) the stages' longest times beyond the forward step: stages
                               * between the same two barriers whose longest threads differ */
     double overlap_ms, overlap_mean_ms; /* its median and mean over the steps */
-    double thread_sum_err;              /* largest share of a forward step thread 0 spent outside its marks:
-                                         * the lesser of that wall time and that CPU time (a thread taken off
-                                         * its core between marks is not code outside them), over the step */
+    double *mark_err;      /* (n_steps) share of the forward step thread 0 spent outside its marks: the lesser
+                            * of that wall time and that CPU time (a thread taken off its core between marks
+                            * is not code outside them) */
+    double thread_sum_err; /* its median over the steps: work left out of the marks shows in every step,
+                            * a step whose thread 0 spun while a preempted worker started does not */
     uint64_t barriers;
     fwd_stage_cost cost[PF_ROWS];
     uint64_t fwd_bytes; /* backend last_bytes of a timed step */
@@ -618,6 +620,7 @@ static void pf_free(pf_state *s, int batch) {
     }
     tk_free(s->d.offcpu);
     tk_free(s->d.overlap_ns);
+    tk_free(s->d.mark_err);
     tk_free(s->d.step_ns);
     tk_free(s->d.fwd_ns);
     tk_free(s->d.row_shares);
@@ -708,13 +711,14 @@ static tk_status pf_setup(pf_state *s, tk_model *m, const cli_opts *o, int batch
     }
     s->d.offcpu = tk_calloc((size_t)steps, sizeof(double));
     s->d.overlap_ns = tk_calloc((size_t)steps, sizeof(double));
+    s->d.mark_err = tk_calloc((size_t)steps, sizeof(double));
     s->d.step_ns = tk_calloc((size_t)steps, sizeof(double));
     s->d.fwd_ns = tk_calloc((size_t)steps, sizeof(double));
     s->tmp = tk_calloc((size_t)steps, sizeof(double));
     bool ok = s->bt && s->smp && s->tok && s->n && s->pos0 && s->n_logits && s->logits && s->prompt_logits &&
               s->prof.rows && s->d.step_ns && s->d.fwd_ns && s->tmp;
     for (int r = 0; r < PF_ROWS; r++) ok &= s->d.ns[r] && s->d.cpu[r] && s->d.uneven[r];
-    ok &= s->d.offcpu != NULL && s->d.overlap_ns != NULL;
+    ok &= s->d.offcpu != NULL && s->d.overlap_ns != NULL && s->d.mark_err != NULL;
     for (int q = 0; ok && q < batch; q++) ok = (s->bt[q] = tk_calloc((size_t)nbs, sizeof(int32_t))) != NULL;
     if (!ok) return tk_fail(TK_ERR_NOMEM, "profile: out of memory for a batch of %d", batch);
     memset(s->prof.rows, 0, (size_t)nth * sizeof(fwd_prof_thread));
@@ -806,8 +810,7 @@ static tk_status pf_step(pf_state *s, const tk_model *m, int batch, int prefill,
     /* the caller is pool thread 0: its time outside its marks, on the clock
      * and on its CPU (its part of the step spans its marks) */
     double out_wall = fwd - th0, out_cpu = (double)(c1 - c0) - (double)s->prof.rows[0].part_cpu_ns;
-    double err = fmax(0.0, fmin(out_wall, out_cpu)) / fwd;
-    if (err > d->thread_sum_err) d->thread_sum_err = err;
+    d->mark_err[i] = fmax(0.0, fmin(out_wall, out_cpu)) / fwd;
     if (i == 0) {
         d->fwd_bytes = be->last_bytes ? be->last_bytes(be->ctx) : 0;
         /* each token attends to the context before it and to itself */
@@ -1044,6 +1047,7 @@ int cmd_profile(int argc, char **argv) {
                      .stage_cpu = pa.stage_cpu};
         double off = median_of(s.d.offcpu, steps, s.tmp);
         s.d.overlap_ms = median_of(s.d.overlap_ns, steps, s.tmp) / 1e6;
+        s.d.thread_sum_err = median_of(s.d.mark_err, steps, s.tmp);
         s.d.overlap_mean_ms = stats_mean(s.d.overlap_ns, (size_t)steps) / 1e6;
         print_markdown(&ru, &mc, &s.d, rows, step_ms, fwd_ms, off);
         rc = 0;
