@@ -381,10 +381,9 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
     print_peaks(mc);
     printf("\n\n");
     if (mc->runs.n > 0)
-        printf("- paged KV reads (%zu KiB runs, one per KV block and kv head, in a shuffled order, the next "
-               "asked "
-               "for in step, as attention reads them): best %.1f GB/s (median %.1f), %.0f%% of the streaming "
-               "probe's best\n\n",
+        printf("- paged KV reads (%zu KiB runs, one per KV block and kv head, in a shuffled order, "
+               "the next asked for in step, as attention reads them): "
+               "best %.1f GB/s (median %.1f), %.0f%% of the streaming probe's best\n\n",
                mc->run_bytes >> 10, mc->runs.best, mc->runs.median,
                mc->bw.best > 0 ? 100.0 * mc->runs.best / mc->bw.best : 0);
     if (mc->over_stage)
@@ -537,8 +536,8 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddNumberToObject(j, "peak_pct", o->peak_pct);
         cJSON_AddNumberToObject(j, "floor_ms", o->floor_ms);
         cJSON_AddNumberToObject(j, "x_floor", o->x_floor);
-        if (r == FWD_ST_ATTN && attn_at_runs_ms(d, mc) > 0)
-            cJSON_AddNumberToObject(j, "paged_read_ms", attn_at_runs_ms(d, mc));
+        const double paged_ms = r == FWD_ST_ATTN ? attn_at_runs_ms(d, mc) : 0;
+        if (paged_ms > 0) cJSON_AddNumberToObject(j, "paged_read_ms", paged_ms);
         cJSON_AddItemToArray(st, j);
         floor_sum += o->floor_ms;
         stage_sum += o->mean_ms;
