@@ -284,4 +284,5 @@ void bench_probe_machine(int n_threads, bench_info *info) {
     info->peak_gflops_f32 = probe_peak_gflops_f32(info->probe_threads);
     info->peak_gops_int8 = probe_peak_gops_int8(info->probe_threads);
     info->peak_gflops_bf16 = probe_peak_gflops_bf16(info->probe_threads);
+    (void)probe_rt_throttled(&info->rt_runtime_us, &info->rt_period_us);
 }

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -546,6 +547,32 @@ double probe_peak_gflops_bf16(int n_threads) {
 
 double probe_peak_gops_int8(int n_threads) {
     return probe_run(PROBE_INT8, n_threads, 0, 0, 16000000, NULL) * 1e-9;
+}
+
+/* The integer in a /proc file, or fallback when it cannot be read. */
+static long proc_long(const char *path, long fallback) {
+    FILE *f = fopen(path, "r");
+    if (!f) return fallback;
+    long v;
+    const bool ok = fscanf(f, "%ld", &v) == 1;
+    fclose(f);
+    return ok ? v : fallback;
+}
+
+bool probe_rt_throttled(int *runtime_us, int *period_us) {
+    *runtime_us = *period_us = 0;
+#if defined(__linux__)
+    const int pol = sched_getscheduler(0);
+    if (pol != SCHED_FIFO && pol != SCHED_RR) return false;
+    const long rt = proc_long("/proc/sys/kernel/sched_rt_runtime_us", -1);
+    const long per = proc_long("/proc/sys/kernel/sched_rt_period_us", -1);
+    if (rt < 0 || per <= 0 || rt >= per || per > INT32_MAX) return false;
+    *runtime_us = (int)rt;
+    *period_us = (int)per;
+    return true;
+#else
+    return false;
+#endif
 }
 
 double probe_roofline_pct(double achieved_gbs, double probe_gbs, bool *shortfall) {

@@ -45,6 +45,16 @@ void probe_read_runs_stats(int n_threads, size_t run_bytes, probe_stats *out);
  * probe shortfall, not as a roofline above 100%). */
 double probe_roofline_pct(double achieved_gbs, double probe_gbs, bool *shortfall);
 
+/* Whether the calling thread runs in a real-time class (SCHED_FIFO or
+ * SCHED_RR, e.g. under `chrt -f 1`) while the kernel throttles real-time
+ * threads: then threads that keep every core busy (a decode's pool) stop for
+ * the rest of each period once they have run *runtime_us of its *period_us
+ * microseconds (by default 950,000 of 1,000,000: a ~50 ms stall each
+ * second), which a run's means and tail latencies count. Reads
+ * /proc/sys/kernel/sched_rt_{runtime,period}_us; false (and 0s) outside a
+ * real-time class, with throttling off (runtime -1) or unreadable. */
+bool probe_rt_throttled(int *runtime_us, int *period_us);
+
 /* Peak fp32 multiply-add throughput in GFLOP/s (an FMA counts 2 flops) from
  * independent FMA chains on every thread; 0 on failure. */
 double probe_peak_gflops_f32(int n_threads);

@@ -46,6 +46,18 @@ void report_probe(const bench_info *in, FILE *f) {
         in->peak_gops_int8);
     if (in->peak_gflops_bf16 > 0) fprintf(f, ", peak BF16 dot %.1f GFLOP/s", in->peak_gflops_bf16);
     fprintf(f, "\n");
+    report_rt_throttle(in->rt_runtime_us, in->rt_period_us, f);
+}
+
+void report_rt_throttle(int runtime_us, int period_us, FILE *f) {
+    if (runtime_us <= 0 || period_us <= 0) return;
+    fprintf(
+        f,
+        "- scheduling: a real-time class (e.g. chrt) with the kernel's real-time throttling on (%d of each "
+        "%d "
+        "us): threads that keep every core busy stop for the rest of each period, ~%.0f ms a second, which "
+        "means and tail latencies count; run at normal priority or under nice instead\n",
+        runtime_us, period_us, 1e3 * (double)(period_us - runtime_us) / (double)period_us);
 }
 
 /* A closed-loop level whose pure decode steps never ran all its requests
@@ -622,6 +634,13 @@ static cJSON *js_result(const bench_result *r) {
     js_num(pr, "peak_gflops_f32", in->peak_gflops_f32);
     js_num(pr, "peak_gops_int8", in->peak_gops_int8);
     js_num(pr, "peak_gflops_bf16", in->peak_gflops_bf16);
+    if (in->rt_runtime_us > 0) {
+        cJSON *rt = cJSON_AddObjectToObject(mc, "rt_throttle");
+        cJSON_AddNumberToObject(rt, "runtime_us", in->rt_runtime_us);
+        cJSON_AddNumberToObject(rt, "period_us", in->rt_period_us);
+    } else {
+        cJSON_AddNullToObject(mc, "rt_throttle");
+    }
     cJSON *md = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(md, "path", in->model_path);
     cJSON_AddStringToObject(md, "name", in->model_name);

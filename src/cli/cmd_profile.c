@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "bench/kbench.h"
 #include "bench/probe.h"
+#include "bench/report.h"
 #include "bench/stats.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
@@ -245,6 +246,12 @@ static const char *peak_rate(tk_peak p) { return p == TK_PEAK_INT8 ? "GOP/s" : "
 
 /* "peak int8 N GOP/s, peak fp32 N GFLOP/s[, peak bf16 dot N GFLOP/s]", each
  * "(given)" or "(probed now)". */
+/* The "- scheduling:" line under the kernel's real-time throttle (report.h). */
+static void print_rt_throttle(void) {
+    int rt_us, rt_per;
+    if (probe_rt_throttled(&rt_us, &rt_per)) report_rt_throttle(rt_us, rt_per, stdout);
+}
+
 static void print_peaks(const pf_machine *mc) {
     static const tk_peak order[TK_PEAK_COUNT] = {TK_PEAK_INT8, TK_PEAK_F32, TK_PEAK_BF16};
     for (int k = 0; k < TK_PEAK_COUNT; k++) {
@@ -379,7 +386,9 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
     else
         printf("- read bandwidth %.1f GB/s (given), ", mc->bw.best);
     print_peaks(mc);
-    printf("\n\n");
+    printf("\n");
+    print_rt_throttle();
+    printf("\n");
     if (mc->runs.n > 0)
         printf("- paged KV reads (%zu KiB runs, one per KV block and kv head, in a shuffled order, "
                "the next asked for in step, as attention reads them): "
@@ -837,7 +846,9 @@ static void print_kernels(const char *model, const pf_machine *mc, const pf_args
     printf("- read bandwidth %.1f GB/s (%s), ", mc->bw.best,
            mc->bw.n > 0 ? "probed now, best pass" : "given");
     print_peaks(mc);
-    printf("\n\n");
+    printf("\n");
+    print_rt_throttle();
+    printf("\n");
     printf(
         "| kernel | tokens | MB streamed | streamed GB/s | x first count | GOP/s | %% of bw | %% of peak | "
         "cached GB/s | cached GOP/s | streamed / cached |\n");

@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "backend/runner.h"
 #include "bench/probe.h"
+#include "bench/report.h"
 #include "cli/cli.h"
 #include "cli/run.h"
 #include "core/alloc.h"
@@ -237,6 +238,8 @@ int cmd_run(int argc, char **argv) {
     }
     fprintf(stderr, " | %d threads, kv %s, weights %s\n", s.be.n_threads,
             names_str(&NAMES_KV_TYPE, (int)o.engine.kv_type), s.be.weight_dtype);
+    int rt_us, rt_per;
+    if (probe_rt_throttled(&rt_us, &rt_per)) report_rt_throttle(rt_us, rt_per, stderr);
     run_free(&s);
     return 0;
 }

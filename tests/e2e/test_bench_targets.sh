@@ -19,7 +19,7 @@ T="$TK_SRC/bench/targets.sh"
 # the targets set so that Q8_0 and BF16 rows pass and the 4-bit ones fail,
 # unless the caller sets them
 small() {
-    PRESET=tiny STEPS=2 CTX=32 NEW_TOKENS=8 RT=0 BATCHES="2 4" TARGET_READ=${TARGET_READ:-0} \
+    PRESET=tiny STEPS=2 CTX=32 NEW_TOKENS=8 NICE=0 BATCHES="2 4" TARGET_READ=${TARGET_READ:-0} \
         TARGET_READ_4BIT=${TARGET_READ_4BIT:-1000000} TARGET_FLOOR=${TARGET_FLOOR:-1000} bash "$T" "$@"
 }
 

@@ -98,6 +98,16 @@ expect 0 "decode 8 tok" "$TK_CLI" run -m "$M" --tokens 1,2,3,4 -n 0 --ctx 12 --i
 # said to be faster, never a % above 100
 expect 0 "GB/s = [0-9.]*% of 100000.00 GB/s given" "$TK_CLI" run -m "$M" --tokens 1,2 -n 2 --ignore-eos --threads 1 --bw 100000
 expect 0 "GB/s > the 0.00 GB/s given (the decode read faster)" "$TK_CLI" run -m "$M" --tokens 1,2 -n 2 --ignore-eos --threads 1 --bw 0.001
+# under the kernel's real-time throttle (chrt, where permitted) the run says so; not at normal priority
+! grep -q "^- scheduling:" "$W/err.txt" || fail "run at normal priority reports a real-time throttle"
+rt_us=$(cat /proc/sys/kernel/sched_rt_runtime_us 2>/dev/null || echo -1)
+rt_per=$(cat /proc/sys/kernel/sched_rt_period_us 2>/dev/null || echo 0)
+if chrt -f 1 true 2>/dev/null && [ "$rt_us" -ge 0 ] && [ "$rt_us" -lt "$rt_per" ]; then
+    expect 0 "^- scheduling: a real-time class (e.g. chrt) with the kernel's real-time throttling on ($rt_us of each $rt_per us)" \
+        chrt -f 1 "$TK_CLI" run -m "$M" --tokens 1,2 -n 2 --ignore-eos --threads 1 --bw 100000
+else
+    echo "chrt -f 1 not permitted here (or no real-time throttle): the real-time throttle line not checked"
+fi
 expect 2 "--bw is for one prompt" "$TK_CLI" run -m "$M" --parallel 2 --tokens 1,2 -n 2 --bw 10
 "$TK_CLI" run -m "$M" --tokens 1,2,3,4 --parallel 2 -n 0 --ctx 12 --ignore-eos --threads 1 >"$W/out.txt" \
     2>"$W/err.txt" || fail "run --parallel -n 0 exited $?"

@@ -3,12 +3,16 @@
  * production iteration count (its lanes wrap) against the result scalar
  * arithmetic predicts. The SIMD loops have one test per level
  * (test_probe_avx2, test_probe_avx512), which ctest reports as skipped on a
- * CPU without that level. */
+ * CPU without that level. And the real-time throttle check, in and out of
+ * a real-time class. */
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <cmocka.h> /* after the headers it needs */
 
@@ -71,11 +75,55 @@ static void test_probe_bf16_where_present(void **state) {
     print_message("bf16 dot peak, one thread: %.0f GFLOP/s\n", g);
 }
 
+/* The integer in a /proc file, or -2 when it cannot be read. */
+static long proc_value(const char *path) {
+    FILE *f = fopen(path, "r");
+    long v = -2;
+    if (f) {
+        if (fscanf(f, "%ld", &v) != 1) v = -2;
+        fclose(f);
+    }
+    return v;
+}
+
+/* probe_rt_throttled: false and zeros at normal priority; in SCHED_FIFO
+ * (where this process may enter it) exactly the kernel's throttle, or false
+ * when the kernel runs real-time threads unthrottled (runtime -1). */
+static void test_probe_rt_throttle(void **state) {
+    (void)state;
+    int rt = 7, per = 7;
+    assert_false(probe_rt_throttled(&rt, &per));
+    assert_int_equal(rt, 0);
+    assert_int_equal(per, 0);
+    struct sched_param sp;
+    memset(&sp, 0, sizeof sp);
+    sp.sched_priority = 1;
+    if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) != 0) {
+        print_message("real-time class not permitted here: its half not run\n");
+        return;
+    }
+    const bool on = probe_rt_throttled(&rt, &per);
+    sp.sched_priority = 0;
+    assert_int_equal(pthread_setschedparam(pthread_self(), SCHED_OTHER, &sp), 0);
+    const long krt = proc_value("/proc/sys/kernel/sched_rt_runtime_us");
+    const long kper = proc_value("/proc/sys/kernel/sched_rt_period_us");
+    print_message("SCHED_FIFO: throttled %d (%d of %d us; kernel %ld of %ld)\n", on, rt, per, krt, kper);
+    if (krt >= 0 && kper > 0 && krt < kper) {
+        assert_true(on);
+        assert_int_equal(rt, krt);
+        assert_int_equal(per, kper);
+    } else {
+        assert_false(on);
+        assert_int_equal(rt, 0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_probe_lanes_sum_extremes),
         cmocka_unit_test(test_probe_int8_scalar),
         cmocka_unit_test(test_probe_bf16_where_present),
+        cmocka_unit_test(test_probe_rt_throttle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
