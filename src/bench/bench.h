@@ -216,8 +216,8 @@ typedef struct bench_info {
     double peak_gflops_f32, peak_gops_int8;
     double peak_gflops_bf16; /* the BF16 dot (vdpbf16ps) loop; 0 where the CPU or level lacks it */
     int probe_threads;
-    int rt_runtime_us,
-        rt_period_us; /* probe_rt_throttled: the real-time throttle the run is under (0: none) */
+    /* probe_rt_throttled: the real-time throttle the run is under (0s: none) */
+    int rt_runtime_us, rt_period_us;
 } bench_info;
 
 /* What tokamak loadgen measured: a server over HTTP, seen from the client

@@ -51,13 +51,12 @@ void report_probe(const bench_info *in, FILE *f) {
 
 void report_rt_throttle(int runtime_us, int period_us, FILE *f) {
     if (runtime_us <= 0 || period_us <= 0) return;
-    fprintf(
-        f,
-        "- scheduling: a real-time class (e.g. chrt) with the kernel's real-time throttling on (%d of each "
-        "%d "
-        "us): threads that keep every core busy stop for the rest of each period, ~%.0f ms a second, which "
-        "means and tail latencies count; run at normal priority or under nice instead\n",
-        runtime_us, period_us, 1e3 * (double)(period_us - runtime_us) / (double)period_us);
+    const double stall_ms = 1e3 * (double)(period_us - runtime_us) / (double)period_us;
+    fprintf(f, "- scheduling: a real-time class (e.g. chrt) with the kernel's real-time throttling on ");
+    fprintf(f, "(%d of each %d us): threads that keep every core busy stop for the rest of each period, ",
+            runtime_us, period_us);
+    fprintf(f, "~%.0f ms a second, which means and tail latencies count; ", stall_ms);
+    fprintf(f, "run at normal priority or under nice instead\n");
 }
 
 /* A closed-loop level whose pure decode steps never ran all its requests

@@ -244,14 +244,14 @@ typedef struct pf_row {
 /* A peak's rate unit: int8 operations or flops per second. */
 static const char *peak_rate(tk_peak p) { return p == TK_PEAK_INT8 ? "GOP/s" : "GFLOP/s"; }
 
-/* "peak int8 N GOP/s, peak fp32 N GFLOP/s[, peak bf16 dot N GFLOP/s]", each
- * "(given)" or "(probed now)". */
 /* The "- scheduling:" line under the kernel's real-time throttle (report.h). */
 static void print_rt_throttle(void) {
     int rt_us, rt_per;
     if (probe_rt_throttled(&rt_us, &rt_per)) report_rt_throttle(rt_us, rt_per, stdout);
 }
 
+/* "peak int8 N GOP/s, peak fp32 N GFLOP/s[, peak bf16 dot N GFLOP/s]", each
+ * "(given)" or "(probed now)". */
 static void print_peaks(const pf_machine *mc) {
     static const tk_peak order[TK_PEAK_COUNT] = {TK_PEAK_INT8, TK_PEAK_F32, TK_PEAK_BF16};
     for (int k = 0; k < TK_PEAK_COUNT; k++) {
