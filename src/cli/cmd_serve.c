@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/probe.h"
 #include "cli/cli.h"
 #include "server/server.h"
 #include "tokamak.h"
@@ -174,6 +175,14 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "tokamak serve: ready: model '%s' (%s, %s, chat format %s), ctx %d, max batch %d\n",
             so->served_name, mi.arch, mi.weight_dtype, tk_model_chat_format(m), o.engine.ctx,
             o.engine.max_batch);
+    int rt_us, rt_per;
+    if (probe_rt_throttled(&rt_us, &rt_per))
+        fprintf(
+            stderr,
+            "tokamak serve: warning: a real-time class under the kernel's real-time throttle (%d of each %d "
+            "us): the engine's busy threads stop ~%.0f ms each second, which every stream's inter-token "
+            "latency sees; run at normal priority or under nice instead\n",
+            rt_us, rt_per, 1e3 * (double)(rt_per - rt_us) / (double)rt_per);
 
     int sig;
     while (!(sig = wait_signal(&sigs, 3600))) {

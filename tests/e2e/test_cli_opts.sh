@@ -105,6 +105,18 @@ rt_per=$(cat /proc/sys/kernel/sched_rt_period_us 2>/dev/null || echo 0)
 if chrt -f 1 true 2>/dev/null && [ "$rt_us" -ge 0 ] && [ "$rt_us" -lt "$rt_per" ]; then
     expect 0 "^- scheduling: a real-time class (e.g. chrt) with the kernel's real-time throttling on ($rt_us of each $rt_per us)" \
         chrt -f 1 "$TK_CLI" run -m "$M" --tokens 1,2 -n 2 --ignore-eos --threads 1 --bw 100000
+    # and the server warns once it is ready
+    chrt -f 1 "$TK_CLI" serve -m "$M" --host 127.0.0.1 --port 0 --threads 1 2>"$W/serve.err" &
+    spid=$!
+    for _ in $(seq 1 300); do
+        grep -q "tokamak serve: ready" "$W/serve.err" && break
+        kill -0 "$spid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -TERM "$spid" 2>/dev/null || true
+    wait "$spid" || true
+    grep -q "tokamak serve: warning: a real-time class under the kernel's real-time throttle ($rt_us of each $rt_per us)" \
+        "$W/serve.err" || { cat "$W/serve.err"; fail "serve under chrt -f 1: no real-time throttle warning"; }
 else
     echo "chrt -f 1 not permitted here (or no real-time throttle): the real-time throttle line not checked"
 fi
