@@ -17,8 +17,8 @@
 # other jobs get few time slices mid-run; not under `chrt -f 1`: the kernel
 # throttles real-time threads that keep every core busy (sched_rt_runtime_us,
 # 950 of each 1,000 ms by default), a ~50 ms stall each second that a
-# decode's mean read rate counts (docs/benchmarking.md). The level is the machine's best
-# unless TOKAMAK_ISA says otherwise (e.g. TOKAMAK_ISA=avx2).
+# decode's mean read rate counts (docs/benchmarking.md). The level is the
+# machine's best unless TOKAMAK_ISA says otherwise (e.g. TOKAMAK_ISA=avx2).
 # Environment: THREADS (2), PRESET (qwen3-0.6b), CTX (576), STEPS (12),
 # NEW_TOKENS (128), BATCHES ("8 32"), NICE (1); the targets TARGET_READ (90, %
 # of the probe for Q8_0 and BF16), TARGET_READ_4BIT (85) and TARGET_FLOOR

@@ -59,6 +59,11 @@ void report_rt_throttle(int runtime_us, int period_us, FILE *f) {
     fprintf(f, "run at normal priority or under nice instead\n");
 }
 
+void report_rt_throttle_now(FILE *f) {
+    int runtime_us, period_us;
+    if (probe_rt_throttled(&runtime_us, &period_us)) report_rt_throttle(runtime_us, period_us, f);
+}
+
 /* A closed-loop level whose pure decode steps never ran all its requests
  * at once: its decode figures are over every decode step (bench_metrics.c),
  * and the report says how many ran together. */

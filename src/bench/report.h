@@ -16,6 +16,8 @@ void report_probe(const bench_info *info, FILE *f);
 /* A "- scheduling:" line when the run is under the kernel's real-time
  * throttle (probe_rt_throttled: runtime_us > 0); nothing otherwise. */
 void report_rt_throttle(int runtime_us, int period_us, FILE *f);
+/* The same line for the calling thread as it runs now (probe_rt_throttled). */
+void report_rt_throttle_now(FILE *f);
 
 tk_status report_json_write(const bench_result *r, const char *path);
 tk_status report_csv_write(const bench_result *r, const char *path);

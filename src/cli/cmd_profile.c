@@ -244,12 +244,6 @@ typedef struct pf_row {
 /* A peak's rate unit: int8 operations or flops per second. */
 static const char *peak_rate(tk_peak p) { return p == TK_PEAK_INT8 ? "GOP/s" : "GFLOP/s"; }
 
-/* The "- scheduling:" line under the kernel's real-time throttle (report.h). */
-static void print_rt_throttle(void) {
-    int rt_us, rt_per;
-    if (probe_rt_throttled(&rt_us, &rt_per)) report_rt_throttle(rt_us, rt_per, stdout);
-}
-
 /* "peak int8 N GOP/s, peak fp32 N GFLOP/s[, peak bf16 dot N GFLOP/s]", each
  * "(given)" or "(probed now)". */
 static void print_peaks(const pf_machine *mc) {
@@ -387,7 +381,7 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         printf("- read bandwidth %.1f GB/s (given), ", mc->bw.best);
     print_peaks(mc);
     printf("\n");
-    print_rt_throttle();
+    report_rt_throttle_now(stdout);
     printf("\n");
     if (mc->runs.n > 0)
         printf("- paged KV reads (%zu KiB runs, one per KV block and kv head, in a shuffled order, "
@@ -847,7 +841,7 @@ static void print_kernels(const char *model, const pf_machine *mc, const pf_args
            mc->bw.n > 0 ? "probed now, best pass" : "given");
     print_peaks(mc);
     printf("\n");
-    print_rt_throttle();
+    report_rt_throttle_now(stdout);
     printf("\n");
     printf(
         "| kernel | tokens | MB streamed | streamed GB/s | x first count | GOP/s | %% of bw | %% of peak | "

@@ -238,8 +238,7 @@ int cmd_run(int argc, char **argv) {
     }
     fprintf(stderr, " | %d threads, kv %s, weights %s\n", s.be.n_threads,
             names_str(&NAMES_KV_TYPE, (int)o.engine.kv_type), s.be.weight_dtype);
-    int rt_us, rt_per;
-    if (probe_rt_throttled(&rt_us, &rt_per)) report_rt_throttle(rt_us, rt_per, stderr);
+    report_rt_throttle_now(stderr);
     run_free(&s);
     return 0;
 }
