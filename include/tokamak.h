@@ -348,12 +348,15 @@ typedef struct tk_engine_stats {
     const char *weight_dtype;
     /* The step budget: time-based or fixed, the target asked for (0: automatic),
      * the last step's budget (tokens, decodes included) and target (ms; 0 when
-     * fixed), and the engine's measured costs (ms per token, 0 until measured). */
+     * fixed), and the engine's measured step model (0 until measured): a step
+     * takes step_fixed_ms + decode_ms_per_token x its decodes +
+     * prefill_ms_per_token x its prefill tokens + prefill_ms_per_kpos x the
+     * positions its prefill tokens attend to / 1024. */
     bool step_adaptive;
     double step_ms;
     int step_budget_last;
     double step_target_ms_last;
-    double decode_ms_per_token, prefill_ms_per_token;
+    double step_fixed_ms, decode_ms_per_token, prefill_ms_per_token, prefill_ms_per_kpos;
     /* The prefix cache (docs/engine.md, "Prefix caching"): whether it runs;
      * tokens of admitted sequences looked up (readmissions after preemption
      * included) and those found cached, so not prefilled; full blocks cached

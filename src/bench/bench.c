@@ -608,8 +608,10 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
      * out->engine is the configuration, read at create). */
     tk_engine_stats end;
     if (tk_engine_stats_get(e, &end) == TK_OK) {
+        out->engine.step_fixed_ms = end.step_fixed_ms;
         out->engine.decode_ms_per_token = end.decode_ms_per_token;
         out->engine.prefill_ms_per_token = end.prefill_ms_per_token;
+        out->engine.prefill_ms_per_kpos = end.prefill_ms_per_kpos;
     }
     /* The engine first: its shutdown fires the callbacks of anything still live. */
     tk_engine_free(e);

@@ -285,13 +285,16 @@ int run_many(const cli_opts *o, const run_args *a) {
     double med = 0;
     if (n_tpot && tpots && stats_percentile(tpots, (size_t)n_tpot, 50, &med) != TK_OK) med = 0;
     tk_free(tpots);
-    char budget[160];
+    char budget[256];
     if (es.step_adaptive) {
         char target[32] = "auto";
         if (es.step_ms > 0) snprintf(target, sizeof target, "%g ms", es.step_ms);
         snprintf(budget, sizeof budget,
-                 "time-based: target %s, cap %d (measured: decode %.2f, prefill %.2f ms/token)", target,
-                 es.step_tokens, es.decode_ms_per_token, es.prefill_ms_per_token);
+                 "time-based: target %s, cap %d (measured: a step %.2f ms + %.2f a decode + %.2f a prefill "
+                 "token + "
+                 "%.2f per 1,024 positions it attends to)",
+                 target, es.step_tokens, es.step_fixed_ms, es.decode_ms_per_token, es.prefill_ms_per_token,
+                 es.prefill_ms_per_kpos);
     } else {
         snprintf(budget, sizeof budget, "fixed %d tokens", es.step_tokens);
     }

@@ -631,8 +631,10 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
         s->step_budget_last = c.budget;
         s->step_target_ms_last = c.target_s * 1e3;
     }
+    s->step_fixed_ms = c.cost.fixed_s * 1e3;
     s->decode_ms_per_token = c.cost.dec_s * 1e3;
     s->prefill_ms_per_token = c.cost.pre_s * 1e3;
+    s->prefill_ms_per_kpos = c.cost.attn_s * 1e3;
     s->prompt_tokens += prompt_tok;
     s->output_tokens += out_tok;
     stats_put_counts(s, &c);

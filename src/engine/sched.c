@@ -22,7 +22,7 @@ struct sched {
     uint64_t pc_query, pc_hit;    /* tokens looked up at admission, and found cached */
     uint64_t preemptions;
     int n_no_blocks, n_behind, n_preempted_waiting;
-    sched_cost cost; /* measured per-token costs (sched_observe) */
+    sched_cost cost; /* the measured step model (sched_observe) */
 };
 
 /* ---- lists ------------------------------------------------------------------ */
@@ -357,60 +357,161 @@ static void plan_add(sched *s, sched_seq *seq, int n, int n_draft) {
     it->want_logits = seq->n_computed + n == seq->n_tokens;
     s->plan.n_tok += n + n_draft;
     s->plan.n_draft += n_draft;
+    if (!it->want_logits || n > 1) s->plan.prefill_kpos += sched_prefill_kpos(it->pos0, n); /* not a decode */
 }
 
 /* ---- the time-based budget ---------------------------------------------------- */
 
-/* Move an estimate towards an observation (the first one sets it). */
-static double ewma(double est, double obs) {
-    if (!(est > 0)) return obs;
-    return est + (obs > est ? SCHED_COST_ALPHA_UP : SCHED_COST_ALPHA_DOWN) * (obs - est);
+#define NCOST 4 /* fixed, per decode, per prefill token, per 1,024 positions attended */
+
+double sched_prefill_kpos(int pos0, int n) {
+    if (n <= 0) return 0;
+    return ((double)n * pos0 + (double)n * (n + 1) / 2) / 1024; /* token i attends to pos0 + i + 1 */
 }
 
-void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double seconds) {
-    if (!(seconds > 0) || !isfinite(seconds) || n_decode < 0 || n_prefill < 0 || n_decode + n_prefill == 0)
-        return;
-    double mean = seconds / (n_decode + n_prefill);
-    if (n_prefill == 0) {
-        c->dec_s = ewma(c->dec_s, mean);
-        return;
-    }
-    /* The prefill's share: the step minus what its decodes are predicted to
-     * cost (as much as any token until a decode-only step was seen). A decode
-     * estimate that leaves the prefill less than a quarter of the mean token
-     * is too high (the machine got faster, or the decode-only step it came
-     * from was slow): the prefill gets that quarter, the decodes the rest. The
-     * 2x growth limit in sched_budget_tokens bounds what an underestimate costs. */
-    double obs = mean;
-    if (n_decode > 0 && c->dec_s > 0) {
-        double least = 0.25 * mean;
-        obs = (seconds - c->dec_s * n_decode) / n_prefill;
-        if (obs < least) {
-            obs = least;
-            c->dec_s = ewma(c->dec_s, (seconds - least * n_prefill) / n_decode);
+/* The step model's prediction. */
+static double cost_predict(const sched_cost *c, int n_decode, int n_prefill, double kpos) {
+    return c->fixed_s + c->dec_s * n_decode + c->pre_s * n_prefill + c->attn_s * kpos;
+}
+
+double sched_cost_decode_s(const sched_cost *c, int n_decode) {
+    return c->w > 0 ? cost_predict(c, n_decode, 0, 0) : 0;
+}
+
+/* Solve the k x k system a x = y (row-major, k <= NCOST) by Gaussian
+ * elimination with partial pivoting; false when it is singular. */
+static bool solve_small(int k, double *a, double *y, double *x) {
+    for (int i = 0; i < k; i++) {
+        int piv = i;
+        for (int r = i + 1; r < k; r++)
+            if (fabs(a[r * k + i]) > fabs(a[piv * k + i])) piv = r;
+        if (!(fabs(a[piv * k + i]) > 0)) return false;
+        if (piv != i) {
+            for (int j = 0; j < k; j++) {
+                double t = a[i * k + j];
+                a[i * k + j] = a[piv * k + j];
+                a[piv * k + j] = t;
+            }
+            double t = y[i];
+            y[i] = y[piv];
+            y[piv] = t;
+        }
+        for (int r = i + 1; r < k; r++) {
+            double f = a[r * k + i] / a[i * k + i];
+            for (int j = i; j < k; j++) a[r * k + j] -= f * a[i * k + j];
+            y[r] -= f * y[i];
         }
     }
-    c->pre_s = ewma(c->pre_s, obs);
-    c->last_prefill = n_prefill;
+    for (int i = k - 1; i >= 0; i--) {
+        double v = y[i];
+        for (int j = i + 1; j < k; j++) v -= a[i * k + j] * x[j];
+        x[i] = v / a[i * k + i];
+    }
+    return true;
+}
+
+/* Minimise b' S b - 2 b' r over b >= 0 (S positive definite): the fit with
+ * every cost >= 0. With four unknowns every set of free costs (the rest at
+ * 0) is tried; the best feasible one is the constrained optimum. */
+static void cost_fit(sched_cost *c) {
+    const double *S = c->info, *r = c->rhs;
+    double best[NCOST] = {0}, best_f = 0; /* all zero: f = 0 */
+    for (int set = 1; set < 1 << NCOST; set++) {
+        int idx[NCOST], k = 0;
+        for (int i = 0; i < NCOST; i++)
+            if (set >> i & 1) idx[k++] = i;
+        double a[NCOST * NCOST], y[NCOST], x[NCOST];
+        for (int i = 0; i < k; i++) {
+            y[i] = r[idx[i]];
+            for (int j = 0; j < k; j++) a[i * k + j] = S[idx[i] * NCOST + idx[j]];
+        }
+        if (!solve_small(k, a, y, x)) continue;
+        bool ok = true;
+        double v[NCOST] = {0};
+        for (int i = 0; i < k; i++) {
+            ok &= x[i] >= 0 && isfinite(x[i]);
+            v[idx[i]] = x[i];
+        }
+        if (!ok) continue;
+        double f = 0;
+        for (int i = 0; i < NCOST; i++) {
+            f -= 2 * v[i] * r[i];
+            for (int j = 0; j < NCOST; j++) f += v[i] * S[i * NCOST + j] * v[j];
+        }
+        if (f < best_f) {
+            best_f = f;
+            memcpy(best, v, sizeof best);
+        }
+    }
+    c->fixed_s = best[0];
+    c->dec_s = best[1];
+    c->pre_s = c->w_pre > 0 ? best[2] : 0;
+    c->attn_s = c->w_pre > 0 ? best[3] : 0;
+}
+
+void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double prefill_kpos, double seconds) {
+    if (!(seconds > 0) || !isfinite(seconds) || n_decode < 0 || n_prefill < 0 || n_decode + n_prefill == 0 ||
+        !(prefill_kpos >= 0) || !isfinite(prefill_kpos))
+        return;
+    if (!(c->w > 0)) { /* the prior: a little of a step's weight, centred on zero */
+        static const double prior[NCOST] = {1, 100, 1, 1};
+        memset(c->info, 0, sizeof c->info);
+        memset(c->rhs, 0, sizeof c->rhs);
+        for (int i = 0; i < NCOST; i++) c->info[i * NCOST + i] = SCHED_COST_PRIOR * prior[i];
+    }
+    /* A step whose kind was never seen (the first with prefill) has no
+     * prediction to be long against. */
+    bool seen = c->w > 0 && (n_prefill == 0 || c->w_pre > 0);
+    double keep = seen && seconds > SCHED_COST_LONG * cost_predict(c, n_decode, n_prefill, prefill_kpos)
+                      ? SCHED_COST_KEEP_LONG
+                      : SCHED_COST_KEEP;
+    /* Forget only along x (directional forgetting): of what the old steps
+     * told, only the part the new step tells again is discounted, by keep.
+     * With q = S x, d = x' q: S -= (1 - keep) q q' / d, and r moves so that
+     * the unconstrained estimate S^-1 r is unchanged (r -= (1 - keep) q x'
+     * S S^-1 r / d = (1 - keep) q (x' r) / d); then the step is added. */
+    const double x[NCOST] = {1, n_decode, n_prefill, prefill_kpos};
+    double q[NCOST] = {0}, d = 0, xr = 0;
+    for (int i = 0; i < NCOST; i++) {
+        for (int j = 0; j < NCOST; j++) q[i] += c->info[i * NCOST + j] * x[j];
+        d += x[i] * q[i];
+        xr += x[i] * c->rhs[i];
+    }
+    for (int i = 0; i < NCOST; i++) {
+        for (int j = 0; j < NCOST; j++) c->info[i * NCOST + j] += x[i] * x[j] - (1 - keep) * q[i] * q[j] / d;
+        c->rhs[i] += x[i] * seconds - (1 - keep) * q[i] * xr / d;
+    }
+    c->w = keep * c->w + 1;
+    c->w_pre = keep * c->w_pre + (n_prefill > 0);
+    if (n_prefill > 0) c->last_prefill = n_prefill;
+    cost_fit(c);
 }
 
 double sched_budget_target(const sched_budget_opts *b, const sched_cost *c, int n_decode) {
     if (b->target_s > 0) return b->target_s;
     if (n_decode <= 0) return b->max_s; /* nobody waits for a token: the whole allowance */
-    double per = c->dec_s > 0 ? c->dec_s : c->pre_s;
-    double t = b->ratio * per * n_decode; /* 0 while nothing is measured: min_chunk */
+    double t = b->ratio * sched_cost_decode_s(c, n_decode); /* 0 while nothing is measured: min_chunk */
     return t < b->max_s ? t : b->max_s;
 }
 
-int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap, int n_decode) {
+int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap, int n_decode, int pos0) {
     if (!b->adaptive) return cap;
     int room = cap - n_decode;
     if (room <= 0) return cap;
     int lo = b->min_chunk < room ? b->min_chunk : room;
     if (lo < 1) lo = 1;
-    if (!(c->pre_s > 0)) return n_decode + lo; /* first measure what a chunk costs */
-    double dec = n_decode * (c->dec_s > 0 ? c->dec_s : c->pre_s);
-    double k = (sched_budget_target(b, c, n_decode) - dec) / c->pre_s;
+    if (!(c->w_pre > 0)) return n_decode + lo; /* first measure what a chunk costs */
+    /* k tokens from pos0 cost pre k + attn (k pos0 + k (k + 1) / 2) / 1024:
+     * the largest k within the spare time is the positive root of A k^2 + B k
+     * = spare. */
+    double spare = sched_budget_target(b, c, n_decode) - sched_cost_decode_s(c, n_decode);
+    double A = c->attn_s / 2048, B = c->pre_s + c->attn_s * (pos0 + 0.5) / 1024, k;
+    if (!(spare > 0))
+        k = 0;
+    else if (A > 0)
+        k = 2 * spare / (B + sqrt(B * B + 4 * A * spare)); /* the root, without cancellation */
+    else
+        k = B > 0 ? spare / B : room;
     int n = k >= room ? room : k <= lo ? lo : (int)k;
     int grow = 2 * c->last_prefill > lo ? 2 * c->last_prefill : lo;
     if (n > grow) n = grow;
@@ -419,7 +520,8 @@ int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap
 
 void sched_observe(sched *s, const sched_plan *p, double seconds) {
     /* A verified draft costs what a decode token does (one more logits row). */
-    sched_cost_observe(&s->cost, p->n_decode + p->n_draft, p->n_tok - p->n_decode - p->n_draft, seconds);
+    sched_cost_observe(&s->cost, p->n_decode + p->n_draft, p->n_tok - p->n_decode - p->n_draft,
+                       p->prefill_kpos, seconds);
 }
 
 /* How much of seq's remaining prefill goes in this step (0: none). */
@@ -434,6 +536,7 @@ static int prefill_chunk(const sched *s, const sched_seq *seq, int budget, bool 
 const sched_plan *sched_plan_step(sched *s) {
     sched_plan *p = &s->plan;
     p->n_items = p->n_tok = p->n_decode = p->n_draft = p->n_preempted = 0;
+    p->prefill_kpos = 0;
 
     /* 1. Blocks for every running sequence's known tokens; preempt the newest
      * until they fit (it may be the one asking). */
@@ -454,9 +557,14 @@ const sched_plan *sched_plan_step(sched *s) {
 
     /* 2. Decodes, then 3. prefill chunks, oldest first. The budget is sized
      * for this step's decodes (every one fits: the cap is >= max_batch). */
-    int n_decode = 0;
-    for (sched_seq *q = s->running.head; q; q = q->next) n_decode += q->n_tokens - q->n_computed == 1;
-    int budget = sched_budget_tokens(&s->o.budget, &s->cost, s->o.step_tokens, n_decode);
+    int n_decode = 0, pos0 = -1;
+    for (sched_seq *q = s->running.head; q; q = q->next) {
+        n_decode += q->n_tokens - q->n_computed == 1;
+        if (pos0 < 0 && q->n_tokens - q->n_computed > 1) pos0 = q->n_computed; /* the first prefill */
+    }
+    if (pos0 < 0 && s->waiting.head)
+        pos0 = s->waiting.head->n_computed; /* an admission's, before its cache hit */
+    int budget = sched_budget_tokens(&s->o.budget, &s->cost, s->o.step_tokens, n_decode, pos0 < 0 ? 0 : pos0);
     p->budget = budget;
     p->target_s = s->o.budget.adaptive ? sched_budget_target(&s->o.budget, &s->cost, n_decode) : 0;
     bool prefill_added = false;

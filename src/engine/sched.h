@@ -15,8 +15,9 @@
  * running sequences share them too; a block leaves it only by eviction.
  * The budget is fixed (step_tokens) or time-based: the owner reports each
  * step's measured seconds (sched_observe) and the next budget is the number
- * of tokens that fits the target step time at the measured per-token costs
- * (sched_budget_tokens, a pure function). Nothing here reads a clock.
+ * of tokens that fits the target step time by the fitted step model
+ * (sched_cost; sched_budget_tokens, a pure function). Nothing here reads a
+ * clock.
  * The engine loop thread owns a sched; nothing here locks or allocates per step. */
 #ifndef TK_ENGINE_SCHED_H
 #define TK_ENGINE_SCHED_H
@@ -57,18 +58,44 @@ typedef struct sched_budget_opts {
     int min_chunk;   /* prefill tokens a step always offers while a prefill waits */
 } sched_budget_opts;
 
-/* Measured costs: exponentially weighted seconds per token. */
+/* Measured costs: a step's time modelled as
+ *     fixed_s + dec_s x n_decode + pre_s x n_prefill + attn_s x prefill_kpos
+ * (prefill_kpos: the positions the step's prefill tokens attend to, over
+ * 1,024; sched_prefill_kpos) and fitted over every step by
+ * recursive least squares with the four costs >= 0 (docs/engine.md, "Step
+ * budget"). A decode step is mostly fixed cost (the weights are read once for
+ * all its sequences), so a decode token is not priced alone: a step with 32
+ * decodes costs far less than 32 steps with one. A prompt's tokens cost more
+ * the further in they are (each attends to every earlier one): at 2,048
+ * positions ~3x its first tokens on a CPU, which a per-token prefill cost
+ * would blame on the decodes beside it.
+ * Old steps are forgotten only along what new ones tell (a run of equal mixed
+ * steps does not erase what decode-only steps said about the decodes); where
+ * no step told the parts apart a weak prior decides: the fixed part takes a
+ * decode step, the per-token parts a prefill chunk. */
 typedef struct sched_cost {
-    double dec_s;     /* per decode token, from decode-only steps; 0 until one ran */
-    double pre_s;     /* per prefill token (the step minus its predicted decodes); 0 until one ran */
+    double fixed_s;   /* per step, whatever it holds */
+    double dec_s;     /* per decode token on top */
+    double pre_s;     /* per prefill token on top; 0 until a step with prefill ran */
+    double attn_s;    /* per 1,024 positions attended to (summed over the prefill tokens) */
     int last_prefill; /* prefill tokens of the last step that had any (growth is at most 2x) */
+    /* The fit's normal equations, info x (fixed_s, dec_s, pre_s, attn_s) =
+     * rhs, over steps with x = (1, n_decode, n_prefill, prefill_kpos) (info
+     * row-major); w, w_pre: the decayed count of steps and of steps with
+     * prefill (0: none seen). */
+    double info[16], rhs[4], w, w_pre;
 } sched_cost;
 
-/* Weight of the newest step in the averages: an estimate rises faster than
- * it falls, so a step that ran long is corrected at once (the tail is what
- * the budget protects) and one that ran short over a few steps. */
-#define SCHED_COST_ALPHA_UP   0.5
-#define SCHED_COST_ALPHA_DOWN 0.25
+/* How much of the past a step keeps (along its own direction): ~10 steps of
+ * memory, SCHED_COST_KEEP_LONG when the step ran longer than SCHED_COST_LONG
+ * x its prediction, so a step that ran long is corrected at once (the tail is
+ * what the budget protects) and one that ran short over a few. The prior
+ * weighs SCHED_COST_PRIOR of a step: it adds SCHED_COST_PRIOR x (fixed_s^2 +
+ * 100 dec_s^2 + pre_s^2 + attn_s^2) to the squares. */
+#define SCHED_COST_KEEP      0.9
+#define SCHED_COST_KEEP_LONG 0.5
+#define SCHED_COST_LONG      1.25
+#define SCHED_COST_PRIOR     0.01
 
 typedef struct sched_opts {
     int block_size;
@@ -134,13 +161,14 @@ typedef struct sched_item {
 
 typedef struct sched_plan {
     int n_items;
-    int n_tok;         /* sum of items[].n */
-    int n_decode;      /* items that are decodes (a token, plus its drafts if any) */
-    int n_draft;       /* draft tokens of the decodes (sum of items[].n_draft) */
-    int n_preempted;   /* preemptions made while planning this step */
-    int budget;        /* tokens this step could hold (decodes included) */
-    double target_s;   /* the step time the budget aimed at; 0 for a fixed budget */
-    sched_item *items; /* (max_batch) owned by the sched */
+    int n_tok;           /* sum of items[].n */
+    double prefill_kpos; /* positions the prefill tokens attend to, / 1024 (sched_prefill_kpos) */
+    int n_decode;        /* items that are decodes (a token, plus its drafts if any) */
+    int n_draft;         /* draft tokens of the decodes (sum of items[].n_draft) */
+    int n_preempted;     /* preemptions made while planning this step */
+    int budget;          /* tokens this step could hold (decodes included) */
+    double target_s;     /* the step time the budget aimed at; 0 for a fixed budget */
+    sched_item *items;   /* (max_batch) owned by the sched */
 } sched_plan;
 
 typedef struct sched_counts {
@@ -193,7 +221,7 @@ void sched_spec_settle(sched *s, sched_seq *seq, int n_keep);
 /* The running sequences, oldest first (iterate with ->next); NULL when none. */
 sched_seq *sched_running(const sched *s);
 /* The step of plan p took seconds: update the cost estimates. Reads only
- * p's counts (n_tok, n_decode), so its items may have been removed since;
+ * p's counts (n_tok, n_decode, n_draft, prefill_kpos), so its items may have been removed since;
  * call it before the next sched_plan_step. */
 void sched_observe(sched *s, const sched_plan *p, double seconds);
 void sched_counts_get(const sched *s, sched_counts *out);
@@ -205,15 +233,24 @@ void sched_set_prefix_hash(sched *s, prefix_hash_fn fn);
 
 /* ---- the budget, as pure functions (tested without a clock) ---------------- */
 
-/* Fold one step (n_decode decode tokens, n_prefill prefill tokens, seconds) into c. */
-void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double seconds);
+/* The positions n prefill tokens from position pos0 on attend to (each its
+ * own and every earlier one), / 1024. */
+double sched_prefill_kpos(int pos0, int n);
+/* Fold one step (n_decode decode tokens, n_prefill prefill tokens attending
+ * to prefill_kpos x 1,024 positions, seconds) into c and refit the costs. */
+void sched_cost_observe(sched_cost *c, int n_decode, int n_prefill, double prefill_kpos, double seconds);
+/* The predicted time of a step with n_decode decodes and no prefill; 0 before
+ * any step was seen. */
+double sched_cost_decode_s(const sched_cost *c, int n_decode);
 /* The step time a step with n_decode decodes aims at (seconds): target_s if
  * set, else max_s with no decodes, else min(max_s, ratio x predicted decode time). */
 double sched_budget_target(const sched_budget_opts *b, const sched_cost *c, int n_decode);
 /* Tokens a step with n_decode decodes may hold, decodes included: n_decode +
- * the prefill tokens that fit the target at the measured costs, at least
- * min_chunk, at most twice the last step's prefill (or min_chunk), and never
- * more than cap. Without a measured cost the prefill share is min_chunk. */
-int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap, int n_decode);
+ * the prefill tokens that fit the target at the measured costs (the chunk
+ * priced from position pos0, where the step's first prefill token is), at
+ * least min_chunk, at most twice the last step's prefill (or min_chunk), and
+ * never more than cap. Until a step with prefill was seen the prefill share
+ * is min_chunk. */
+int sched_budget_tokens(const sched_budget_opts *b, const sched_cost *c, int cap, int n_decode, int pos0);
 
 #endif

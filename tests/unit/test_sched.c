@@ -280,50 +280,100 @@ static void test_sched_budget_rejects_bad_options(void **state) {
     sched_free(s);
 }
 
+/* A fitted model as the budget functions read it (no sums behind it). */
+static sched_cost mk_cost(double fixed, double dec, double pre, int last_prefill, bool any_prefill) {
+    return (sched_cost){.fixed_s = fixed,
+                        .dec_s = dec,
+                        .pre_s = pre,
+                        .last_prefill = last_prefill,
+                        .w = 1,
+                        .w_pre = any_prefill ? 1 : 0};
+}
+
 static void test_sched_budget_cost_estimates(void **state) {
     (void)state;
     sched_cost c = {0};
     /* Nothing counts without tokens or a positive, finite time. */
-    sched_cost_observe(&c, 0, 0, 1.0);
-    sched_cost_observe(&c, 4, 0, 0.0);
-    sched_cost_observe(&c, 4, 0, -1.0);
-    sched_cost_observe(&c, 4, 0, NAN);
-    sched_cost_observe(&c, 4, 0, INFINITY);
-    assert_true(c.dec_s == 0 && c.pre_s == 0 && c.last_prefill == 0);
-    /* The first decode-only step sets the decode cost; later ones move it,
-     * up faster than down. */
-    sched_cost_observe(&c, 10, 0, 0.2);
-    assert_float_equal(c.dec_s, 0.02, 1e-12);
-    sched_cost_observe(&c, 10, 0, 0.3);
-    assert_float_equal(c.dec_s, 0.02 + SCHED_COST_ALPHA_UP * 0.01, 1e-12);
-    c.dec_s = 0.02;
-    sched_cost_observe(&c, 10, 0, 0.1);
-    assert_float_equal(c.dec_s, 0.02 - SCHED_COST_ALPHA_DOWN * 0.01, 1e-12);
-    assert_true(c.pre_s == 0);
-    /* A mixed step: the prefill gets the step minus the predicted decodes. */
-    c.dec_s = 0.02;
-    sched_cost_observe(&c, 10, 20, 0.2 + 20 * 0.01);
-    assert_float_equal(c.pre_s, 0.01, 1e-12);
-    assert_int_equal(c.last_prefill, 20);
-    sched_cost_observe(&c, 10, 20, 0.2 + 20 * 0.02);
-    assert_float_equal(c.pre_s, 0.01 + SCHED_COST_ALPHA_UP * 0.01, 1e-12);
-    /* A stale decode estimate that explains the whole step still leaves a
-     * quarter of the mean token to the prefill, never zero or less, and the
-     * decode estimate moves towards the rest. */
-    c = (sched_cost){.dec_s = 0.1};
-    sched_cost_observe(&c, 10, 10, 0.5);
-    assert_float_equal(c.pre_s, 0.25 * 0.5 / 20, 1e-12);
-    assert_float_equal(c.dec_s, 0.1 + SCHED_COST_ALPHA_DOWN * ((0.5 - 10 * c.pre_s) / 10 - 0.1), 1e-12);
-    /* Without a decode estimate every token of a mixed step costs the mean. */
+    sched_cost_observe(&c, 0, 0, 0, 1.0);
+    sched_cost_observe(&c, 4, 0, 0, 0.0);
+    sched_cost_observe(&c, 4, 0, 0, -1.0);
+    sched_cost_observe(&c, 4, 0, 0, NAN);
+    sched_cost_observe(&c, 4, 0, 0, INFINITY);
+    assert_true(c.w == 0 && c.fixed_s == 0 && c.dec_s == 0 && c.pre_s == 0 && c.last_prefill == 0);
+    assert_true(sched_cost_decode_s(&c, 8) == 0);
+
+    /* Steps of every mix from one machine: the fit finds its three costs
+     * (the prior moves them by about a percent). */
+    for (int i = 0; i < 60; i++) {
+        int nd = 1 + i * 7 % 32, np = i % 3 ? (i * 13) % 200 : 0;
+        sched_cost_observe(&c, nd, np, 0, 0.010 + 0.002 * nd + 0.003 * np);
+    }
+    assert_float_equal(c.fixed_s, 0.010, 3e-4);
+    assert_float_equal(c.dec_s, 0.002, 3e-5);
+    assert_float_equal(c.pre_s, 0.003, 3e-5);
+    assert_float_equal(sched_cost_decode_s(&c, 32), 0.074, 0.074 * 0.02);
+    assert_true(c.last_prefill > 0);
+
+    /* With prompts' attention: tokens further in cost more, and the fit
+     * tells that from the decodes beside them. */
     c = (sched_cost){0};
-    sched_cost_observe(&c, 4, 12, 0.32);
-    assert_float_equal(c.pre_s, 0.02, 1e-12);
-    assert_true(c.dec_s == 0);
-    /* A prefill-only step. */
+    for (int i = 0; i < 80; i++) {
+        int nd = 1 + i * 7 % 32, np = i % 3 ? 1 + (i * 13) % 200 : 0, pos = (i * 397) % 3000;
+        double kp = sched_prefill_kpos(pos, np);
+        sched_cost_observe(&c, nd, np, kp, 0.010 + 0.002 * nd + 0.001 * np + 0.0005 * kp);
+    }
+    assert_float_equal(c.fixed_s, 0.010, 3e-4);
+    assert_float_equal(c.dec_s, 0.002, 3e-5);
+    assert_float_equal(c.pre_s, 0.001, 3e-5);
+    assert_float_equal(c.attn_s, 0.0005, 2e-5);
+    assert_float_equal(sched_prefill_kpos(0, 1), 1.0 / 1024, 1e-15);
+    assert_float_equal(sched_prefill_kpos(1000, 3), (1001 + 1002 + 1003) / 1024.0, 1e-12);
+    assert_true(sched_prefill_kpos(5, 0) == 0);
+    sched_cost_observe(&c, 4, 4, -1, 0.1); /* a negative or non-finite count of positions: ignored */
+    sched_cost_observe(&c, 4, 4, NAN, 0.1);
+    assert_float_equal(c.attn_s, 0.0005, 2e-5);
+
+    /* One decode step alone: its time is fixed cost (a step with more decodes
+     * is not predicted from it as if every decode cost as much). */
     c = (sched_cost){0};
-    sched_cost_observe(&c, 0, 64, 0.64);
-    assert_float_equal(c.pre_s, 0.01, 1e-12);
+    sched_cost_observe(&c, 1, 0, 0, 0.0126);
+    assert_float_equal(sched_cost_decode_s(&c, 1), 0.0126, 0.0126 * 0.02);
+    assert_true(c.fixed_s > 0.95 * 0.0126);
+    assert_true(sched_cost_decode_s(&c, 32) < 2 * 0.0126);
+    assert_true(c.pre_s == 0 && c.w_pre == 0);
+
+    /* Prefill chunks of one size: their time is per token. */
+    c = (sched_cost){0};
+    for (int i = 0; i < 5; i++) sched_cost_observe(&c, 0, 64, 0, 0.64);
+    assert_float_equal(c.pre_s, 0.01, 0.01 * 0.02);
+    assert_true(c.fixed_s < 0.01 * 0.64);
     assert_int_equal(c.last_prefill, 64);
+
+    /* A long run of equal mixed steps (one decode, a minimum chunk) does not
+     * tell the decode from the chunk: what decode-only steps said stays. */
+    c = (sched_cost){0};
+    for (int i = 0; i < 100; i++) sched_cost_observe(&c, 1, 0, 0, 0.0126);
+    for (int i = 0; i < 500; i++) sched_cost_observe(&c, 1, 5, 0, 0.0126 + 5 * 0.0025);
+    assert_float_equal(sched_cost_decode_s(&c, 1), 0.0126, 0.0126 * 0.02);
+    assert_float_equal(c.pre_s, 0.0025, 0.0025 * 0.02);
+
+    /* A machine whose steps get shorter with more decodes (noise): no cost
+     * is ever negative. */
+    c = (sched_cost){0};
+    for (int i = 0; i < 20; i++) sched_cost_observe(&c, 1 + i % 8, 0, 0, 0.05 - 0.004 * (i % 8));
+    assert_true(c.fixed_s >= 0 && c.dec_s == 0 && c.pre_s == 0);
+
+    /* A step that ran long moves the estimate further than one that ran short. */
+    sched_cost up = {0}, down = {0};
+    for (int i = 0; i < 50; i++) {
+        sched_cost_observe(&up, 4 + i % 2, 0, 0, 0.1);
+        sched_cost_observe(&down, 4 + i % 2, 0, 0, 0.1);
+    }
+    sched_cost_observe(&up, 5, 0, 0, 0.2);
+    sched_cost_observe(&down, 5, 0, 0, 0.05);
+    double rise = sched_cost_decode_s(&up, 5) - 0.1, fall = 0.1 - sched_cost_decode_s(&down, 5);
+    assert_true(rise > 0 && fall > 0);
+    assert_true(rise / 0.1 > 1.5 * (fall / 0.05));
 }
 
 static void test_sched_budget_tokens(void **state) {
@@ -331,48 +381,67 @@ static void test_sched_budget_tokens(void **state) {
     const sched_budget_opts a = k_auto;
     sched_budget_opts fixed = a;
     fixed.adaptive = false;
-    sched_cost c = {.dec_s = 0.025, .pre_s = 0.012, .last_prefill = 1000};
+    sched_cost c = mk_cost(0, 0.025, 0.012, 1000, true);
     /* A fixed budget is the cap, whatever was measured. */
-    assert_int_equal(sched_budget_tokens(&fixed, &c, 256, 16), 256);
-    assert_int_equal(sched_budget_tokens(&fixed, &(sched_cost){0}, 48, 0), 48);
+    assert_int_equal(sched_budget_tokens(&fixed, &c, 256, 16, 0), 256);
+    assert_int_equal(sched_budget_tokens(&fixed, &(sched_cost){0}, 48, 0, 0), 48);
 
     /* Target: 2 x the decodes (16 x 25 ms = 0.4 s) = 0.8 s: 0.4 s of prefill at 12 ms = 33 tokens. */
     assert_float_equal(sched_budget_target(&a, &c, 16), 0.8, 1e-12);
-    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 16), 16 + 33);
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 16, 0), 16 + 33);
     /* Nothing decodes: the whole allowance, 1 s = 83 tokens. */
     assert_float_equal(sched_budget_target(&a, &c, 0), 1.0, 1e-12);
-    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0), 83);
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0, 0), 83);
     /* Decodes alone past the 1 s ceiling (64 x 25 ms): the minimum chunk, never nothing. */
     assert_float_equal(sched_budget_target(&a, &c, 64), 1.0, 1e-12);
-    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 64), 64 + 4);
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 64, 0), 64 + 4);
     /* An explicit target wins over the automatic one, with or without decodes. */
     sched_budget_opts t = a;
     t.target_s = 0.25;
     assert_float_equal(sched_budget_target(&t, &c, 0), 0.25, 1e-12);
     assert_float_equal(sched_budget_target(&t, &c, 16), 0.25, 1e-12);
-    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 0), 20);
-    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 4), 4 + 12);  /* (0.25 - 0.1) / 0.012 */
-    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 16), 16 + 4); /* decodes past the target: min chunk */
+    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 0, 0), 20);
+    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 4, 0), 4 + 12); /* (0.25 - 0.1) / 0.012 */
+    assert_int_equal(sched_budget_tokens(&t, &c, 1024, 16, 0),
+                     16 + 4); /* decodes past the target: min chunk */
 
     /* The cap clamps (decodes always fit: the cap is >= max_batch). */
-    sched_cost fast = {.dec_s = 1e-5, .pre_s = 1e-8, .last_prefill = 1 << 20};
-    assert_int_equal(sched_budget_tokens(&a, &fast, 512, 30), 512);
-    assert_int_equal(sched_budget_tokens(&a, &fast, 32, 32), 32);
-    assert_int_equal(sched_budget_tokens(&a, &c, 18, 16), 18); /* room for 2 < min chunk */
+    sched_cost fast = mk_cost(0, 1e-5, 1e-8, 1 << 20, true);
+    assert_int_equal(sched_budget_tokens(&a, &fast, 512, 30, 0), 512);
+    assert_int_equal(sched_budget_tokens(&a, &fast, 32, 32, 0), 32);
+    assert_int_equal(sched_budget_tokens(&a, &c, 18, 16, 0), 18); /* room for 2 < min chunk */
     /* Growth: at most twice the last prefill (the estimate came from smaller chunks). */
     c.last_prefill = 5;
-    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0), 10);
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0, 0), 10);
     c.last_prefill = 1;
-    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0), 4); /* never below the minimum chunk */
+    assert_int_equal(sched_budget_tokens(&a, &c, 1024, 0, 0), 4); /* never below the minimum chunk */
     /* Nothing measured yet: the minimum chunk (measure first). */
-    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){0}, 1024, 0), 4);
-    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){0}, 1024, 8), 12);
+    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){0}, 1024, 0, 0), 4);
+    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){0}, 1024, 8, 0), 12);
+    assert_float_equal(sched_budget_target(&a, &(sched_cost){0}, 8), 0, 1e-12);
     /* Only decodes measured: the prefill share waits for a measured chunk. */
-    assert_int_equal(sched_budget_tokens(&a, &(sched_cost){.dec_s = 0.025}, 1024, 8), 12);
-    /* Only prefill measured: a decode token is assumed to cost a prefill token. */
-    sched_cost p = {.pre_s = 0.011, .last_prefill = 1000};
-    assert_float_equal(sched_budget_target(&a, &p, 10), 0.22, 1e-12);
-    assert_int_equal(sched_budget_tokens(&t, &p, 1024, 10), 10 + 12); /* (0.25 - 10 x 0.011) / 0.011 */
+    sched_cost d = mk_cost(0.01, 0.025, 0, 0, false);
+    assert_int_equal(sched_budget_tokens(&a, &d, 1024, 8, 0), 12);
+    /* The fixed part counts once: 10 ms + 8 x 25 ms = 0.21 s, target 0.42 s. */
+    sched_cost f = mk_cost(0.01, 0.025, 0.012, 1000, true);
+    assert_float_equal(sched_budget_target(&a, &f, 8), 0.42, 1e-12);
+    assert_int_equal(sched_budget_tokens(&a, &f, 1024, 8, 0), 8 + 17); /* 0.21 / 0.012 */
+    /* Nothing decoding: the allowance minus the fixed part. */
+    assert_int_equal(sched_budget_tokens(&a, &f, 1024, 0, 0), 82); /* 0.99 / 0.012 */
+    /* Only prefill measured: a decode step is predicted as the fit's fixed part. */
+    sched_cost p = mk_cost(0.05, 0, 0.011, 1000, true);
+    assert_float_equal(sched_budget_target(&a, &p, 10), 0.1, 1e-12);
+    assert_int_equal(sched_budget_tokens(&t, &p, 1024, 10, 0), 10 + 18); /* (0.25 - 0.05) / 0.011 */
+    /* Attention: a chunk from position 2,048 holds fewer tokens than one from
+     * 0 (k tokens cost 1 ms each + 1 ms per 1,024 positions they attend to:
+     * the positive root of k (k + 1) / 2048 + 3.0005 k = 400 ms from 2,048). */
+    sched_cost at = mk_cost(0, 0.025, 0.001, 1000, true);
+    at.attn_s = 0.001;
+    assert_int_equal(sched_budget_tokens(&a, &at, 1024, 16, 2048), 16 + 130);
+    assert_int_equal(sched_budget_tokens(&a, &at, 1024, 16, 0), 16 + 342);
+    /* A prefill the fit prices at nothing: as much as the cap and growth allow. */
+    sched_cost z = mk_cost(0.05, 0.001, 0, 100, true);
+    assert_int_equal(sched_budget_tokens(&a, &z, 1024, 10, 0), 10 + 200);
 }
 
 /* The planner over a made-up machine: one long prompt arrives while 8
@@ -405,7 +474,8 @@ static void test_sched_budget_plans_to_target(void **state) {
         sched_counts_get(s, &c);
         assert_int_equal(c.budget, p->budget);
         assert_true(p->n_tok <= p->budget && p->budget <= 256);
-        if (added && big.state == SCHED_RUNNING && big.n_computed < 900) {
+        /* (The prompt's last token alone is planned as a decode.) */
+        if (added && big.state == SCHED_RUNNING && big.n_computed < 899) {
             int left = 900 - big.n_computed;
             assert_true(n_pre >= (left < 4 ? left : 4)); /* progress every step */
             assert_int_equal(p->n_decode, 8);            /* every decode, every step */
@@ -422,14 +492,139 @@ static void test_sched_budget_plans_to_target(void **state) {
         if (big.n_computed >= 900) break;
     }
     assert_true(mixed > 6);
-    /* The decodes cost 8 x 25 ms: the target is 2 x, i.e. 200 ms of prefill (~16 tokens) a step. */
+    /* The decodes cost 5 + 8 x 25 ms: the target is 2 x, i.e. 205 ms of prefill (~17 tokens) a step. */
     sched_counts c;
     sched_counts_get(s, &c);
-    assert_float_equal(c.cost.dec_s, 0.025 + 0.005 / 8, 1e-4);
+    assert_float_equal(sched_cost_decode_s(&c.cost, 8), 0.205, 0.205 * 0.03);
     assert_true(c.cost.pre_s > 0.010 && c.cost.pre_s < 0.015);
     assert_true(mixed >= 900 / 20 && mixed <= 900 / 12);
     sched_free(s);
     assert_int_equal(fp.n_free, 256);
+}
+
+/* A made-up machine like a CPU decoding a small model: a step is mostly the
+ * fixed cost of reading the weights (10.8 ms), each decode adds 1.85 ms
+ * (its attention and sampling), each prefill token 2.5 ms. */
+static double cpu_step_s(int n_decode, int n_prefill) {
+    return 0.0108 + 0.00185 * n_decode + 0.0025 * n_prefill;
+}
+
+/* One stream decodes alone for a while (a quiet spell), then a burst of 31
+ * prompts arrives. The decode cost learnt from one stream must not be
+ * multiplied by 32: every step stays near its target, 2x what its decodes
+ * alone take, while the burst is admitted, and the queue still drains. */
+static void test_sched_budget_burst_after_quiet(void **state) {
+    (void)state;
+    enum { N = 32, PROMPT = 512 };
+    fake_pool fp;
+    sched *s = mk_budget(&fp, 4096, 16, 2048, N, 1024, false, false, &k_auto);
+    static sched_seq q[N];
+    memset(q, 0, sizeof q);
+    q[0].n_tokens = 8;
+    assert_int_equal(sched_add(s, &q[0], 1), TK_OK);
+    int steps = 0, burst_steps = 0;
+    double burst_s = 0, worst = 0;
+    for (; steps < 5000; steps++) {
+        if (steps == 300)
+            for (int i = 1; i < N; i++) {
+                q[i].n_tokens = PROMPT;
+                assert_int_equal(sched_add(s, &q[i], (uint64_t)i + 1), TK_OK);
+            }
+        const sched_plan *p = sched_plan_step(s);
+        int n_pre = p->n_tok - p->n_decode;
+        double t = cpu_step_s(p->n_decode, n_pre);
+        if (steps >= 300) {
+            burst_steps++;
+            burst_s += t;
+            /* Against what the step's decodes alone take, plus one minimum chunk. */
+            double bound = k_auto.ratio * cpu_step_s(p->n_decode, 0) + cpu_step_s(0, k_auto.min_chunk);
+            if (p->n_decode > 0 && t / bound > worst) worst = t / bound;
+            assert_true(p->n_decode == 0 || t <= 1.25 * bound);
+        }
+        sched_observe(s, p, t);
+        sched_advance(s, p);
+        for (int i = 0; i < p->n_items; i++)
+            if (p->items[i].want_logits) {
+                assert_true(p->items[i].seq->n_tokens < 2048); /* the burst took far too long */
+                p->items[i].seq->n_tokens++;
+            }
+        sched_counts c;
+        sched_counts_get(s, &c);
+        if (steps > 300 && c.running == N && c.waiting == 0) {
+            bool prefilled = true;
+            for (int i = 0; i < N; i++) prefilled &= q[i].n_computed >= q[i].n_tokens - 1;
+            if (prefilled) break;
+        }
+    }
+    print_message("burst: %d steps, %.1f s, worst step %.2f x its bound\n", burst_steps, burst_s, worst);
+    /* The burst's prefill (31 x 512 x 2.5 ms = 39.7 s of prefill work) shares
+     * each step about evenly with the decodes: it drains in well under 3x
+     * that, not at the minimum chunk. */
+    assert_true(burst_steps < 5000 - 300);
+    assert_true(burst_s < 3 * 31 * PROMPT * 0.0025);
+    sched_counts c;
+    sched_counts_get(s, &c);
+    assert_float_equal(sched_cost_decode_s(&c.cost, N), cpu_step_s(N, 0), cpu_step_s(N, 0) * 0.15);
+    for (int i = 0; i < N; i++) sched_remove(s, &q[i]);
+    sched_free(s);
+    assert_int_equal(fp.n_free, 4096);
+}
+
+/* A made-up machine whose prompt tokens cost more the further in they are
+ * (0.8 ms each + 0.8 ms per 1,024 positions attended: ~3x at 2,048), like a
+ * CPU's prefill attention. */
+static double attn_step_s(int n_decode, int n_prefill, double kpos) {
+    return 0.008 + 0.002 * n_decode + 0.0008 * n_prefill + 0.0008 * kpos;
+}
+
+/* 16 sequences decode while a 2,048-token prompt arrives: its chunks get
+ * dearer as it goes in, and that must not be read as dearer decodes (nor
+ * cheaper ones at its start): the decode prediction stays on the decode
+ * steps' time and every settled step lands near its target. */
+static void test_sched_budget_prompt_attention(void **state) {
+    (void)state;
+    enum { N = 16, PROMPT = 2048 };
+    fake_pool fp;
+    sched *s = mk_budget(&fp, 4096, 16, 4096, N + 1, 1024, false, false, &k_auto);
+    static sched_seq d[N];
+    sched_seq big = {.n_tokens = PROMPT};
+    memset(d, 0, sizeof d);
+    for (int i = 0; i < N; i++) {
+        d[i].n_tokens = 8;
+        assert_int_equal(sched_add(s, &d[i], (uint64_t)i + 1), TK_OK);
+    }
+    int mixed = 0;
+    double worst_dec = 0, worst_target = 0;
+    for (int step = 0; step < 3000 && big.n_computed < PROMPT - 1; step++) {
+        if (step == 100) assert_int_equal(sched_add(s, &big, 100), TK_OK);
+        int rem = big.n_tokens - big.n_computed;
+        const sched_plan *p = sched_plan_step(s);
+        int n_pre = p->n_tok - p->n_decode;
+        double t = attn_step_s(p->n_decode, n_pre, p->prefill_kpos);
+        if (big.state == SCHED_RUNNING && n_pre > 0) {
+            assert_int_equal(p->n_decode, N);
+            sched_counts c;
+            sched_counts_get(s, &c);
+            double err = fabs(sched_cost_decode_s(&c.cost, N) / attn_step_s(N, 0, 0) - 1);
+            if (++mixed > 10 && n_pre < rem - 1) { /* settled, and not the prompt's last chunk */
+                if (err > worst_dec) worst_dec = err;
+                double off = fabs(t / p->target_s - 1);
+                if (off > worst_target) worst_target = off;
+            }
+        }
+        sched_observe(s, p, t);
+        sched_advance(s, p);
+        for (int i = 0; i < p->n_items; i++)
+            if (p->items[i].want_logits) p->items[i].seq->n_tokens++;
+    }
+    print_message(
+        "prompt attention: %d mixed steps, decode prediction off by %.1f%%, steps off target by %.1f%%\n",
+        mixed, 100 * worst_dec, 100 * worst_target);
+    assert_true(big.n_computed >= PROMPT - 1);
+    assert_true(mixed > 20);
+    assert_true(worst_dec < 0.05);
+    assert_true(worst_target < 0.15);
+    sched_free(s);
 }
 
 /* --step-tokens alone: the same plan whatever the measured times. */
@@ -565,6 +760,8 @@ int main(void) {
         cmocka_unit_test(test_sched_budget_cost_estimates),
         cmocka_unit_test(test_sched_budget_tokens),
         cmocka_unit_test(test_sched_budget_plans_to_target),
+        cmocka_unit_test(test_sched_budget_burst_after_quiet),
+        cmocka_unit_test(test_sched_budget_prompt_attention),
         cmocka_unit_test(test_sched_budget_fixed_ignores_time),
         cmocka_unit_test(test_sched_property_random_ops),
     };
