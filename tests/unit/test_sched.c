@@ -302,8 +302,8 @@ static void test_sched_budget_cost_estimates(void **state) {
     assert_true(c.w == 0 && c.fixed_s == 0 && c.dec_s == 0 && c.pre_s == 0 && c.last_prefill == 0);
     assert_true(sched_cost_decode_s(&c, 8) == 0);
 
-    /* Steps of every mix from one machine: the fit finds its three costs
-     * (the prior moves them by about a percent). */
+    /* Steps of every mix from one machine (no attention cost): the fit finds
+     * its costs (the prior moves them by about a percent). */
     for (int i = 0; i < 60; i++) {
         int nd = 1 + i * 7 % 32, np = i % 3 ? (i * 13) % 200 : 0;
         sched_cost_observe(&c, nd, np, 0, 0.010 + 0.002 * nd + 0.003 * np);
@@ -311,6 +311,7 @@ static void test_sched_budget_cost_estimates(void **state) {
     assert_float_equal(c.fixed_s, 0.010, 3e-4);
     assert_float_equal(c.dec_s, 0.002, 3e-5);
     assert_float_equal(c.pre_s, 0.003, 3e-5);
+    assert_true(c.attn_s == 0); /* its column is all zero: the prior holds it at 0 */
     assert_float_equal(sched_cost_decode_s(&c, 32), 0.074, 0.074 * 0.02);
     assert_true(c.last_prefill > 0);
 
@@ -329,9 +330,13 @@ static void test_sched_budget_cost_estimates(void **state) {
     assert_float_equal(sched_prefill_kpos(0, 1), 1.0 / 1024, 1e-15);
     assert_float_equal(sched_prefill_kpos(1000, 3), (1001 + 1002 + 1003) / 1024.0, 1e-12);
     assert_true(sched_prefill_kpos(5, 0) == 0);
+    sched_cost before = c;
     sched_cost_observe(&c, 4, 4, -1, 0.1); /* a negative or non-finite count of positions: ignored */
     sched_cost_observe(&c, 4, 4, NAN, 0.1);
-    assert_float_equal(c.attn_s, 0.0005, 2e-5);
+    sched_cost_observe(&c, 4, 4, INFINITY, 0.1);
+    assert_true(c.w == before.w && c.attn_s == before.attn_s && c.last_prefill == before.last_prefill);
+    assert_memory_equal(c.info, before.info, sizeof c.info);
+    assert_memory_equal(c.rhs, before.rhs, sizeof c.rhs);
 
     /* One decode step alone: its time is fixed cost (a step with more decodes
      * is not predicted from it as if every decode cost as much). */
