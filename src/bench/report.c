@@ -31,13 +31,18 @@ static void budget_str(const tk_engine_stats *e, char *buf, size_t n) {
     if (e->step_ms > 0) snprintf(target, sizeof target, "%g ms", e->step_ms);
     int k = snprintf(buf, n, "time-based (target %s, cap %d", target, e->step_tokens);
     if (k > 0 && (size_t)k < n &&
-        (e->step_fixed_ms > 0 || e->decode_ms_per_token > 0 || e->prefill_ms_per_token > 0))
-        k += snprintf(
-            buf + k, n - (size_t)k,
-            "; measured at the end: a step %.2f ms + %.2f a decode + %.2f a prefill token + %.2f per "
-            "1,024 positions it attends to",
-            e->step_fixed_ms, e->decode_ms_per_token, e->prefill_ms_per_token, e->prefill_ms_per_kpos);
+        (e->step_fixed_ms > 0 || e->decode_ms_per_token > 0 || e->prefill_ms_per_token > 0)) {
+        char model[160];
+        report_step_model(e, model, sizeof model);
+        k += snprintf(buf + k, n - (size_t)k, "; measured at the end: %s", model);
+    }
     if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, ")");
+}
+
+void report_step_model(const tk_engine_stats *e, char *buf, size_t n) {
+    snprintf(buf, n,
+             "a step %.2f ms + %.2f a decode + %.2f a prefill token + %.2f per 1,024 positions it attends to",
+             e->step_fixed_ms, e->decode_ms_per_token, e->prefill_ms_per_token, e->prefill_ms_per_kpos);
 }
 
 void report_probe(const bench_info *in, FILE *f) {

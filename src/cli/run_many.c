@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/report.h"
 #include "bench/stats.h"
 #include "cli/cli.h"
 #include "core/alloc.h"
@@ -289,12 +290,10 @@ int run_many(const cli_opts *o, const run_args *a) {
     if (es.step_adaptive) {
         char target[32] = "auto";
         if (es.step_ms > 0) snprintf(target, sizeof target, "%g ms", es.step_ms);
-        snprintf(budget, sizeof budget,
-                 "time-based: target %s, cap %d (measured: a step %.2f ms + %.2f a decode + %.2f a prefill "
-                 "token + "
-                 "%.2f per 1,024 positions it attends to)",
-                 target, es.step_tokens, es.step_fixed_ms, es.decode_ms_per_token, es.prefill_ms_per_token,
-                 es.prefill_ms_per_kpos);
+        char model[160];
+        report_step_model(&es, model, sizeof model);
+        snprintf(budget, sizeof budget, "time-based: target %s, cap %d (measured: %s)", target,
+                 es.step_tokens, model);
     } else {
         snprintf(budget, sizeof budget, "fixed %d tokens", es.step_tokens);
     }
