@@ -489,7 +489,11 @@ static double spec_prepare(tk_engine *e) {
         eng_req *q = (eng_req *)s;
         q->spec_first = -1;
         q->draft_q = NULL;
-        if (s->n_tokens - s->n_computed != 1) continue;
+        /* Decodes only, from a request's second token: a prompt's last token
+         * that a chunk left alone is sampled as the end of its prefill would
+         * be (with a draft model, drafting there would make a seeded run's
+         * tokens depend on where the time-based chunks fell). */
+        if (s->n_tokens - s->n_computed != 1 || q->n_output == 0) continue;
         int room = e->o.spec_k;
         if (room > q->cap - s->n_tokens) room = q->cap - s->n_tokens;
         if (room > e->o.ctx - s->n_tokens) room = e->o.ctx - s->n_tokens;

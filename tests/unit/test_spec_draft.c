@@ -392,6 +392,9 @@ static void test_spec_draft_engine_same_tokens(void **state) {
     enum { NR = 4, NP = 24, NOUT = 10 };
     static int32_t prompts[NR * NP];
     for (int i = 0; i < NR * NP; i++) prompts[i] = (int32_t)(sampler_uniform(41, (uint64_t)i) * V);
+    enum { NS = 17 }; /* prompts of one minimum chunk and a token */
+    static int32_t odd[NR * NS];
+    for (int i = 0; i < NR * NS; i++) odd[i] = (int32_t)(sampler_uniform(42, (uint64_t)i) * V);
     static td_rec ref[NR], got[NR], again[NR];
     tk_engine_opts o;
     tk_engine_opts_default(&o);
@@ -428,6 +431,20 @@ static void test_spec_draft_engine_same_tokens(void **state) {
         o.n_threads = 1;
         td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, again);
         for (int i = 0; i < NR; i++) assert_memory_equal(got[i].out, again[i].out, NOUT * sizeof(int32_t));
+        /* However the prompts fall into chunks: whole, or 16 tokens a step
+         * (a step target of 1 us leaves the budget at its minimum chunk) so
+         * that each prompt's last token runs alone. Drafting starts at a
+         * request's second token: that last token is sampled as the end of a
+         * prefill would be, not drafted on. */
+        o.max_batch = NR;
+        o.no_chunking = true;
+        td_run(m, &o, true, odd, NS, NR, NOUT, 0.8f, got);
+        o.no_chunking = false;
+        o.step_ms = 0.001;
+        tk_engine_stats sc = td_run(m, &o, true, odd, NS, NR, NOUT, 0.8f, again);
+        for (int i = 0; i < NR; i++) assert_memory_equal(got[i].out, again[i].out, NOUT * sizeof(int32_t));
+        assert_true(sc.steps >= (uint64_t)(NR * NS + 15) / 16); /* 16 prompt tokens a step at most */
+        o.step_ms = 0;
     }
     tk_model_free(m);
 }
