@@ -209,6 +209,35 @@ static bool run_pass(drafter *d, int n_rows, int n_tok) {
     return d->be.step(d->be.ctx, &b, d->logits) == TK_OK;
 }
 
+double drafter_follow(drafter *d, const draft_follow *jobs, int n) {
+    double t_start = tk_now_s();
+    int rows = 0, nt = 0;
+    for (int i = 0; i < n && rows < d->max_seqs && nt < d->max_tokens; i++) {
+        draft_seq *ds = jobs[i].ds;
+        int feed = jobs[i].end - ds->n_done;
+        if (feed > d->max_tokens - nt) feed = d->max_tokens - nt;
+        if (feed <= 0 || !reserve(d, ds, ds->n_done + feed)) continue;
+        memcpy(d->b_tokens + nt, jobs[i].tokens + ds->n_done, (size_t)feed * sizeof *d->b_tokens);
+        d->b_n[rows] = feed;
+        d->b_pos0[rows] = ds->n_done;
+        d->b_bt[rows] = ds->bt;
+        d->b_want[rows] = 0;
+        d->b_job[rows] = i;
+        nt += feed;
+        rows++;
+    }
+    if (rows == 0) return 0;
+    bool ok = run_pass(d, rows, nt);
+    for (int r = 0; r < rows; r++) {
+        draft_seq *ds = jobs[d->b_job[r]].ds;
+        if (ok)
+            ds->n_done += d->b_n[r];
+        else
+            drafter_seq_release(d, ds);
+    }
+    return tk_now_s() - t_start;
+}
+
 double drafter_run(drafter *d, draft_job *jobs, int n, spec_cost *cost) {
     double t_start = tk_now_s();
     int k_max = 0, *made = d->made;

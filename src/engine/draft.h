@@ -65,6 +65,24 @@ void drafter_seq_free(drafter *d, draft_seq *ds);
  * every job's k is 0 and the draft KV of the jobs is dropped. */
 double drafter_run(drafter *d, draft_job *jobs, int n, spec_cost *cost);
 
+/* One sequence the draft follows: its known tokens, and where the feed ends. */
+typedef struct draft_follow {
+    draft_seq *ds;
+    const int32_t *tokens;
+    int end; /* feed the tokens [ds->n_done, end) */
+} draft_follow;
+
+/* Feed the draft the tokens the target prefilled this step, in one pass that
+ * wants no logits, so that the draft KV follows each prompt as it goes in and
+ * a sequence's first draft pass has a token or two to catch up on, not its
+ * whole prompt (which would stall the turn, and leave the sequence without
+ * drafts on steps that depend on what else started drafting with it). Each
+ * feed starts where the sequence's draft KV stops; oldest first while the
+ * pass has room (max_tokens), the rest, or a sequence the pool is short for,
+ * left to drafter_run's catch-up. Returns the seconds spent; on a backend
+ * failure the draft KV of the jobs is dropped. */
+double drafter_follow(drafter *d, const draft_follow *jobs, int n);
+
 /* After verification: the first n_keep tokens of the sequence are known and
  * equal what the draft was fed; the draft KV past them is dropped. */
 void drafter_settle(drafter *d, draft_seq *ds, int n_keep);

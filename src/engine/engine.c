@@ -104,6 +104,7 @@ struct tk_engine {
     int sp_k_last;
     drafter *dr;                  /* the draft model (spec draft), else NULL */
     draft_job *sp_jobs;           /* (max_batch) */
+    draft_follow *df;             /* (max_batch) the prompts the draft follows (draft_follow_step) */
     float *dq;                    /* (max_draft, n_vocab) the draft's distributions of this step's drafts */
     int dq_rows;                  /* max_draft */
     float *pbuf;                  /* (n_vocab) the target's distribution at one position */
@@ -479,6 +480,25 @@ static double draft_make(tk_engine *e, int n) {
     return dt;
 }
 
+/* After the target's forward: the draft follows the prompt tokens this step
+ * prefilled (drafter_follow), up to each sequence's last known token, which
+ * its first draft pass feeds. Decodes are left to the draft passes (feeding
+ * the draft at every decode would read its weights every step, drafting or
+ * not). Returns the seconds it took. */
+static double draft_follow_step(tk_engine *e, const sched_plan *p) {
+    int n = 0;
+    for (int i = 0; i < p->n_items; i++) {
+        const sched_item *it = &p->items[i];
+        if (it->n_draft > 0 || (it->want_logits && it->n == 1)) continue; /* a decode */
+        eng_req *q = (eng_req *)it->seq;
+        int end = it->pos0 + it->n;
+        if (end > q->seq.n_tokens - 1) end = q->seq.n_tokens - 1;
+        if (end <= q->ds.n_done) continue;
+        e->df[n++] = (draft_follow){.ds = &q->ds, .tokens = q->tokens, .end = end};
+    }
+    return n > 0 ? drafter_follow(e->dr, e->df, n) : 0;
+}
+
 /* Before planning: every running decode drafts what it can, the controller
  * chooses how many of them each verifies (sched_seq.n_draft). With the draft
  * model the drafts on offer are the room left, and are made after the choice.
@@ -712,6 +732,7 @@ static void run_step(tk_engine *e) {
         return;
     }
     sched_advance(e->sc, p);
+    double t_follow = e->dr ? draft_follow_step(e, p) : 0;
     /* Every plain decode (no drafts) is sampled first, on the backend's
      * threads; then, one item after another in plan order, the tokens are
      * taken (drafts verified there) with every side effect: callbacks,
@@ -758,7 +779,7 @@ static void run_step(tk_engine *e) {
     sched_observe(e->sc, p, t_end - t_turn);
     /* The target's step cost leaves the draft passes out: they are priced apart. */
     if (e->o.spec != TK_SPEC_OFF && p->n_tok == p->n_decode + p->n_draft) {
-        spec_cost_observe(&e->spec.cost, p->n_tok, t_end - t_turn - t_draft);
+        spec_cost_observe(&e->spec.cost, p->n_tok, t_end - t_turn - t_draft - t_follow);
         e->sp_turn_s += t_end - t_turn;
         e->sp_draft_s += t_draft;
     }
@@ -992,9 +1013,10 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
         if (st != TK_OK) goto fail;
         e->dq_rows = max_draft;
         e->sp_jobs = tk_calloc((size_t)o.max_batch, sizeof *e->sp_jobs);
+        e->df = tk_calloc((size_t)o.max_batch, sizeof *e->df);
         e->dq = tk_calloc((size_t)(max_draft > 0 ? max_draft : 1) * (size_t)be->n_vocab, sizeof *e->dq);
         e->pbuf = tk_calloc((size_t)be->n_vocab, sizeof *e->pbuf);
-        if (!e->sp_jobs || !e->dq || !e->pbuf) {
+        if (!e->sp_jobs || !e->df || !e->dq || !e->pbuf) {
             st = tk_fail(TK_ERR_NOMEM, "engine: out of memory for the draft model's buffers");
             goto fail;
         }
@@ -1065,6 +1087,7 @@ void tk_engine_free(tk_engine *e) {
     tk_free(e->sp_avail);
     tk_free(e->sp_k);
     tk_free(e->sp_jobs);
+    tk_free(e->df);
     tk_free(e->dq);
     tk_free(e->pbuf);
     tk_free(e->tbuf);

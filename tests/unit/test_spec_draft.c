@@ -431,6 +431,18 @@ static void test_spec_draft_engine_same_tokens(void **state) {
         o.n_threads = 1;
         td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, again);
         for (int i = 0; i < NR; i++) assert_memory_equal(got[i].out, again[i].out, NOUT * sizeof(int32_t));
+        /* A step cap of 25 tokens, four at once: the prompts go in at 25
+         * tokens a step and the draft follows them as they go in, so every
+         * decode drafts from the first on, as above. (The cap is also the
+         * draft's pass: a whole prompt caught up at the first decode, 25
+         * tokens, fills a pass alone, and a sequence that starts drafting
+         * beside another's feed would go without drafts that step.) */
+        o.max_batch = NR;
+        o.n_threads = 2;
+        o.step_tokens = 25;
+        td_run(m, &o, true, prompts, NP, NR, NOUT, 0.8f, again);
+        for (int i = 0; i < NR; i++) assert_memory_equal(got[i].out, again[i].out, NOUT * sizeof(int32_t));
+        o.step_tokens = 0;
         /* However the prompts fall into chunks: whole, or 16 tokens a step
          * (a step target of 1 us leaves the budget at its minimum chunk) so
          * that each prompt's last token runs alone. Drafting starts at a
