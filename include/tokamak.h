@@ -383,6 +383,10 @@ typedef struct tk_engine_stats {
      * pass (ms = base + per_seq x sequences drafting; 0 until measured). */
     double spec_draft_seconds, spec_turn_seconds;
     double spec_draft_ms_base, spec_draft_ms_per_seq;
+    /* The draft model's prefill of the prompts it follows (the steps the
+     * target prefilled them in): seconds and tokens fed. */
+    double spec_follow_seconds;
+    uint64_t spec_follow_tokens;
 } tk_engine_stats;
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);

@@ -328,10 +328,11 @@ int run_many(const cli_opts *o, const run_args *a) {
     if (es.spec == TK_SPEC_DRAFT)
         fprintf(stderr,
                 "draft model: %.3f s drafting, %.1f%% of the speculating decode steps, pass cost %.3f ms + "
-                "%.3f ms/sequence\n",
+                "%.3f ms/sequence; %.3f s prefilling %llu prompt tokens\n",
                 es.spec_draft_seconds,
                 es.spec_turn_seconds > 0 ? 100.0 * es.spec_draft_seconds / es.spec_turn_seconds : 0.0,
-                es.spec_draft_ms_base, es.spec_draft_ms_per_seq);
+                es.spec_draft_ms_base, es.spec_draft_ms_per_seq, es.spec_follow_seconds,
+                (unsigned long long)es.spec_follow_tokens);
     if (es.spec == TK_SPEC_OFF) fprintf(stderr, "speculation: off\n");
     rc = any_error ? 1 : 0;
 done:

@@ -209,9 +209,10 @@ static bool run_pass(drafter *d, int n_rows, int n_tok) {
     return d->be.step(d->be.ctx, &b, d->logits) == TK_OK;
 }
 
-double drafter_follow(drafter *d, const draft_follow *jobs, int n) {
+double drafter_follow(drafter *d, const draft_follow *jobs, int n, int *n_fed) {
     double t_start = tk_now_s();
     int rows = 0, nt = 0;
+    *n_fed = 0;
     for (int i = 0; i < n && rows < d->max_seqs && nt < d->max_tokens; i++) {
         draft_seq *ds = jobs[i].ds;
         int feed = jobs[i].end - ds->n_done;
@@ -228,6 +229,7 @@ double drafter_follow(drafter *d, const draft_follow *jobs, int n) {
     }
     if (rows == 0) return 0;
     bool ok = run_pass(d, rows, nt);
+    if (ok) *n_fed = nt;
     for (int r = 0; r < rows; r++) {
         draft_seq *ds = jobs[d->b_job[r]].ds;
         if (ok)

@@ -79,9 +79,10 @@ typedef struct draft_follow {
  * drafts on steps that depend on what else started drafting with it). Each
  * feed starts where the sequence's draft KV stops; oldest first while the
  * pass has room (max_tokens), the rest, or a sequence the pool is short for,
- * left to drafter_run's catch-up. Returns the seconds spent; on a backend
- * failure the draft KV of the jobs is dropped. */
-double drafter_follow(drafter *d, const draft_follow *jobs, int n);
+ * left to drafter_run's catch-up. Returns the seconds spent, *n_fed the
+ * tokens fed; on a backend failure the draft KV of the jobs is dropped (and
+ * *n_fed is 0). */
+double drafter_follow(drafter *d, const draft_follow *jobs, int n, int *n_fed);
 
 /* After verification: the first n_keep tokens of the sequence are known and
  * equal what the draft was fed; the draft KV past them is dropped. */

@@ -109,6 +109,8 @@ struct tk_engine {
     int dq_rows;                  /* max_draft */
     float *pbuf;                  /* (n_vocab) the target's distribution at one position */
     double sp_draft_s, sp_turn_s; /* seconds in draft passes, and in the turns that ran them or decoded */
+    double sp_follow_s;           /* seconds the draft spent following the prompts (drafter_follow) */
+    uint64_t sp_follow_tok;       /* tokens it fed doing so */
     char *tbuf;                   /* (tok bound) detokenized bytes of one token */
     char *obuf;                   /* (2 * (STOP_MAX_LEN + tok bound) + 1) text released to callbacks */
     size_t tbound;
@@ -496,7 +498,12 @@ static double draft_follow_step(tk_engine *e, const sched_plan *p) {
         if (end <= q->ds.n_done) continue;
         e->df[n++] = (draft_follow){.ds = &q->ds, .tokens = q->tokens, .end = end};
     }
-    return n > 0 ? drafter_follow(e->dr, e->df, n) : 0;
+    if (n == 0) return 0;
+    int fed = 0;
+    double dt = drafter_follow(e->dr, e->df, n, &fed);
+    e->sp_follow_s += dt;
+    e->sp_follow_tok += (uint64_t)fed;
+    return dt;
 }
 
 /* Before planning: every running decode drafts what it can, the controller
@@ -674,6 +681,8 @@ static void publish_stats(tk_engine *e, const sched_plan *p, double dt, uint64_t
     }
     s->spec_draft_seconds = e->sp_draft_s;
     s->spec_turn_seconds = e->sp_turn_s;
+    s->spec_follow_seconds = e->sp_follow_s;
+    s->spec_follow_tokens = e->sp_follow_tok;
     if (e->dr && spec_cost_price(&e->spec.draft, &c0, &c1)) {
         s->spec_draft_ms_base = c0 * 1e3;
         s->spec_draft_ms_per_seq = c1 * 1e3;

@@ -238,6 +238,12 @@ char *srv_metrics_render(srv_metrics *m, const tk_engine_stats *st, int live, si
         one(&b, "tokamak_spec_draft_seconds_total", "counter",
             "Seconds the draft model spent drafting (its passes and their sampling).",
             st->spec_draft_seconds);
+        one(&b, "tokamak_spec_draft_prefill_seconds_total", "counter",
+            "Seconds the draft model spent prefilling prompts beside the model's prefill.",
+            st->spec_follow_seconds);
+        one(&b, "tokamak_spec_draft_prefill_tokens_total", "counter",
+            "Prompt tokens the draft model prefilled beside the model's prefill.",
+            (double)st->spec_follow_tokens);
         one(&b, "tokamak_spec_draft_time_ratio", "gauge",
             "The draft model's share of the decode steps it drafted in (0..1).",
             st->spec_turn_seconds > 0 ? st->spec_draft_seconds / st->spec_turn_seconds : 0.0);

@@ -412,6 +412,10 @@ static void test_spec_draft_engine_same_tokens(void **state) {
         print_message("draft %s: %llu drafted, %llu accepted\n", dm ? "other weights" : "same model",
                       (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted);
         assert_true(st.spec_drafted > 0);
+        /* The draft prefilled every prompt but its last token following the
+         * target (the first draft pass feeds that one). */
+        assert_int_equal(st.spec_follow_tokens, NR * (NP - 1));
+        assert_true(st.spec_follow_seconds > 0);
         if (dm == 0) assert_int_equal(st.spec_accepted, st.spec_drafted);
         if (dm == 1) assert_true(st.spec_accepted < st.spec_drafted);
     }
