@@ -197,6 +197,18 @@ static bool draft_one(drafter *d, draft_job *jb, int j, float *lg) {
     return true;
 }
 
+/* Row rows of the batch arrays: feed tokens of ds's known tokens from where
+ * its draft KV stops, for job, wanting logits or not. */
+static void put_row(drafter *d, int rows, int nt, const int32_t *tokens, draft_seq *ds, int feed, bool want,
+                    int job) {
+    memcpy(d->b_tokens + nt, tokens + ds->n_done, (size_t)feed * sizeof *d->b_tokens);
+    d->b_n[rows] = feed;
+    d->b_pos0[rows] = ds->n_done;
+    d->b_bt[rows] = ds->bt;
+    d->b_want[rows] = want;
+    d->b_job[rows] = job;
+}
+
 /* One pass over the rows in the batch arrays; false on a backend failure. */
 static bool run_pass(drafter *d, int n_rows, int n_tok) {
     tk_batch b = {.n_seq = n_rows,
@@ -218,12 +230,7 @@ double drafter_follow(drafter *d, const draft_follow *jobs, int n, int *n_fed) {
         int feed = jobs[i].end - ds->n_done;
         if (feed > d->max_tokens - nt) feed = d->max_tokens - nt;
         if (feed <= 0 || !reserve(d, ds, ds->n_done + feed)) continue;
-        memcpy(d->b_tokens + nt, jobs[i].tokens + ds->n_done, (size_t)feed * sizeof *d->b_tokens);
-        d->b_n[rows] = feed;
-        d->b_pos0[rows] = ds->n_done;
-        d->b_bt[rows] = ds->bt;
-        d->b_want[rows] = 0;
-        d->b_job[rows] = i;
+        put_row(d, rows, nt, jobs[i].tokens, ds, feed, false, i);
         nt += feed;
         rows++;
     }
@@ -273,12 +280,7 @@ double drafter_run(drafter *d, draft_job *jobs, int n, spec_cost *cost) {
                 continue;
             }
             if (!wants) jb->k = 0;
-            memcpy(d->b_tokens + nt, jb->tokens + ds->n_done, (size_t)feed * sizeof *d->b_tokens);
-            d->b_n[rows] = feed;
-            d->b_pos0[rows] = ds->n_done;
-            d->b_bt[rows] = ds->bt;
-            d->b_want[rows] = wants;
-            d->b_job[rows] = i;
+            put_row(d, rows, nt, jb->tokens, ds, feed, wants, i);
             nt += feed;
             want += wants;
             rows++;

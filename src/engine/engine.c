@@ -491,7 +491,7 @@ static double draft_follow_step(tk_engine *e, const sched_plan *p) {
     int n = 0;
     for (int i = 0; i < p->n_items; i++) {
         const sched_item *it = &p->items[i];
-        if (it->n_draft > 0 || (it->want_logits && it->n == 1)) continue; /* a decode */
+        if (sched_item_is_decode(it)) continue;
         eng_req *q = (eng_req *)it->seq;
         int end = it->pos0 + it->n;
         if (end > q->seq.n_tokens - 1) end = q->seq.n_tokens - 1;

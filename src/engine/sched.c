@@ -357,7 +357,7 @@ static void plan_add(sched *s, sched_seq *seq, int n, int n_draft) {
     it->want_logits = seq->n_computed + n == seq->n_tokens;
     s->plan.n_tok += n + n_draft;
     s->plan.n_draft += n_draft;
-    if (!it->want_logits || n > 1) s->plan.prefill_kpos += sched_prefill_kpos(it->pos0, n); /* not a decode */
+    if (!sched_item_is_decode(it)) s->plan.prefill_kpos += sched_prefill_kpos(it->pos0, n);
 }
 
 /* ---- the time-based budget ---------------------------------------------------- */

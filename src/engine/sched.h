@@ -159,6 +159,12 @@ typedef struct sched_item {
     int n_draft;      /* of n, draft tokens verified after the decode token (logits: n_draft + 1) */
 } sched_item;
 
+/* A decode: one known token reaching the end (plus its drafts, if any). A
+ * prompt's last token that a chunk left alone is one too. */
+static inline bool sched_item_is_decode(const sched_item *it) {
+    return it->want_logits && it->n - it->n_draft == 1;
+}
+
 typedef struct sched_plan {
     int n_items;
     int n_tok;           /* sum of items[].n */
