@@ -28,8 +28,8 @@ typedef struct probe_stats {
 } probe_stats;
 void probe_read_bw_stats(int n_threads, probe_stats *out);
 
-/* The read probe over runs of run_bytes each (what one (KV block, kv head)
- * of the paged cache holds) read in a shuffled order, each run whole while
+/* The read probe over runs of run_bytes each (what attention reads of one
+ * kv head's adjacent blocks in the paged cache) read in a shuffled order, each run whole while
  * the next is asked for line by line in step, as the attention kernels read
  * a context's blocks: the rate scattered runs allow, against the streaming
  * probe's one long read per thread. Same buffers and passes as

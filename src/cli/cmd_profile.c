@@ -34,6 +34,7 @@
 #include "core/error.h"
 #include "core/names.h"
 #include "engine/sampler.h"
+#include "kernels/kvattn.h"
 #include "kv/kv.h"
 #include "model/fwd_prof.h"
 #include "model/model.h"
@@ -227,8 +228,8 @@ typedef struct pf_machine {
      * rate where one computed faster (its stage named), by tk_peak. */
     double ceil_peak[TK_PEAK_COUNT];
     const char *over_peak[TK_PEAK_COUNT];
-    /* The read probe over the paged KV's runs (one per block and kv head) in
-     * a shuffled order, as attention reads them: shown beside the floors,
+    /* The read probe over the paged KV's runs (a kv head's blocks of one
+     * sequence and part) in a shuffled order, as attention reads them: shown beside the floors,
      * which count the streaming rate (n 0: not probed). */
     probe_stats runs;
     size_t run_bytes;
@@ -384,11 +385,12 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
     report_rt_throttle_now(stdout);
     printf("\n");
     if (mc->runs.n > 0)
-        printf("- paged KV reads (%zu KiB runs, one per KV block and kv head, in a shuffled order, "
-               "the next asked for in step, as attention reads them): "
-               "best %.1f GB/s (median %.1f), %.0f%% of the streaming probe's best\n\n",
-               mc->run_bytes >> 10, mc->runs.best, mc->runs.median,
-               mc->bw.best > 0 ? 100.0 * mc->runs.best / mc->bw.best : 0);
+        printf(
+            "- paged KV reads (%zu KiB runs, a kv head's blocks of one sequence and part side by side, in a "
+            "shuffled order, the next asked for in step, as attention reads them): "
+            "best %.1f GB/s (median %.1f), %.0f%% of the streaming probe's best\n\n",
+            mc->run_bytes >> 10, mc->runs.best, mc->runs.median,
+            mc->bw.best > 0 ? 100.0 * mc->runs.best / mc->bw.best : 0);
     if (mc->over_stage)
         printf(
             "- **probe shortfall**: %s read %.1f GB/s > probe %.1f GB/s; bandwidth floors and %% of bw use "
@@ -1013,7 +1015,12 @@ int cmd_profile(int argc, char **argv) {
                                .n_blocks = 1,
                                .type = o.engine.kv_type,
                                .scale = o.engine.kv_scale};
-        mc.run_bytes = kv_run_bytes(&ko);
+        /* A sequence's blocks are consecutive here (pf_setup), so attention
+         * reads one run per (layer, kv head) and part: its blocks' units. */
+        const int span = ctx + prefill, part_blocks = KV_ATTN_PART / ko.block_size,
+                  seq_blocks = (span + ko.block_size - 1) / ko.block_size;
+        mc.run_bytes = kv_run_bytes(&ko) * (size_t)(seq_blocks < part_blocks ? seq_blocks : part_blocks);
+        mc.run_bytes &= ~(size_t)255; /* the probe reads whole 256-byte steps */
         probe_read_runs_stats(mc.threads, mc.run_bytes, &mc.runs);
     }
     pf_state s;

@@ -203,7 +203,9 @@ static void drop_block(sched *s, int b) {
     }
 }
 
-/* Last block first, so the chain's tail is the older idle one (evicted first). */
+/* Last block first, so the chain's tail is the older idle one (evicted first),
+ * and the pool's free stack hands the blocks out again in their order: ids
+ * that follow each other lie side by side in the KV pool (kv.c). */
 static void release_blocks(sched *s, sched_seq *seq) {
     for (int i = seq->n_blocks - 1; i >= 0; i--) drop_block(s, seq->bt[i]);
     seq->n_blocks = 0;

@@ -36,26 +36,24 @@
  * earlier values stays bounded. */
 #define KV_INT8_MIN_GROWTH 1.125f
 
-/* Where one layer's blocks live. A (layer, block) region is block_stride bytes
- * (a multiple of 64, so every region starts 64-byte aligned). Each kv head
- * has in it
+/* Where one layer's blocks live. Each (kv head, block) has a unit of
+ * block_stride bytes (a multiple of 64, so every unit starts 64-byte
+ * aligned) at byte kvh * head_stride + b * block_stride of the layer (kv.c
+ * lays a kv head's blocks side by side: block_stride is one unit, so a
+ * sequence whose blocks have consecutive ids is one run per kv head):
  *   K       [block_size][head_dim]  elements of the KV type, or
  *           [block_size / KV_KT][head_dim][KV_KT] (kv_k_cols, a float type)
  *           or [block_size / KV_KT][head_dim / 4][KV_KT][4] (kv_k_cols, int8)
- *           at byte kvh * head_stride
  *   V       [block_size][head_dim], v_off bytes after its K
  * and then, int8 only,
- *   k_scale [n_head_kv][block_size] floats (int8 per token) or
- *           [n_head_kv][head_dim] (int8 per head: one per channel), at ks_off
- *   v_scale the same, at vs_off.
- * kv.c picks the arrangement: all heads' K then all heads' V (head_stride
- * one head's K, v_off all heads' K), or each head's V right after its K
- * (head_stride both, v_off one), so that a (block, head) is one run. */
+ *   k_scale [block_size] floats (int8 per token) or [head_dim] (int8 per
+ *           head: one per channel), ks_off bytes after its K
+ *   v_scale the same, at vs_off. */
 typedef struct kv_geom {
-    uint8_t *layer;      /* [n_blocks][block_stride] bytes of this layer */
-    size_t block_stride; /* bytes per (layer, block) region */
-    size_t head_stride;  /* bytes from one kv head's K to the next one's */
-    size_t v_off;        /* bytes from a head's K to its V */
+    uint8_t *layer;      /* this layer's units */
+    size_t block_stride; /* bytes from a kv head's block b to b + 1 */
+    size_t head_stride;  /* bytes from one kv head's units to the next one's */
+    size_t v_off;        /* bytes from a unit's K to its V */
     size_t ks_off, vs_off;
     int n_blocks, n_head_kv, head_dim, block_size;
     tk_kv_type type;
@@ -168,13 +166,11 @@ static inline const uint8_t *kv_geom_v(const kv_geom *g, int32_t b, int kvh) {
 /* Head kvh's scales in block b (NULL unless int8). */
 static inline const float *kv_geom_ks(const kv_geom *g, int32_t b, int kvh) {
     if (g->type != TK_KV_INT8) return NULL;
-    return (const float *)(g->layer + (size_t)b * g->block_stride + g->ks_off) +
-           (size_t)kvh * kv_scales_per_head(g);
+    return (const float *)(kv_geom_k(g, b, kvh) + g->ks_off);
 }
 static inline const float *kv_geom_vs(const kv_geom *g, int32_t b, int kvh) {
     if (g->type != TK_KV_INT8) return NULL;
-    return (const float *)(g->layer + (size_t)b * g->block_stride + g->vs_off) +
-           (size_t)kvh * kv_scales_per_head(g);
+    return (const float *)(kv_geom_k(g, b, kvh) + g->vs_off);
 }
 
 /* One attention kernel: the contract of kv_attention (src/kv/kv.h) with the

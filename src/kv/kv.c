@@ -15,11 +15,12 @@
 
 struct tk_kv {
     tk_kv_opts o;
-    uint8_t *pool;                /* [n_layer][n_blocks][block_stride] bytes, on huge pages */
+    uint8_t *pool;                /* [n_layer][n_head_kv][n_blocks] units (kv_layout), on huge pages */
     size_t pool_bytes;            /* its size, for tk_free_huge */
-    size_t block_stride;          /* bytes of one (layer, block) region, a multiple of 64 */
-    size_t head_stride;           /* bytes from one kv head's K to the next one's (see kv_geom) */
-    size_t v_off, ks_off, vs_off; /* offsets of a head's V from its K, of the scale sections */
+    size_t block_stride;          /* bytes of one unit: from a (layer, kv head)'s block b to b + 1 */
+    size_t head_stride;           /* bytes from one kv head's blocks to the next one's (see kv_geom) */
+    size_t layer_bytes;           /* bytes of one layer's units */
+    size_t v_off, ks_off, vs_off; /* offsets of a unit's V and scales from its K */
     int32_t *free_ids;            /* [n_blocks] stack of free block ids; top is free_ids[n_free-1] */
     int n_free;
     int32_t *refs; /* [n_blocks] holders of each block; 0 while free (catches double frees) */
@@ -36,27 +37,33 @@ struct tk_kv {
     kv_requant_cols_fn requant_cols;
 };
 
-/* Sizes of one (layer, block) region; false on overflow. */
+/* Sizes of the pool's regions; false on overflow. The pool is laid out
+ * [n_layer][n_head_kv][n_blocks] units, a unit one (layer, kv head, block):
+ * its K, its V, and (int8) its K and V scales, rounded up to 64 bytes. So a
+ * kv head's blocks of one layer are adjacent, and a sequence whose blocks
+ * have consecutive ids is one run per (layer, kv head) for attention. */
 typedef struct kv_layout {
-    size_t sect;   /* bytes of K (or V): n_head_kv * block_size * head_dim * elem */
-    size_t scales; /* bytes of k_scale (or v_scale); 0 unless int8 */
-    size_t exact;  /* 2 * (sect + scales): the bytes that carry data */
-    size_t stride; /* exact rounded up to 64 */
+    size_t sect;   /* bytes of one head's K (or V) in a block: block_size * head_dim * elem */
+    size_t scales; /* bytes of one head's k_scale (or v_scale) in a block; 0 unless int8 */
+    size_t exact;  /* n_head_kv * 2 * (sect + scales): the bytes of a (layer, block) that carry data */
+    size_t unit;   /* 2 * (sect + scales) rounded up to 64 */
+    size_t stride; /* n_head_kv * unit: the bytes of one (layer, block) */
 } kv_layout;
 
 static bool layout_of(const tk_kv_opts *o, kv_layout *L) {
-    size_t sect, scales = 0, exact, stride;
-    if (!tk_mul_size((size_t)o->n_head_kv, (size_t)o->block_size, &sect) ||
-        !tk_mul_size(sect, (size_t)o->head_dim, &sect) || !tk_mul_size(sect, kv_type_size(o->type), &sect))
+    size_t sect, scales = 0, exact, unit, stride;
+    if (!tk_mul_size((size_t)o->block_size, (size_t)o->head_dim, &sect) ||
+        !tk_mul_size(sect, kv_type_size(o->type), &sect))
         return false;
-    if (o->type == TK_KV_INT8) {
-        size_t per_head = o->scale == TK_KV_SCALE_TOKEN ? (size_t)o->block_size : (size_t)o->head_dim;
-        if (!tk_mul_size((size_t)o->n_head_kv, per_head * sizeof(float), &scales)) return false;
-    }
-    if (!tk_add_size(sect, scales, &exact) || !tk_mul_size(exact, 2, &exact)) return false;
-    if (!tk_add_size(exact, 63, &stride)) return false;
-    stride &= ~(size_t)63;
-    *L = (kv_layout){.sect = sect, .scales = scales, .exact = exact, .stride = stride};
+    if (o->type == TK_KV_INT8)
+        scales =
+            (o->scale == TK_KV_SCALE_TOKEN ? (size_t)o->block_size : (size_t)o->head_dim) * sizeof(float);
+    if (!tk_add_size(sect, scales, &unit) || !tk_mul_size(unit, 2, &unit) ||
+        !tk_mul_size(unit, (size_t)o->n_head_kv, &exact) || !tk_add_size(unit, 63, &unit))
+        return false;
+    unit &= ~(size_t)63;
+    if (!tk_mul_size(unit, (size_t)o->n_head_kv, &stride)) return false;
+    *L = (kv_layout){.sect = sect, .scales = scales, .exact = exact, .unit = unit, .stride = stride};
     return true;
 }
 
@@ -98,12 +105,11 @@ size_t kv_block_bytes(const tk_kv_opts *o) {
     return n;
 }
 
-/* kv_init's head stride: one kv head's K and V together (int8), or its K. */
+/* One (layer, kv head, block) unit: its K and V together, every type. */
 size_t kv_run_bytes(const tk_kv_opts *o) {
     kv_layout L;
     if (!opts_valid(o) || !layout_of(o, &L)) return 0;
-    const size_t head = L.sect / (size_t)o->n_head_kv;
-    return o->type == TK_KV_INT8 ? 2 * head : head;
+    return L.unit;
 }
 
 /* Logical bytes (no alignment padding); per-head scales are shared by a block's
@@ -163,15 +169,10 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     tk_kv *kv = tk_calloc(1, sizeof *kv);
     if (!kv) return tk_fail(TK_ERR_NOMEM, "kv: %zu bytes for the pool header", sizeof *kv);
     kv->o = *o;
-    kv->block_stride = L.stride;
-    /* int8: each head's V right after its K, one 32 KB run per (block, head)
-     * at 128 x 128, which attention read 3-9% faster at batch 1, 8 and 32
-     * than two 16 KB runs 128 KB apart; the float types keep K and V
-     * sections (F16's one 64 KB run read up to 6% slower at batch 32,
-     * though faster at batch 1). docs/notes.md. */
-    const size_t head = L.sect / (size_t)o->n_head_kv;
-    kv->head_stride = kv_run_bytes(o);
-    kv->v_off = o->type == TK_KV_INT8 ? head : L.sect;
+    kv->block_stride = L.unit;
+    kv->head_stride = L.unit * (size_t)o->n_blocks;
+    kv->layer_bytes = kv->head_stride * (size_t)o->n_head_kv;
+    kv->v_off = L.sect;
     kv->ks_off = 2 * L.sect;
     kv->vs_off = 2 * L.sect + L.scales;
     /* On huge pages: attention reads every block of a sequence each step, and
@@ -185,7 +186,9 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
         return tk_fail(TK_ERR_NOMEM, "kv: cannot allocate the pool (%zu bytes, %d blocks)", total,
                        o->n_blocks);
     }
-    /* Stack order hands out 0, 1, 2, ... first: low ids, predictable tests. */
+    /* Stack order hands out 0, 1, 2, ... first: low ids, predictable tests,
+     * and a sequence's blocks side by side (blocks freed last first come
+     * back in their order). */
     for (int i = 0; i < o->n_blocks; i++) kv->free_ids[i] = o->n_blocks - 1 - i;
     kv->n_free = o->n_blocks;
 
@@ -262,11 +265,12 @@ void kv_block_copy(tk_kv *kv, int dst, int src) {
     TK_ASSERT(dst >= 0 && dst < kv->o.n_blocks && kv->refs[dst] > 0);
     TK_ASSERT(src >= 0 && src < kv->o.n_blocks && kv->refs[src] > 0);
     if (dst == src) return;
-    for (int l = 0; l < kv->o.n_layer; l++) {
-        uint8_t *layer = kv->pool + (size_t)l * (size_t)kv->o.n_blocks * kv->block_stride;
-        memcpy(layer + (size_t)dst * kv->block_stride, layer + (size_t)src * kv->block_stride,
-               kv->block_stride);
-    }
+    for (int l = 0; l < kv->o.n_layer; l++)
+        for (int h = 0; h < kv->o.n_head_kv; h++) {
+            uint8_t *head = kv->pool + (size_t)l * kv->layer_bytes + (size_t)h * kv->head_stride;
+            memcpy(head + (size_t)dst * kv->block_stride, head + (size_t)src * kv->block_stride,
+                   kv->block_stride);
+        }
 }
 
 int kv_blocks_free(const tk_kv *kv) { return kv->n_free; }
@@ -274,7 +278,7 @@ int kv_blocks_total(const tk_kv *kv) { return kv->o.n_blocks; }
 
 static kv_geom geom_of(const tk_kv *kv, int l) {
     return (kv_geom){
-        .layer = kv->pool + (size_t)l * (size_t)kv->o.n_blocks * kv->block_stride,
+        .layer = kv->pool + (size_t)l * kv->layer_bytes,
         .block_stride = kv->block_stride,
         .head_stride = kv->head_stride,
         .v_off = kv->v_off,
@@ -288,6 +292,11 @@ static kv_geom geom_of(const tk_kv *kv, int l) {
         .scale = kv->o.scale,
         .q8 = kv->q8,
     };
+}
+
+kv_geom kv_layer_geom(const tk_kv *kv, int l) {
+    TK_ASSERT(l >= 0 && l < kv->o.n_layer);
+    return geom_of(kv, l);
 }
 
 /* The block holding position pos; ids come from the engine, so a bad one is a bug. */

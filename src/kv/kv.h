@@ -2,17 +2,18 @@
  * A sequence owns a block table (block ids in position order); position p lives
  * in block table[p / block_size], slot p % block_size.
  *
- * Layout of one block of one layer (dtype = the pool's KV type): per kv
- * head a K [block_size][head_dim] and a V [block_size][head_dim]; int8 keeps
- * each head's V right after its K, the float types all heads' K, then all
- * heads' V (kvattn.h kv_geom)
+ * The pool holds one unit per (layer, kv head, block), in that order, so a
+ * kv head's blocks of one layer are adjacent and a sequence whose blocks have
+ * consecutive ids is one run per (layer, kv head) (kvattn.h kv_geom). A unit
+ * (dtype = the pool's KV type) is K [block_size][head_dim], then V
+ * [block_size][head_dim], then, int8 only, the K and V scales
  *   (K of f32, f16 and bf16 in blocks of 128 or more: by columns of 16
  *   positions, [block_size / 16][head_dim][16]; int8 K dotted against int8
  *   queries in such blocks: [block_size / 16][head_dim / 4][16][4];
  *   kvattn.h kv_k_cols)
  * INT8 scales (float):
- *   per token: k_scale/v_scale [n_head_kv][block_size] (absmax/127 of each vector)
- *   per head:  k_scale/v_scale [n_head_kv][head_dim] per block: one scale per
+ *   per token: k_scale/v_scale [block_size] (absmax/127 of each vector)
+ *   per head:  k_scale/v_scale [head_dim] per unit: one scale per
  *              channel of a head's vectors in the block; a larger new value
  *              rescales the block's existing int8 values of that channel (so
  *              order of writes, not batching, decides the values: batch
@@ -49,9 +50,9 @@ const tk_kv_opts *kv_opts(const tk_kv *kv);
 size_t kv_bytes_per_token(const tk_kv_opts *o);
 /* Bytes of one block over all layers. */
 size_t kv_block_bytes(const tk_kv_opts *o);
-/* Bytes of one contiguous run the attention reads per (layer, block, kv
- * head): int8 keeps a head's K and V together, the float types a head's K
- * (its V is another run of the same size). 0 for options kv_init refuses. */
+/* Bytes of one (layer, kv head, block) unit: its K, V and scales, rounded
+ * up to 64; block b + 1's unit follows block b's. 0 for options kv_init
+ * refuses. */
 size_t kv_run_bytes(const tk_kv_opts *o);
 
 /* Block allocation (one thread at a time: the engine loop or a runner).
@@ -70,6 +71,10 @@ int kv_blocks_total(const tk_kv *kv);
 /* Copy every layer of block src (K, V and int8 scales) over block dst; both
  * allocated. dst's old contents are gone, src is unchanged. */
 void kv_block_copy(tk_kv *kv, int dst, int src);
+
+/* Where layer l's units are, for the kernels (kv_geom_k and the others give
+ * a (block, kv head)'s K, V and scales). */
+struct kv_geom kv_layer_geom(const tk_kv *kv, int l);
 
 /* Write the K and V vectors ([n_head_kv][head_dim] floats each) of one token at
  * position pos of a sequence with block table bt, in layer l.

@@ -31,9 +31,10 @@ for b in 1 4; do
     grep -q '^| attention | ' "$W/p$b.md" || fail "no attention row (batch $b)"
     grep -q '^| \*\*step\*\* | ' "$W/p$b.md" || fail "no step row (batch $b)"
     grep -q '^- barriers per step: ' "$W/p$b.md" || fail "no barrier count (batch $b)"
-    # the paged-read probe runs with the read probe (INT8, blocks of 128, head_dim 128: 32 KiB runs)
+    # the paged-read probe runs with the read probe (INT8 per head, blocks of 128, head_dim 128,
+    # context 160: a kv head's two blocks, units of K, V and scales of 33 KiB each, side by side)
     if [ $b -eq 1 ]; then
-        grep -q '^- paged KV reads (32 KiB runs, one per KV block and kv head, .*): best [0-9.]* GB/s (median [0-9.]*), [0-9]*% of the streaming probe' "$W/p$b.md" ||
+        grep -q '^- paged KV reads (66 KiB runs, a kv head.s blocks of one sequence and part side by side, .*): best [0-9.]* GB/s (median [0-9.]*), [0-9]*% of the streaming probe' "$W/p$b.md" ||
             fail "no paged-read probe line"
         grep -q "^- attention's [0-9.]* MB at the paged-read rate ([0-9.]* GB/s) take [0-9.]* ms: the stage took [0-9.]*x that" "$W/p$b.md" ||
             fail "no attention at the paged-read rate line"
@@ -136,8 +137,8 @@ for b in (1, 4):
     assert step["floor_ms_median_read"] >= step["floor_ms"] * (1 - 1e-9), step
     assert abs(step["x_floor_median_read"] * step["floor_ms_median_read"] - step["x_floor"] * step["floor_ms"]) <= 1e-6 * step["x_floor"] * step["floor_ms"], step
     attn = next(s for s in st if s["stage"] == "attention")
-    if b == 1:  # the paged-read probe: a (block, kv head) of INT8 K and V, and attention's bytes at its rate
-        assert pr["kv_run_bytes"] == 2 * 128 * hd, pr
+    if b == 1:  # the paged-read probe: two (block, kv head) units of INT8 K, V and scales, and attention's bytes at its rate
+        assert pr["kv_run_bytes"] == 2 * 2 * (128 * hd + 4 * hd), pr
         assert 0 < pr["kv_runs_gbs_min"] <= pr["kv_runs_gbs_median"] <= pr["kv_runs_gbs"], pr
         want = attn["bytes"] / (pr["kv_runs_gbs"] * 1e9) * 1e3
         assert attn["bytes"] > 0 and abs(attn["paged_read_ms"] - want) <= 1e-6 * want, (attn, want)

@@ -279,6 +279,54 @@ static void test_kv_pool_accounting(void **state) {
     assert_int_equal(tk_alloc_live_bytes(), before);
 }
 
+/* The pool's layout: a (layer, kv head)'s blocks side by side, one unit
+ * (kv_run_bytes) each, with the unit's K, V and scales inside it, and no two
+ * units overlapping. */
+static void test_kv_layout_units(void **state) {
+    (void)state;
+    for (int k = 0; k < N_KINDS; k++)
+        for (int bi = 0; bi < 2; bi++) {
+            const int n_layer = 3, n_kvh = 2, n_blocks = 5, hd = 32, bs = bi ? 128 : 16;
+            tk_kv_opts o = opts_make(n_layer, n_kvh, hd, bs, n_blocks, KINDS[k].t, KINDS[k].sc);
+            tk_kv *kv;
+            assert_int_equal(kv_init(&o, &kv), TK_OK);
+            const size_t unit = kv_run_bytes(&o), es = kv_type_size(KINDS[k].t);
+            assert_true(unit % 64 == 0 && unit >= 2 * (size_t)bs * (size_t)hd * es);
+            const uint8_t *first = NULL, *prev = NULL;
+            for (int l = 0; l < n_layer; l++) {
+                kv_geom g = kv_layer_geom(kv, l);
+                for (int h = 0; h < n_kvh; h++)
+                    for (int b = 0; b < n_blocks; b++) {
+                        const uint8_t *u = kv_geom_k(&g, b, h);
+                        if (!first) first = u;
+                        /* layer-major, then kv head, then block: each unit right after the last */
+                        assert_ptr_equal(u, first + (size_t)((l * n_kvh + h) * n_blocks + b) * unit);
+                        assert_true(prev == NULL || u == prev + unit);
+                        prev = u;
+                        assert_true((uintptr_t)u % 64 == 0);
+                        const uint8_t *v = kv_geom_v(&g, b, h);
+                        assert_ptr_equal(v, u + (size_t)bs * (size_t)hd * es);
+                        const float *ks = kv_geom_ks(&g, b, h), *vs = kv_geom_vs(&g, b, h);
+                        if (KINDS[k].t != TK_KV_INT8) {
+                            assert_null(ks);
+                            continue;
+                        }
+                        const size_t ns = KINDS[k].sc == TK_KV_SCALE_TOKEN ? (size_t)bs : (size_t)hd;
+                        assert_ptr_equal((const uint8_t *)ks, v + (size_t)bs * (size_t)hd);
+                        assert_ptr_equal(vs, ks + ns);
+                        assert_true((const uint8_t *)(vs + ns) <= u + unit);
+                    }
+            }
+            /* a fresh pool hands out consecutive ids, and blocks freed last
+             * first come back in their order: a sequence's units side by side */
+            int32_t ids[4];
+            for (int i = 0; i < 4; i++) assert_int_equal(ids[i] = kv_block_alloc(kv), i);
+            for (int i = 3; i >= 0; i--) kv_block_free(kv, ids[i]);
+            for (int i = 0; i < 4; i++) assert_int_equal(kv_block_alloc(kv), i);
+            kv_free(kv);
+        }
+}
+
 /* Shared blocks: a block with several holders goes back to the pool only when
  * the last lets go, and a copy carries every layer's K, V and scales. */
 static void test_kv_block_refs_and_copy(void **state) {
@@ -414,16 +462,17 @@ static void test_kv_bytes_per_token(void **state) {
         size_t bpt = kv_bytes_per_token(&head);
         print_message("  int8/head, block %3d: %zu (%.3fx of f16)\n", BLOCK_SIZES[i], bpt,
                       (double)bpt / (double)kv_bytes_per_token(&f16));
-        /* A block's bytes cover its tokens; the padding to 64 is at most 63 per layer. */
+        /* A block's bytes cover its tokens; the padding to 64 is at most 63 per (layer, kv head). */
         assert_true(kv_block_bytes(&head) >= bpt * (size_t)head.block_size - (size_t)head.block_size);
-        assert_true(kv_block_bytes(&head) <= bpt * (size_t)head.block_size + 64u * 28u);
+        assert_true(kv_block_bytes(&head) <= bpt * (size_t)head.block_size + 64u * 28u * 8u);
         assert_int_equal(kv_block_bytes(&f16), kv_bytes_per_token(&f16) * (size_t)f16.block_size);
-        /* the run attention reads per (block, kv head): int8 a head's K and V, a float type its K */
-        assert_int_equal(kv_run_bytes(&head), 2u * (size_t)head.block_size * 128u);
-        assert_int_equal(kv_run_bytes(&f16), (size_t)f16.block_size * 128u * 2u);
+        /* one (layer, kv head, block) unit: its K and V, and int8's scales */
+        assert_int_equal(kv_run_bytes(&head), 2u * ((size_t)head.block_size * 128u + 128u * 4u));
+        assert_int_equal(kv_run_bytes(&f16), 2u * (size_t)f16.block_size * 128u * 2u);
+        assert_int_equal(kv_block_bytes(&f16), 28u * 8u * kv_run_bytes(&f16));
     }
     f32.block_size = 128;
-    assert_int_equal(kv_run_bytes(&f32), 128u * 128u * 4u);
+    assert_int_equal(kv_run_bytes(&f32), 2u * 128u * 128u * 4u);
     f32.block_size = 100; /* a block size kv_init refuses */
     assert_int_equal(kv_run_bytes(&f32), 0);
     assert_int_equal(kv_run_bytes(NULL), 0);
@@ -1253,6 +1302,7 @@ static void test_kv_k_walk(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_pool_accounting),
+        cmocka_unit_test(test_kv_layout_units),
         cmocka_unit_test(test_kv_block_refs_and_copy),
         cmocka_unit_test(test_kv_opts_validation),
         cmocka_unit_test(test_kv_bytes_per_token),
