@@ -228,6 +228,12 @@ static bool reserve(sched *s, sched_seq *seq, int n) {
     int need = sched_blocks_for(s, n) - seq->n_blocks;
     if (need <= 0) return true;
     if (need > blocks_avail(s)) return false;
+    /* Evictions first, then every block from the pool's stack: the evicted
+     * (a chain's tail first) come back in their order, as a freed
+     * sequence's do, where evicting one per block would hand them out last
+     * first. Ids that follow each other lie side by side in the KV pool. */
+    while (s->b.n_free(s->b.ctx) < need && evict_one(s)) {
+    }
     for (int i = 0; i < need; i++) {
         int blk = take_block(s);
         if (blk < 0) return false; /* n_free lied; the caller treats it as a shortage */
