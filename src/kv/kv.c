@@ -105,7 +105,7 @@ size_t kv_block_bytes(const tk_kv_opts *o) {
     return n;
 }
 
-/* One (layer, kv head, block) unit: its K and V together, every type. */
+/* One (layer, kv head, block) unit: its K, V and (int8) scales, every type. */
 size_t kv_run_bytes(const tk_kv_opts *o) {
     kv_layout L;
     if (!opts_valid(o) || !layout_of(o, &L)) return 0;
