@@ -19,7 +19,6 @@ struct tk_kv {
     size_t pool_bytes;            /* its size, for tk_free_huge */
     size_t block_stride;          /* bytes of one unit: from a (layer, kv head)'s block b to b + 1 */
     size_t head_stride;           /* bytes from one kv head's blocks to the next one's (see kv_geom) */
-    size_t layer_bytes;           /* bytes of one layer's units */
     size_t v_off, ks_off, vs_off; /* offsets of a unit's V and scales from its K */
     int32_t *free_ids;            /* [n_blocks] stack of free block ids; top is free_ids[n_free-1] */
     int n_free;
@@ -171,7 +170,6 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     kv->o = *o;
     kv->block_stride = L.unit;
     kv->head_stride = L.unit * (size_t)o->n_blocks;
-    kv->layer_bytes = kv->head_stride * (size_t)o->n_head_kv;
     kv->v_off = L.sect;
     kv->ks_off = 2 * L.sect;
     kv->vs_off = 2 * L.sect + L.scales;
@@ -261,24 +259,12 @@ int kv_block_refs(const tk_kv *kv, int block) {
     return kv->refs[block];
 }
 
-void kv_block_copy(tk_kv *kv, int dst, int src) {
-    TK_ASSERT(dst >= 0 && dst < kv->o.n_blocks && kv->refs[dst] > 0);
-    TK_ASSERT(src >= 0 && src < kv->o.n_blocks && kv->refs[src] > 0);
-    if (dst == src) return;
-    for (int l = 0; l < kv->o.n_layer; l++)
-        for (int h = 0; h < kv->o.n_head_kv; h++) {
-            uint8_t *head = kv->pool + (size_t)l * kv->layer_bytes + (size_t)h * kv->head_stride;
-            memcpy(head + (size_t)dst * kv->block_stride, head + (size_t)src * kv->block_stride,
-                   kv->block_stride);
-        }
-}
-
 int kv_blocks_free(const tk_kv *kv) { return kv->n_free; }
 int kv_blocks_total(const tk_kv *kv) { return kv->o.n_blocks; }
 
 static kv_geom geom_of(const tk_kv *kv, int l) {
     return (kv_geom){
-        .layer = kv->pool + (size_t)l * kv->layer_bytes,
+        .layer = kv->pool + (size_t)l * (size_t)kv->o.n_head_kv * kv->head_stride,
         .block_stride = kv->block_stride,
         .head_stride = kv->head_stride,
         .v_off = kv->v_off,
@@ -292,6 +278,17 @@ static kv_geom geom_of(const tk_kv *kv, int l) {
         .scale = kv->o.scale,
         .q8 = kv->q8,
     };
+}
+
+void kv_block_copy(tk_kv *kv, int dst, int src) {
+    TK_ASSERT(dst >= 0 && dst < kv->o.n_blocks && kv->refs[dst] > 0);
+    TK_ASSERT(src >= 0 && src < kv->o.n_blocks && kv->refs[src] > 0);
+    if (dst == src) return;
+    for (int l = 0; l < kv->o.n_layer; l++) {
+        kv_geom g = geom_of(kv, l);
+        for (int h = 0; h < kv->o.n_head_kv; h++)
+            memcpy((uint8_t *)kv_geom_k(&g, dst, h), kv_geom_k(&g, src, h), kv->block_stride);
+    }
 }
 
 kv_geom kv_layer_geom(const tk_kv *kv, int l) {
