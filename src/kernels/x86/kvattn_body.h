@@ -76,9 +76,9 @@ typedef struct tile_pairs {
     float *out[KV_ATTN_TILE];
     int len[KV_ATTN_TILE];
     const float *own[KV_ATTN_TILE]; /* the pair's own-block record, folded last (NULL: none) */
-    const uint8_t *kn, *vn;         /* KV_PART_OWN: the K and V rows read next, to prefetch (NULL: none) */
-    int32_t nblk;                   /* else: the block and kv head read after this tile's context */
-    int nkvh;                       /* (nkvh past the last kv head: nothing), set by run_heads */
+    const uint8_t *kn, *vn; /* KV_PART_OWN: the K and V read next (V asked for only where K is by rows) */
+    int32_t nblk;           /* else: the block and kv head read after this tile's context */
+    int nkvh;               /* (nkvh past the last kv head: nothing), set by run_heads */
 } tile_pairs;
 
 /* tile_run's part for own-block records (kv_attn_own_fn). */
