@@ -387,6 +387,11 @@ typedef struct tk_engine_stats {
      * target prefilled them in): seconds and tokens fed. */
     double spec_follow_seconds;
     uint64_t spec_follow_tokens;
+    /* KV types whose stores rescale a block's earlier slots (INT8 per head):
+     * after a rejected draft, blocks put back from the copy taken before the
+     * step, and known positions computed again (the kept ones of the step,
+     * or the block's from its first slot where no copy was taken). */
+    uint64_t spec_kv_restores, spec_refed_tokens;
 } tk_engine_stats;
 
 tk_status tk_engine_stats_get(tk_engine *e, tk_engine_stats *out);

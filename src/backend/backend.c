@@ -17,7 +17,7 @@ tk_status backend_block_cow(const backend *be, int32_t *bt, int j) {
     if (!be->block_refs || be->block_refs(be->ctx, old) <= 1) return TK_OK;
     int b = be->block_alloc(be->ctx);
     if (b < 0) return tk_fail(TK_ERR_FULL, "backend: no free KV block to copy shared block %d into", old);
-    be->block_copy(be->ctx, b, old);
+    be->block_copy(be->ctx, b, old, be->block_size);
     be->block_free(be->ctx, old);
     bt[j] = b;
     return TK_OK;

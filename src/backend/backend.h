@@ -60,9 +60,10 @@ typedef struct backend {
     int (*blocks_free)(void *ctx);
     /* Sharing; a backend whose blocks are never shared (test doubles of the
      * engine) may leave these NULL. */
-    void (*block_ref)(void *ctx, int block);         /* one more holder */
-    int (*block_refs)(void *ctx, int block);         /* holders (0: free) */
-    void (*block_copy)(void *ctx, int dst, int src); /* every layer, scales included */
+    void (*block_ref)(void *ctx, int block); /* one more holder */
+    int (*block_refs)(void *ctx, int block); /* holders (0: free) */
+    /* positions [0, n_slots) of every layer (block_size: the whole block), scales included */
+    void (*block_copy)(void *ctx, int dst, int src, int n_slots);
     /* One step; logits: backend_batch_logits(b) x n_vocab floats (NULL when 0).
      * Fails without touching the KV cache on a batch past the limits above or
      * a token id outside the vocabulary. */

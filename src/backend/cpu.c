@@ -27,7 +27,9 @@ static void cb_free(void *c, int b) { kv_block_free(((cpu_be *)c)->kv, b); }
 static int cb_n_free(void *c) { return kv_blocks_free(((cpu_be *)c)->kv); }
 static void cb_ref(void *c, int b) { kv_block_ref(((cpu_be *)c)->kv, b); }
 static int cb_refs(void *c, int b) { return kv_block_refs(((cpu_be *)c)->kv, b); }
-static void cb_copy(void *c, int dst, int src) { kv_block_copy(((cpu_be *)c)->kv, dst, src); }
+static void cb_copy(void *c, int dst, int src, int n_slots) {
+    kv_block_copy(((cpu_be *)c)->kv, dst, src, n_slots);
+}
 static tk_status cb_step(void *c, const tk_batch *b, float *logits) {
     return fwd_step(((cpu_be *)c)->fwd, b, logits);
 }

@@ -663,7 +663,7 @@ static tk_status build_context(pf_state *s, int batch, int ctx, int nb_seq, int 
     tk_free(chunk);
     if (st != TK_OK) return st;
     for (int q = 1; q < batch; q++)
-        for (int j = 0; j < nb_seq; j++) be->block_copy(be->ctx, s->bt[q][j], s->bt[0][j]);
+        for (int j = 0; j < nb_seq; j++) be->block_copy(be->ctx, s->bt[q][j], s->bt[0][j], be->block_size);
     return TK_OK;
 }
 

@@ -316,15 +316,17 @@ int run_many(const cli_opts *o, const run_args *a) {
     else
         fprintf(stderr, "prefix cache: off\n");
     if (es.spec != TK_SPEC_OFF)
-        fprintf(stderr,
-                "speculation %s: %llu drafted, %llu accepted (%.1f%%), drafts in %llu of %llu decodes "
-                "with a draft on offer (k %s %d), step cost %.3f ms + %.3f ms/token\n",
-                names_str(&NAMES_SPEC, (int)es.spec), (unsigned long long)es.spec_drafted,
-                (unsigned long long)es.spec_accepted,
-                es.spec_drafted ? 100.0 * (double)es.spec_accepted / (double)es.spec_drafted : 0.0,
-                (unsigned long long)es.spec_verifies, (unsigned long long)es.spec_decodes,
-                es.spec_fixed ? "fixed at" : "cap", es.spec_k, es.spec_step_ms_base,
-                es.spec_step_ms_per_token);
+        fprintf(
+            stderr,
+            "speculation %s: %llu drafted, %llu accepted (%.1f%%), drafts in %llu of %llu decodes "
+            "with a draft on offer (k %s %d), step cost %.3f ms + %.3f ms/token; %llu positions fed again "
+            "after rejections (%llu blocks put back)\n",
+            names_str(&NAMES_SPEC, (int)es.spec), (unsigned long long)es.spec_drafted,
+            (unsigned long long)es.spec_accepted,
+            es.spec_drafted ? 100.0 * (double)es.spec_accepted / (double)es.spec_drafted : 0.0,
+            (unsigned long long)es.spec_verifies, (unsigned long long)es.spec_decodes,
+            es.spec_fixed ? "fixed at" : "cap", es.spec_k, es.spec_step_ms_base, es.spec_step_ms_per_token,
+            (unsigned long long)es.spec_refed_tokens, (unsigned long long)es.spec_kv_restores);
     if (es.spec == TK_SPEC_DRAFT)
         fprintf(stderr,
                 "draft model: %.3f s drafting, %.1f%% of the speculating decode steps, pass cost %.3f ms + "

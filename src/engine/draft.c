@@ -143,8 +143,33 @@ static void keep_blocks(drafter *d, draft_seq *ds, int n) {
     while (ds->n_blocks > keep) d->be.block_free(d->be.ctx, ds->bt[--ds->n_blocks]);
 }
 
+static void journal_drop(drafter *d, draft_seq *ds) {
+    if (!ds->has_journal) return;
+    d->be.block_free(d->be.ctx, ds->journal);
+    ds->has_journal = false;
+}
+
+/* Before the draft passes feed drafts from position pos into a block that
+ * already holds positions, with a KV type that rescales: a copy of that
+ * block (from a free one; none when the pool has none), so that a rejected
+ * draft puts it back instead of the block being fed again from its first
+ * slot. */
+static void journal_take(drafter *d, draft_seq *ds, int pos) {
+    journal_drop(d, ds);
+    const int j = pos / d->block_size;
+    if (!backend_kv_rescales(&d->be) || !d->be.block_copy || pos % d->block_size == 0 || j >= ds->n_blocks)
+        return;
+    const int b = d->be.block_alloc(d->be.ctx);
+    if (b < 0) return;
+    d->be.block_copy(d->be.ctx, b, ds->bt[j], pos % d->block_size);
+    ds->journal = b;
+    ds->journal_pos = pos;
+    ds->has_journal = true;
+}
+
 void drafter_seq_release(drafter *d, draft_seq *ds) {
     if (!d || !ds->bt) return;
+    journal_drop(d, ds);
     keep_blocks(d, ds, 0);
     ds->n_done = 0;
 }
@@ -169,10 +194,21 @@ static bool reserve(drafter *d, draft_seq *ds, int n) {
 }
 
 void drafter_settle(drafter *d, draft_seq *ds, int n_keep) {
-    if (!d || n_keep >= ds->n_done) return;
-    if (n_keep < 0) n_keep = 0;
-    ds->n_done = backend_rewrite_from(&d->be, n_keep);
-    keep_blocks(d, ds, ds->n_done);
+    if (!d) return;
+    if (n_keep < ds->n_done) {
+        if (n_keep < 0) n_keep = 0;
+        const int bs = d->block_size;
+        if (ds->has_journal && n_keep % bs != 0 && n_keep / bs == ds->journal_pos / bs &&
+            n_keep >= ds->journal_pos) {
+            /* the block as it was before the passes; the kept positions since fed again */
+            d->be.block_copy(d->be.ctx, ds->bt[n_keep / bs], ds->journal, ds->journal_pos % bs);
+            ds->n_done = ds->journal_pos;
+        } else {
+            ds->n_done = backend_rewrite_from(&d->be, n_keep);
+        }
+        keep_blocks(d, ds, ds->n_done);
+    }
+    journal_drop(d, ds);
 }
 
 /* ---- drafting ------------------------------------------------------------------------------ */
@@ -259,6 +295,7 @@ double drafter_run(drafter *d, draft_job *jobs, int n, spec_cost *cost) {
         if (jb->ds->n_done > jb->n_tokens - 1) drafter_settle(d, jb->ds, jb->n_tokens - 1);
         if (jb->k > d->ctx - jb->n_tokens + 1) jb->k = d->ctx - jb->n_tokens + 1;
         if (jb->k > k_max) k_max = jb->k;
+        journal_drop(d, jb->ds);
     }
     for (int i = 0; i < n; i++) made[i] = 0;
     for (int pass = 0; pass < k_max; pass++) {
@@ -303,6 +340,8 @@ double drafter_run(drafter *d, draft_job *jobs, int n, spec_cost *cost) {
                 made[d->b_job[r]] = pass + 1;
             else
                 jb->k = pass;
+            /* pass 0 fed the known tokens; the next passes feed drafts */
+            if (pass == 0 && jb->k > 1) journal_take(d, jb->ds, jb->ds->n_done);
         }
         /* Every pass prices the draft per sequence drafting, its catch-up
          * included: a draft that runs rarely pays for the tokens it missed. */

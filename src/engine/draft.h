@@ -27,6 +27,12 @@ typedef struct draft_seq {
     int bt_cap, n_blocks;
     int n_done;          /* tokens of the sequence whose draft K/V are cached */
     tk_sampler *sampler; /* the request's sampling over the draft's logits (made at the first draft) */
+    /* A KV type that rescales (INT8 per head): a copy of the block of
+     * journal_pos (the first draft position) taken before this step's draft
+     * passes fed drafts into it, put back by drafter_settle after a
+     * rejection (has_journal: one is held). */
+    bool has_journal;
+    int journal, journal_pos;
 } draft_seq;
 
 /* One sequence's drafting this step. */

@@ -210,6 +210,8 @@ static void stats_put_counts(tk_engine_stats *s, const sched_counts *c) {
     s->prefix_cache_hit_tokens = c->prefix_hit_tokens;
     s->prefix_cache_blocks = c->prefix_blocks;
     s->prefix_cache_evictions = c->prefix_evictions;
+    s->spec_kv_restores = c->spec_restores;
+    s->spec_refed_tokens = c->spec_refed;
 }
 
 /* The one place a request ends: blocks back, live list left, one callback. */
@@ -882,6 +884,10 @@ static tk_status be_sched_cow(void *c, int32_t *bt, int j) {
     tk_engine *e = c;
     return backend_block_cow(&e->be, bt, j);
 }
+static void be_sched_copy(void *c, int dst, int src, int n_slots) {
+    tk_engine *e = c;
+    e->be.block_copy(e->be.ctx, dst, src, n_slots);
+}
 static void be_sched_preempted(void *c, sched_seq *seq) {
     tk_engine *e = c;
     drafter_seq_release(e->dr, &((eng_req *)seq)->ds);
@@ -980,6 +986,7 @@ tk_status engine_create_backend(const backend *be, const tk_engine_opts *opts, t
                        .ref = can_share ? be_sched_ref : NULL,
                        .refs = can_share ? be_sched_refs : NULL,
                        .cow = can_share ? be_sched_cow : NULL,
+                       .copy = be->block_copy ? be_sched_copy : NULL,
                        .preempted = o.spec == TK_SPEC_DRAFT ? be_sched_preempted : NULL};
     st = sched_init(&e->so, &sb, &e->sc);
     if (st != TK_OK) goto fail;

@@ -21,6 +21,7 @@ struct sched {
     prefix_cache *pc;             /* NULL: no prefix cache */
     uint64_t pc_query, pc_hit;    /* tokens looked up at admission, and found cached */
     uint64_t preemptions;
+    uint64_t restores, refed; /* sched_spec_settle: journals put back, known positions fed again */
     int n_no_blocks, n_behind, n_preempted_waiting;
     sched_cost cost; /* the measured step model (sched_observe) */
 };
@@ -159,6 +160,8 @@ tk_status sched_add(sched *s, sched_seq *seq, uint64_t order) {
     seq->n_preempted = 0;
     seq->n_hit = 0;
     seq->n_draft = 0;
+    seq->journal = -1;
+    seq->journal_pos = 0;
     seq->pc_n = 0;
     seq->pc_off = false;
     seq->prev = seq->next = NULL;
@@ -203,10 +206,35 @@ static void drop_block(sched *s, int b) {
     }
 }
 
+/* seq's journal (a block of its own, outside its table) back to the pool. */
+static void journal_drop(sched *s, sched_seq *seq) {
+    if (seq->journal < 0) return;
+    s->b.free(s->b.ctx, seq->journal);
+    s->blocks_used--;
+    seq->journal = -1;
+}
+
+/* Before a verification from pos0 in a block that already holds positions:
+ * a copy of that block, so that a rejection puts it back instead of
+ * computing the block again from its first slot. The copy takes a free
+ * block, or else the least recently used idle cached one (a pool that
+ * serves a while fills with those; the copy is back in the pool at the
+ * settle that follows, for the next step's copies); none when neither. */
+static void journal_take(sched *s, sched_seq *seq, int pos0) {
+    if (!s->o.rewrite_block || !s->b.copy || pos0 % s->o.block_size == 0) return;
+    const int b = take_block(s);
+    if (b < 0) return;
+    s->b.copy(s->b.ctx, b, seq->bt[pos0 / s->o.block_size], pos0 % s->o.block_size);
+    seq->journal = b;
+    seq->journal_pos = pos0;
+    if (++s->blocks_used > s->blocks_peak) s->blocks_peak = s->blocks_used;
+}
+
 /* Last block first, so the chain's tail is the older idle one (evicted first),
  * and the pool's free stack hands the blocks out again in their order: ids
  * that follow each other lie side by side in the KV pool (kv.c). */
 static void release_blocks(sched *s, sched_seq *seq) {
+    journal_drop(s, seq);
     for (int i = seq->n_blocks - 1; i >= 0; i--) drop_block(s, seq->bt[i]);
     seq->n_blocks = 0;
     seq->pc_n = 0;
@@ -545,6 +573,8 @@ const sched_plan *sched_plan_step(sched *s) {
     sched_plan *p = &s->plan;
     p->n_items = p->n_tok = p->n_decode = p->n_draft = p->n_preempted = 0;
     p->prefill_kpos = 0;
+    /* a journal lives from its plan to the settle that follows the step */
+    for (sched_seq *q = s->running.head; q; q = q->next) journal_drop(s, q);
 
     /* 1. Blocks for every running sequence's known tokens; preempt the newest
      * until they fit (it may be the one asking). */
@@ -633,6 +663,10 @@ const sched_plan *sched_plan_step(sched *s) {
         }
     }
 
+    /* 5. Journals, from what the plan left free. */
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].n_draft > 0) journal_take(s, p->items[i].seq, p->items[i].pos0);
+
     s->n_no_blocks = s->n_behind = s->n_preempted_waiting = 0;
     for (sched_seq *q = s->waiting.head; q; q = q->next) {
         q->cause = q->preempted           ? SCHED_CAUSE_PREEMPTED
@@ -661,8 +695,21 @@ void sched_spec_settle(sched *s, sched_seq *seq, int n_keep) {
     if (n_keep > seq->n_computed) n_keep = seq->n_computed;
     if (n_keep < 0) n_keep = 0;
     const int bs = s->o.block_size;
-    /* A dropped position in the block of n_keep - 1 may have rescaled it. */
-    if (s->o.rewrite_block && n_keep < seq->n_computed && n_keep % bs != 0) n_keep -= n_keep % bs;
+    /* A dropped position in the block of n_keep - 1 may have rescaled it: put
+     * back as it was before the step (its journal) and the step's kept
+     * positions fed again, or else fed again from its first slot. */
+    if (s->o.rewrite_block && n_keep < seq->n_computed && n_keep % bs != 0) {
+        const int known = n_keep;
+        if (seq->journal >= 0 && n_keep >= seq->journal_pos && n_keep / bs == seq->journal_pos / bs) {
+            s->b.copy(s->b.ctx, seq->bt[n_keep / bs], seq->journal, seq->journal_pos % bs);
+            n_keep = seq->journal_pos;
+            s->restores++;
+        } else {
+            n_keep -= n_keep % bs;
+        }
+        s->refed += (uint64_t)(known - n_keep);
+    }
+    journal_drop(s, seq);
     seq->n_computed = n_keep;
     int keep = sched_blocks_for(s, seq->n_tokens > n_keep ? seq->n_tokens : n_keep);
     while (seq->n_blocks > keep) drop_block(s, seq->bt[--seq->n_blocks]);
@@ -682,6 +729,8 @@ void sched_counts_get(const sched *s, sched_counts *out) {
     out->blocks_used = s->blocks_used;
     out->blocks_peak = s->blocks_peak;
     out->preemptions = s->preemptions;
+    out->spec_restores = s->restores;
+    out->spec_refed = s->refed;
     if (s->pc) {
         out->prefix_cache = true;
         out->prefix_query_tokens = s->pc_query;

@@ -47,6 +47,12 @@ typedef struct sched_blocks {
     /* Told after seq was preempted (its blocks are back), so the owner can let
      * go of what it keeps beside them (a draft model's KV); may be NULL. */
     void (*preempted)(void *ctx, struct sched_seq *seq);
+    /* Copy positions [0, n_slots) of block src into block dst (every layer,
+     * scales included); may be NULL. With rewrite_block, a verification's
+     * drafts may rescale the block they start in: a copy of its positions
+     * taken before the step (the sequence's journal) puts it back after a
+     * rejection (sched_spec_settle). */
+    void (*copy)(void *ctx, int dst, int src, int n_slots);
 } sched_blocks;
 
 /* The time-based step budget (docs/engine.md, "Step budget"). */
@@ -142,6 +148,12 @@ typedef struct sched_seq {
      * decode token (the owner sets it before sched_plan_step, which consumes
      * it: it may cut it, to 0 when blocks or the step cap are short). */
     int n_draft;
+    /* The block of journal_pos as it was before this step's verification
+     * wrote drafts into it (rewrite_block and a free block in the pool; -1:
+     * none): sched_plan_step takes it, sched_spec_settle puts it back or drops
+     * it. */
+    int journal;
+    int journal_pos;
     /* The prefix chain of the blocks [0, pc_n): cached (matched, or cached by
      * this sequence when they filled) or equal to a cached block; pc_off once
      * the chain's last entry was evicted (nothing later can be found). */
@@ -182,6 +194,9 @@ typedef struct sched_counts {
     int waiting_no_blocks, waiting_behind_prefill, waiting_preempted;
     int blocks_total, blocks_used, blocks_peak; /* used: held by sequences (a shared block once) */
     uint64_t preemptions;
+    /* After rejected drafts (rewrite_block): blocks put back from their
+     * journal, and known positions fed again (sched_spec_settle). */
+    uint64_t spec_restores, spec_refed;
     /* The prefix cache: on, tokens looked up at admission and found cached,
      * blocks cached (busy or idle), idle blocks, and evictions. */
     bool prefix_cache;
@@ -220,9 +235,12 @@ void sched_advance(sched *s, const sched_plan *p);
  * tokens, the rest is dropped. Blocks past n_tokens go back to the pool. With
  * a KV type that rewrites a block from its first slot (rewrite_block), a
  * dropped draft that shared a block with position n_keep - 1 may have changed
- * the block's scales, so the block is computed again from its first slot (the
- * next plan prefills it). Blocks enter the prefix cache only once their
- * positions are known, so no cached block ever held a draft. */
+ * the block's scales: when the step began in that block and its journal was
+ * taken, the block is put back as it was and the step's kept positions are
+ * computed again (the next plan prefills them: at most the drafts + 1);
+ * otherwise the block is computed again from its first slot. Blocks enter
+ * the prefix cache only once their positions are known, so no cached block
+ * ever held a draft. */
 void sched_spec_settle(sched *s, sched_seq *seq, int n_keep);
 /* The running sequences, oldest first (iterate with ->next); NULL when none. */
 sched_seq *sched_running(const sched *s);

@@ -280,14 +280,34 @@ static kv_geom geom_of(const tk_kv *kv, int l) {
     };
 }
 
-void kv_block_copy(tk_kv *kv, int dst, int src) {
+void kv_block_copy(tk_kv *kv, int dst, int src, int n_slots) {
     TK_ASSERT(dst >= 0 && dst < kv->o.n_blocks && kv->refs[dst] > 0);
     TK_ASSERT(src >= 0 && src < kv->o.n_blocks && kv->refs[src] > 0);
-    if (dst == src) return;
+    TK_ASSERT(n_slots >= 0 && n_slots <= kv->o.block_size);
+    if (dst == src || n_slots == 0) return;
+    const size_t row = (size_t)kv->o.head_dim * kv_type_size(kv->o.type);
+    const bool whole = n_slots == kv->o.block_size;
+    /* K by columns keeps slots in groups of KV_KT: the groups up to n_slots */
+    const int nk =
+        kv_k_cols(kv->o.type, kv->q8, kv->o.block_size) ? (n_slots + KV_KT - 1) / KV_KT * KV_KT : n_slots;
     for (int l = 0; l < kv->o.n_layer; l++) {
         kv_geom g = geom_of(kv, l);
-        for (int h = 0; h < kv->o.n_head_kv; h++)
-            memcpy((uint8_t *)kv_geom_k(&g, dst, h), kv_geom_k(&g, src, h), kv->block_stride);
+        for (int h = 0; h < kv->o.n_head_kv; h++) {
+            uint8_t *d = (uint8_t *)kv_geom_k(&g, dst, h);
+            const uint8_t *s = kv_geom_k(&g, src, h);
+            if (whole) {
+                memcpy(d, s, kv->block_stride);
+                continue;
+            }
+            memcpy(d, s, (size_t)nk * row);
+            memcpy(d + g.v_off, s + g.v_off, (size_t)n_slots * row);
+            if (kv->o.type != TK_KV_INT8) continue;
+            /* per token: the slots' own scales; per head: the channels' (every slot's) */
+            const bool tok = kv->o.scale == TK_KV_SCALE_TOKEN;
+            const size_t per = (size_t)kv_scales_per_head(&g);
+            memcpy(d + g.ks_off, s + g.ks_off, (tok ? (size_t)nk : per) * sizeof(float));
+            memcpy(d + g.vs_off, s + g.vs_off, (tok ? (size_t)n_slots : per) * sizeof(float));
+        }
     }
 }
 

@@ -68,9 +68,12 @@ void kv_block_free(tk_kv *kv, int block);
 int kv_block_refs(const tk_kv *kv, int block); /* 0: free */
 int kv_blocks_free(const tk_kv *kv);
 int kv_blocks_total(const tk_kv *kv);
-/* Copy every layer of block src (K, V and int8 scales) over block dst; both
- * allocated. dst's old contents are gone, src is unchanged. */
-void kv_block_copy(tk_kv *kv, int dst, int src);
+/* Copy positions [0, n_slots) of every layer and kv head of block src over
+ * block dst (K, V and their int8 scales; per-head scales are every slot's,
+ * so they are copied whole); both allocated, 0 <= n_slots <= block_size
+ * (block_size: the whole block). K stored by columns is copied in whole
+ * groups of KV_KT slots. src is unchanged. */
+void kv_block_copy(tk_kv *kv, int dst, int src, int n_slots);
 
 /* Where layer l's units are, for the kernels (kv_geom_k and the others give
  * a (block, kv head)'s K, V and scales). */

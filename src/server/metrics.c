@@ -244,6 +244,12 @@ char *srv_metrics_render(srv_metrics *m, const tk_engine_stats *st, int live, si
         one(&b, "tokamak_spec_draft_prefill_tokens_total", "counter",
             "Prompt tokens the draft model prefilled beside the model's prefill.",
             (double)st->spec_follow_tokens);
+        one(&b, "tokamak_spec_kv_restores_total", "counter",
+            "Blocks put back from their copy after a rejected draft (INT8 per-head KV).",
+            (double)st->spec_kv_restores);
+        one(&b, "tokamak_spec_refed_tokens_total", "counter",
+            "Known positions computed again after rejected drafts (INT8 per-head KV).",
+            (double)st->spec_refed_tokens);
         one(&b, "tokamak_spec_draft_time_ratio", "gauge",
             "The draft model's share of the decode steps it drafted in (0..1).",
             st->spec_turn_seconds > 0 ? st->spec_draft_seconds / st->spec_turn_seconds : 0.0);

@@ -15,12 +15,17 @@
 
 typedef struct fake {
     int n_blocks, n_free;
-    int *free_ids;    /* (n_blocks) */
-    int *refs;        /* (n_blocks) holders */
-    int32_t *store;   /* (n_blocks, FBS) the token at each slot, -1 if none */
+    int *free_ids;  /* (n_blocks) */
+    int *refs;      /* (n_blocks) holders */
+    int32_t *store; /* (n_blocks, FBS) the token at each slot, -1 if none */
+    /* What a step keeps beside the tokens, copied and cleared with them: a
+     * value per slot and per block (a step that models a KV type whose
+     * stores rewrite a block's earlier slots, as INT8 per-head scales do). */
+    uint32_t *mark, *bmark;
     _Atomic int fail; /* a bad batch, a write into a shared block, a stale read, a bad free */
     _Atomic int step_us,
-        tok_us; /* sleep per step and per token of a step (a machine whose steps cost time) */
+        tok_us;   /* sleep per step and per token of a step (a machine whose steps cost time) */
+    int n_copies; /* block copies made */
 } fake;
 
 static void fake_fail(fake *f, int why) {
@@ -33,7 +38,8 @@ static int f_alloc(void *c) {
     int b = f->free_ids[--f->n_free];
     if (f->refs[b]) fake_fail(f, 1);
     f->refs[b] = 1;
-    for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1;
+    for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1, f->mark[(size_t)b * FBS + i] = 0;
+    f->bmark[b] = 0;
     return b;
 }
 static void f_free(void *c, int b) {
@@ -43,7 +49,9 @@ static void f_free(void *c, int b) {
         return;
     }
     if (--f->refs[b] == 0) {
-        for (int i = 0; i < FBS; i++) f->store[(size_t)b * FBS + i] = -1; /* a freed block's KV is gone */
+        for (int i = 0; i < FBS; i++) /* a freed block's KV is gone */
+            f->store[(size_t)b * FBS + i] = -1, f->mark[(size_t)b * FBS + i] = 0xdead;
+        f->bmark[b] = 0xdead;
         f->free_ids[f->n_free++] = b;
     }
 }
@@ -56,10 +64,13 @@ static void f_ref(void *c, int b) {
         f->refs[b]++;
 }
 static int f_refs(void *c, int b) { return ((fake *)c)->refs[b]; }
-static void f_copy(void *c, int dst, int src) {
+static void f_copy(void *c, int dst, int src, int n_slots) {
     fake *f = c;
-    if (f->refs[dst] <= 0 || f->refs[src] <= 0) fake_fail(f, 4);
-    memcpy(f->store + (size_t)dst * FBS, f->store + (size_t)src * FBS, FBS * sizeof *f->store);
+    if (f->refs[dst] <= 0 || f->refs[src] <= 0 || n_slots < 0 || n_slots > FBS) fake_fail(f, 4);
+    memcpy(f->store + (size_t)dst * FBS, f->store + (size_t)src * FBS, (size_t)n_slots * sizeof *f->store);
+    memcpy(f->mark + (size_t)dst * FBS, f->mark + (size_t)src * FBS, (size_t)n_slots * sizeof *f->mark);
+    f->bmark[dst] = f->bmark[src];
+    f->n_copies++;
 }
 
 static fake *fake_new(int n_blocks) {
@@ -68,6 +79,8 @@ static fake *fake_new(int n_blocks) {
     f->free_ids = tk_calloc((size_t)n_blocks, sizeof *f->free_ids);
     f->refs = tk_calloc((size_t)n_blocks, sizeof *f->refs);
     f->store = tk_calloc((size_t)n_blocks * FBS, sizeof *f->store);
+    f->mark = tk_calloc((size_t)n_blocks * FBS, sizeof *f->mark);
+    f->bmark = tk_calloc((size_t)n_blocks, sizeof *f->bmark);
     for (int i = 0; i < n_blocks; i++) f->free_ids[i] = n_blocks - 1 - i;
     return f;
 }
@@ -95,6 +108,8 @@ static void fake_delete(fake *f) {
     tk_free(f->free_ids);
     tk_free(f->refs);
     tk_free(f->store);
+    tk_free(f->mark);
+    tk_free(f->bmark);
     tk_free(f);
 }
 

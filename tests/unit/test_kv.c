@@ -329,6 +329,73 @@ static void test_kv_layout_units(void **state) {
 
 /* Shared blocks: a block with several holders goes back to the pool only when
  * the last lets go, and a copy carries every layer's K, V and scales. */
+/* kv_block_copy of a block's first n slots, every kind, blocks of 16 and 128
+ * (int8 K by columns at 128 where the level dots int8 queries): the copied
+ * positions read back as the source's; the destination's positions past the
+ * copied K group read back as they were (types whose scales are not every
+ * slot's); the source is unchanged. */
+static void test_kv_block_copy_slots(void **state) {
+    (void)state;
+    const int bss[] = {16, 128};
+    for (int k = 0; k < N_KINDS; k++)
+        for (int ib = 0; ib < 2; ib++) {
+            const int bs = bss[ib], n = bs == 16 ? 7 : 37, hd = 64, nh = 2, L = 2;
+            tk_kv_opts o = opts_make(L, nh, hd, bs, 3, KINDS[k].t, KINDS[k].sc);
+            tk_kv *kv;
+            assert_int_equal(kv_init(&o, &kv), TK_OK);
+            int32_t a[1] = {kv_block_alloc(kv)}, b[1] = {kv_block_alloc(kv)};
+            float kx[128], vx[128];
+            uint64_t rng = 11 + (uint64_t)k;
+            for (int l = 0; l < L; l++)
+                for (int p = 0; p < bs; p++) {
+                    for (int i = 0; i < nh * hd; i++) kx[i] = (float)(rng_next(&rng) % 2001) / 1000.0f - 1.0f;
+                    for (int i = 0; i < nh * hd; i++) vx[i] = (float)(rng_next(&rng) % 2001) / 100.0f - 10.0f;
+                    if (p < n + 5) kv_write(kv, l, a, p, kx, vx);
+                    for (int i = 0; i < nh * hd; i++) kx[i] *= 0.5f, vx[i] += 1.0f;
+                    kv_write(kv, l, b, p, kx, vx);
+                }
+            float ka[128], va[128], kb[128], vb[128];
+            float *before = tk_calloc((size_t)L * bs * 2 * nh * hd, sizeof(float));
+            float *asrc = tk_calloc((size_t)L * bs * 2 * nh * hd, sizeof(float));
+            for (int l = 0; l < L; l++)
+                for (int p = 0; p < bs; p++) {
+                    float *bb = before + ((size_t)l * bs + p) * 2 * nh * hd;
+                    kv_read(kv, l, b, p, bb, bb + nh * hd);
+                    if (p < n + 5) {
+                        float *aa = asrc + ((size_t)l * bs + p) * 2 * nh * hd;
+                        kv_read(kv, l, a, p, aa, aa + nh * hd);
+                    }
+                }
+            kv_block_copy(kv, b[0], a[0], n);
+            const bool per_head = KINDS[k].t == TK_KV_INT8 && KINDS[k].sc == TK_KV_SCALE_HEAD;
+            const int kgroup = (n + KV_KT - 1) / KV_KT * KV_KT;
+            for (int l = 0; l < L; l++)
+                for (int p = 0; p < bs; p++) {
+                    kv_read(kv, l, b, p, kb, vb);
+                    const float *bb = before + ((size_t)l * bs + p) * 2 * nh * hd;
+                    if (p < n) {
+                        kv_read(kv, l, a, p, ka, va);
+                        assert_memory_equal(ka, kb, sizeof(float) * (size_t)(nh * hd));
+                        assert_memory_equal(va, vb, sizeof(float) * (size_t)(nh * hd));
+                    } else if (!per_head && p >= kgroup) {
+                        assert_memory_equal(kb, bb, sizeof(float) * (size_t)(nh * hd));
+                        assert_memory_equal(vb, bb + nh * hd, sizeof(float) * (size_t)(nh * hd));
+                    }
+                    if (p < n + 5) { /* the source as it was */
+                        kv_read(kv, l, a, p, ka, va);
+                        const float *aa = asrc + ((size_t)l * bs + p) * 2 * nh * hd;
+                        assert_memory_equal(ka, aa, sizeof(float) * (size_t)(nh * hd));
+                        assert_memory_equal(va, aa + nh * hd, sizeof(float) * (size_t)(nh * hd));
+                    }
+                }
+            tk_free(before);
+            tk_free(asrc);
+            kv_block_free(kv, a[0]);
+            kv_block_free(kv, b[0]);
+            kv_free(kv);
+        }
+}
+
 static void test_kv_block_refs_and_copy(void **state) {
     (void)state;
     for (int k = 0; k < N_KINDS; k++) {
@@ -354,7 +421,7 @@ static void test_kv_block_refs_and_copy(void **state) {
                 for (int i = 0; i < 64; i++) vx[i] = (float)(rng_next(&rng) % 2001) / 100.0f - 10.0f;
                 kv_write(kv, l, a, p, kx, vx);
             }
-        kv_block_copy(kv, b[0], a[0]);
+        kv_block_copy(kv, b[0], a[0], 16);
         for (int l = 0; l < 3; l++)
             for (int p = 0; p < 11; p++) {
                 kv_read(kv, l, a, p, ka, va);
@@ -1304,6 +1371,7 @@ int main(void) {
         cmocka_unit_test(test_kv_pool_accounting),
         cmocka_unit_test(test_kv_layout_units),
         cmocka_unit_test(test_kv_block_refs_and_copy),
+        cmocka_unit_test(test_kv_block_copy_slots),
         cmocka_unit_test(test_kv_opts_validation),
         cmocka_unit_test(test_kv_bytes_per_token),
         cmocka_unit_test(test_kv_roundtrip_float),

@@ -176,6 +176,149 @@ static tk_status p_cow(void *c, int32_t *bt, int j) {
     return TK_OK;
 }
 
+static int copies, copy_dst[8], copy_src[8];
+static int copy_n[8];
+static void p_copy(void *c, int dst, int src, int n_slots) {
+    pool *p = c;
+    assert_true(p->refs[dst] > 0 && p->refs[src] > 0);
+    if (copies < 8) copy_dst[copies] = dst, copy_src[copies] = src, copy_n[copies] = n_slots;
+    copies++;
+}
+
+/* With a KV type that rescales (rewrite_block) and a copy: a verification
+ * that starts inside a block takes a copy of it (a free block, else an idle
+ * cached one), a rejection in that block puts it back and feeds the step's
+ * kept positions again; a rejection in a later block, a step that starts a
+ * block, or no block to copy into fall back to the block's first slot; the
+ * copy goes back to the pool at the settle, or when the sequence leaves. */
+static void test_spec_sched_journal(void **state) {
+    (void)state;
+    pool pl = {.n = 8, .n_free = 8};
+    sched_opts o = {.block_size = 16,
+                    .ctx = 128,
+                    .n_blocks = 8,
+                    .max_batch = 4,
+                    .step_tokens = 64,
+                    .rewrite_block = true};
+    sched_blocks sb = {.ctx = &pl, .alloc = p_alloc, .free = p_free, .n_free = p_n_free, .copy = p_copy};
+    sched *s;
+    assert_int_equal(sched_init(&o, &sb, &s), TK_OK);
+    sched_seq q;
+    memset(&q, 0, sizeof q);
+    q.n_tokens = 20;
+    assert_int_equal(sched_add(s, &q, 1), TK_OK);
+    sched_advance(s, sched_plan_step(s)); /* the prompt: blocks 0, 1 */
+    copies = 0;
+    /* A decode at 20 with 5 drafts (20..25, block 1): a copy of block 1. */
+    q.n_tokens++;
+    q.n_draft = 5;
+    const sched_plan *p = sched_plan_step(s);
+    assert_int_equal(p->items[0].n_draft, 5);
+    assert_int_equal(copies, 1);
+    assert_int_equal(copy_src[0], q.bt[1]);
+    assert_int_equal(copy_n[0], 4); /* positions 16..19 of block 1 */
+    const int j = copy_dst[0];
+    assert_int_equal(q.journal, j);
+    assert_int_equal(pl.n_free, 8 - 3);
+    sched_counts c;
+    sched_counts_get(s, &c);
+    assert_int_equal(c.blocks_used, 3);
+    sched_advance(s, p);
+    /* Two drafts kept and one token sampled: n_keep 23, in block 1: put back,
+     * positions 20..22 fed again (with the new one, 4 tokens next step). */
+    q.n_tokens += 3;
+    sched_spec_settle(s, &q, 23);
+    assert_int_equal(copies, 2);
+    assert_int_equal(copy_dst[1], q.bt[1]);
+    assert_int_equal(copy_src[1], j);
+    assert_int_equal(copy_n[1], 4);
+    assert_int_equal(q.n_computed, 20);
+    assert_int_equal(q.journal, -1);
+    assert_int_equal(pl.n_free, 8 - 2);
+    sched_counts_get(s, &c);
+    assert_int_equal(c.spec_restores, 1);
+    assert_int_equal(c.spec_refed, 3);
+    assert_int_equal(c.blocks_used, 2);
+    p = sched_plan_step(s);
+    assert_int_equal(p->items[0].pos0, 20);
+    assert_int_equal(p->items[0].n, 4);
+    assert_int_equal(p->items[0].n_draft, 0);
+    sched_advance(s, p); /* 24 computed */
+    /* Every draft kept: no copy back, the copy dropped. */
+    q.n_tokens = 25;
+    q.n_draft = 3;
+    p = sched_plan_step(s);
+    assert_int_equal(copies, 3);
+    sched_advance(s, p);
+    q.n_tokens += 4;
+    sched_spec_settle(s, &q, 28);
+    assert_int_equal(copies, 3);
+    assert_int_equal(q.n_computed, 28);
+    assert_int_equal(pl.n_free, 8 - 2);
+    /* Rejected past the block (28..34 crosses into block 2; n_keep 33): block
+     * 2 from its first slot, block 1 untouched by the dropped ones. */
+    q.n_tokens = 29;
+    q.n_draft = 6;
+    p = sched_plan_step(s);
+    assert_int_equal(copies, 4);
+    sched_advance(s, p);
+    q.n_tokens += 5;
+    sched_spec_settle(s, &q, 33);
+    assert_int_equal(copies, 4);
+    assert_int_equal(q.n_computed, 32);
+    sched_counts_get(s, &c);
+    assert_int_equal(c.spec_restores, 1);
+    assert_int_equal(c.spec_refed, 3 + 1);
+    sched_advance(s, sched_plan_step(s)); /* 32, 33 fed again: 34 computed */
+    /* A step that starts a block takes no copy: 48 is the first slot of block 3. */
+    q.n_tokens = 48;
+    sched_advance(s, sched_plan_step(s)); /* 34..47 */
+    q.n_tokens = 49;
+    q.n_draft = 2;
+    p = sched_plan_step(s);
+    assert_int_equal(p->items[0].pos0, 48);
+    assert_int_equal(copies, 4);
+    assert_int_equal(q.journal, -1);
+    sched_advance(s, p);
+    q.n_tokens += 1;
+    sched_spec_settle(s, &q, 49);
+    assert_int_equal(q.n_computed, 48);
+    /* No block to copy into (q holds 4, another sequence the other 4): a
+     * rejection goes back to the block's first slot. */
+    sched_seq r;
+    memset(&r, 0, sizeof r);
+    r.n_tokens = 60;
+    assert_int_equal(sched_add(s, &r, 2), TK_OK);
+    sched_advance(s, sched_plan_step(s)); /* q's 48, 49 again; r's prompt */
+    assert_int_equal(q.n_computed, 50);
+    assert_int_equal(pl.n_free, 0);
+    q.n_tokens = 51;
+    q.n_draft = 2;
+    p = sched_plan_step(s);
+    assert_int_equal(p->items[0].n_draft, 2);
+    assert_int_equal(q.journal, -1);
+    assert_int_equal(copies, 4);
+    sched_advance(s, p);
+    q.n_tokens += 1;
+    sched_spec_settle(s, &q, 51);
+    assert_int_equal(q.n_computed, 48);
+    sched_counts_get(s, &c);
+    assert_int_equal(c.spec_refed, 3 + 1 + 1 + 3);
+    /* A copy held when the sequence leaves goes back with its blocks. */
+    sched_remove(s, &r);
+    sched_advance(s, sched_plan_step(s)); /* 48..51 */
+    q.n_tokens = 53;
+    q.n_draft = 2;
+    p = sched_plan_step(s);
+    assert_int_equal(copies, 5);
+    assert_true(q.journal >= 0);
+    sched_remove(s, &q);
+    assert_int_equal(pl.n_free, 8);
+    sched_counts_get(s, &c);
+    assert_int_equal(c.blocks_used, 0);
+    sched_free(s);
+}
+
 static void test_spec_sched_settle(void **state) {
     (void)state;
     for (int rewrite = 0; rewrite < 2; rewrite++) {
@@ -268,8 +411,17 @@ static void test_spec_sched_settle(void **state) {
 
 #include "fake_pool.h"
 
+/* The fake KV rescales (f_step): each store rewrites the marks of its
+ * block's earlier slots, as an INT8 per-head store that grows a channel's
+ * scale requantizes them, so a rejected draft's store leaves a mark unless
+ * its block is put back or computed again; the backend then says INT8 per
+ * head, and the engine rolls back as it does for that type. */
+static bool f_rescale;
+
 /* Logits: a peak on the cycle's next token after the last one, except where a
- * hash of the whole history read through the block table says otherwise. */
+ * hash of the whole history read through the block table (tokens and marks)
+ * says otherwise. A row's hash is taken right after its own store, as an
+ * INT8 per-head query's own-block record is. */
 static tk_status f_step(void *c, const tk_batch *b, float *logits) {
     fake *f = c;
     long us = (long)f->step_us + (long)f->tok_us * b->n_tok;
@@ -277,6 +429,7 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
     int t = 0, k = 0;
     for (int s = 0; s < b->n_seq; s++) {
         const int32_t *bt = b->bt[s];
+        const int end = b->pos0[s] + b->n[s];
         for (int j = 0; j < b->n[s]; j++, t++) {
             int pos = b->pos0[s] + j, blk = bt[pos / FBS];
             if (blk < 0 || blk >= f->n_blocks || f->refs[blk] <= 0) {
@@ -285,15 +438,21 @@ static tk_status f_step(void *c, const tk_batch *b, float *logits) {
             }
             if (f->refs[blk] > 1) fake_fail(f, 6);
             f->store[(size_t)blk * FBS + pos % FBS] = b->tokens[t];
-        }
-        int end = b->pos0[s] + b->n[s];
-        for (int r = end - b->n_logits[s]; r < end; r++) {
+            if (f_rescale) {
+                uint32_t *mk = f->mark + (size_t)blk * FBS;
+                if (pos % FBS == 0) f->bmark[blk] = 0;
+                f->bmark[blk] = f->bmark[blk] * 31u + (uint32_t)b->tokens[t] + 1u;
+                for (int i = 0; i < pos % FBS; i++) mk[i] = mk[i] * 31u + f->bmark[blk];
+                mk[pos % FBS] = 0;
+            }
+            if (pos < end - b->n_logits[s]) continue;
             uint64_t h = 1469598103934665603ULL;
             int32_t last = -1;
-            for (int p = 0; p <= r; p++) {
-                int32_t v = f->store[(size_t)bt[p / FBS] * FBS + p % FBS];
+            for (int p = 0; p <= pos; p++) {
+                size_t at = (size_t)bt[p / FBS] * FBS + p % FBS;
+                int32_t v = f->store[at];
                 if (v < 0) fake_fail(f, 7);
-                h = (h ^ (uint64_t)(v + 1)) * 1099511628211ULL;
+                h = (h ^ ((uint64_t)(v + 1) + ((uint64_t)f->mark[at] << 8))) * 1099511628211ULL;
                 last = v;
             }
             float *l = logits + (size_t)k++ * FV;
@@ -357,6 +516,7 @@ static tk_engine_stats run_work(work *w, rec *r, int batch, int n_blocks, bool s
     f->step_us = 300;
     f->tok_us = 5;
     backend be = fake_backend(f, FV, f_step);
+    if (f_rescale) be.kv_type = TK_KV_INT8, be.kv_scale = TK_KV_SCALE_HEAD;
     tk_engine_opts o;
     tk_engine_opts_default(&o);
     o.ctx = CTX;
@@ -396,11 +556,15 @@ static tk_engine_stats run_work(work *w, rec *r, int batch, int n_blocks, bool s
     tk_engine_free(e);
     assert_int_equal(f->fail, 0);
     assert_int_equal(f->n_free, n_blocks); /* everything back: no block leaked by a rollback */
+    if (!f_rescale) assert_int_equal(st.spec_refed_tokens, 0);
     fake_delete(f);
     return st;
 }
 
+static uint64_t g_restores, g_refed; /* check_same's spec runs: blocks put back, positions fed again */
+
 static void check_same(work *w, const tk_sampling *s) {
+    g_restores = g_refed = 0;
     run_work(w, w->ref, 1, 64, false, s);
     int n_stopped = 0;
     for (int i = 0; i < NREQ; i++) n_stopped += w->ref[i].reason == TK_FINISH_STOP;
@@ -424,6 +588,8 @@ static void check_same(work *w, const tk_sampling *s) {
         drafted += st.spec_drafted;
         accepted += st.spec_accepted;
         pre += st.preemptions;
+        g_restores += st.spec_kv_restores;
+        g_refed += st.spec_refed_tokens;
         assert_int_equal(st.kv_blocks_used, 0);
     }
     assert_true(accepted > 0 && accepted < drafted); /* some drafts kept, some rejected */
@@ -447,6 +613,26 @@ static void test_spec_engine_seeded_same_tokens(void **state) {
     s.top_p = 0.95f;
     s.seed = 77;
     check_same(&w, &s);
+}
+
+/* A KV whose stores rewrite their block's earlier slots (f_rescale, as INT8
+ * per-head scales do): every rejected draft has marked the block it was
+ * stored in, so the outputs equal decoding without drafts only if each
+ * rollback puts the block back (the copy taken before the step) or computes
+ * it again from its first slot. Most rejections find their copy: the
+ * positions fed again are about one per rejection plus the drafts kept, not
+ * half a block. */
+static void test_spec_engine_rescaling_kv(void **state) {
+    (void)state;
+    static work w;
+    work_make(&w, 5);
+    f_rescale = true;
+    check_same(&w, NULL);
+    f_rescale = false;
+    print_message("%llu blocks put back, %llu positions fed again\n", (unsigned long long)g_restores,
+                  (unsigned long long)g_refed);
+    assert_true(g_restores > 20);
+    assert_true(g_refed < 4 * g_restores);
 }
 
 static void test_spec_engine_options(void **state) {
@@ -589,9 +775,11 @@ int main(void) {
         cmocka_unit_test(test_spec_alpha_and_cost_fit),
         cmocka_unit_test(test_spec_controller),
         cmocka_unit_test(test_spec_sched_settle),
+        cmocka_unit_test(test_spec_sched_journal),
         cmocka_unit_test(test_spec_engine_options),
         cmocka_unit_test(test_spec_engine_greedy_same_tokens),
         cmocka_unit_test(test_spec_engine_seeded_same_tokens),
+        cmocka_unit_test(test_spec_engine_rescaling_kv),
         cmocka_unit_test(test_spec_kv_after_rejection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
