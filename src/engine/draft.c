@@ -4,6 +4,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "engine/sched.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -197,15 +198,13 @@ void drafter_settle(drafter *d, draft_seq *ds, int n_keep) {
     if (!d) return;
     if (n_keep < ds->n_done) {
         if (n_keep < 0) n_keep = 0;
-        const int bs = d->block_size;
-        if (ds->has_journal && n_keep % bs != 0 && n_keep / bs == ds->journal_pos / bs &&
-            n_keep >= ds->journal_pos) {
-            /* the block as it was before the passes; the kept positions since fed again */
-            d->be.block_copy(d->be.ctx, ds->bt[n_keep / bs], ds->journal, ds->journal_pos % bs);
-            ds->n_done = ds->journal_pos;
-        } else {
-            ds->n_done = backend_rewrite_from(&d->be, n_keep);
-        }
+        bool restore;
+        ds->n_done = sched_rollback_to(n_keep, d->block_size, backend_kv_rescales(&d->be),
+                                       ds->has_journal ? ds->journal_pos : -1, &restore);
+        /* the block as it was before the passes; the kept positions since fed again */
+        if (restore)
+            d->be.block_copy(d->be.ctx, ds->bt[ds->n_done / d->block_size], ds->journal,
+                             ds->n_done % d->block_size);
         keep_blocks(d, ds, ds->n_done);
     }
     journal_drop(d, ds);

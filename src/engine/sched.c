@@ -690,6 +690,16 @@ void sched_advance(sched *s, const sched_plan *p) {
     }
 }
 
+int sched_rollback_to(int n_keep, int block_size, bool rewrite, int copy_pos, bool *restore) {
+    *restore = false;
+    if (!rewrite || n_keep % block_size == 0) return n_keep;
+    if (copy_pos >= 0 && copy_pos <= n_keep && copy_pos / block_size == n_keep / block_size) {
+        *restore = true;
+        return copy_pos;
+    }
+    return n_keep - n_keep % block_size;
+}
+
 void sched_spec_settle(sched *s, sched_seq *seq, int n_keep) {
     if (!seq || seq->state != SCHED_RUNNING) return;
     if (n_keep > seq->n_computed) n_keep = seq->n_computed;
@@ -698,16 +708,16 @@ void sched_spec_settle(sched *s, sched_seq *seq, int n_keep) {
     /* A dropped position in the block of n_keep - 1 may have rescaled it: put
      * back as it was before the step (its journal) and the step's kept
      * positions fed again, or else fed again from its first slot. */
-    if (s->o.rewrite_block && n_keep < seq->n_computed && n_keep % bs != 0) {
-        const int known = n_keep;
-        if (seq->journal >= 0 && n_keep >= seq->journal_pos && n_keep / bs == seq->journal_pos / bs) {
-            s->b.copy(s->b.ctx, seq->bt[n_keep / bs], seq->journal, seq->journal_pos % bs);
-            n_keep = seq->journal_pos;
+    if (n_keep < seq->n_computed) {
+        bool restore;
+        const int from = sched_rollback_to(n_keep, bs, s->o.rewrite_block,
+                                           seq->journal >= 0 ? seq->journal_pos : -1, &restore);
+        if (restore) {
+            s->b.copy(s->b.ctx, seq->bt[from / bs], seq->journal, from % bs);
             s->restores++;
-        } else {
-            n_keep -= n_keep % bs;
         }
-        s->refed += (uint64_t)(known - n_keep);
+        s->refed += (uint64_t)(n_keep - from);
+        n_keep = from;
     }
     journal_drop(s, seq);
     seq->n_computed = n_keep;

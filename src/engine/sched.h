@@ -242,6 +242,15 @@ void sched_advance(sched *s, const sched_plan *p);
  * the prefix cache only once their positions are known, so no cached block
  * ever held a draft. */
 void sched_spec_settle(sched *s, sched_seq *seq, int n_keep);
+/* The rollback rule of sched_spec_settle and of the draft model's KV
+ * (drafter_settle): where a sequence whose KV ran past n_keep feeds again
+ * from, for the KV of [0, n_keep) to be that of a run that never wrote the
+ * rest. n_keep; with a KV type that rewrites a block from its first slot
+ * (rewrite) and n_keep inside a block, the position of a copy of that block
+ * taken before the dropped positions were written (copy_pos: the copy holds
+ * the block's positions before it; -1: none), *restore then set (put the
+ * copy back first), else the block's first position. */
+int sched_rollback_to(int n_keep, int block_size, bool rewrite, int copy_pos, bool *restore);
 /* The running sequences, oldest first (iterate with ->next); NULL when none. */
 sched_seq *sched_running(const sched *s);
 /* The step of plan p took seconds: update the cost estimates. Reads only
