@@ -276,18 +276,32 @@ static const tk_kernels KERNELS_SCALAR = {
 };
 
 #if defined(__x86_64__)
-/* AVX-VNNI's table is AVX2's: only its int8 gemvs (the weight table) differ. */
+/* AVX-VNNI's table is AVX2's but for its int8 gemvs (the weight table) and
+ * its attention, which dots int8 K against int8 queries. */
 #define KERNELS_AVX2_ROWS                                                                                    \
     .quant_q8_0 = kern_quant_q8_0_avx2, .quant_q8_k = kern_quant_q8_k_avx2, .rmsnorm = kern_rmsnorm_avx2,    \
     .add = kern_add_avx2, .silu_mul = kern_silu_mul_avx2,                                                    \
     .dequant_row =                                                                                           \
         {DEQUANT_BLOCKS, [TK_DTYPE_F16] = kern_dequant_f16_avx2, [TK_DTYPE_BF16] = kern_dequant_bf16_avx2},  \
-    .attn = kv_attn_avx2, .attn_part = kv_attn_part_avx2, .attn_own = kv_attn_own_avx2, .attn_lanes = 8,     \
-    .kv_to_f16 = kv_to_f16_avx2, .kv_quant_token = kv_quant_token_avx2, .kv_quant_chan = kv_quant_chan_avx2, \
-    .kv_requant_chan = kv_requant_chan_avx2, .kv_requant_cols = kv_requant_cols_avx2
+    .attn_lanes = 8, .kv_to_f16 = kv_to_f16_avx2, .kv_quant_token = kv_quant_token_avx2,                     \
+    .kv_quant_chan = kv_quant_chan_avx2, .kv_requant_chan = kv_requant_chan_avx2,                            \
+    .kv_requant_cols = kv_requant_cols_avx2
 
-static const tk_kernels KERNELS_AVX2 = {.isa = TK_ISA_AVX2, KERNELS_AVX2_ROWS};
-static const tk_kernels KERNELS_AVXVNNI = {.isa = TK_ISA_AVXVNNI, KERNELS_AVX2_ROWS};
+static const tk_kernels KERNELS_AVX2 = {
+    .isa = TK_ISA_AVX2,
+    KERNELS_AVX2_ROWS,
+    .attn = kv_attn_avx2,
+    .attn_part = kv_attn_part_avx2,
+    .attn_own = kv_attn_own_avx2,
+};
+static const tk_kernels KERNELS_AVXVNNI = {
+    .isa = TK_ISA_AVXVNNI,
+    KERNELS_AVX2_ROWS,
+    .attn = kv_attn_avxvnni,
+    .attn_part = kv_attn_part_avxvnni,
+    .attn_own = kv_attn_own_avxvnni,
+    .attn_q8 = true,
+};
 #undef KERNELS_AVX2_ROWS
 
 static const tk_kernels KERNELS_AVX512 = {
@@ -332,13 +346,17 @@ const tk_kernels *kernels_get(tk_isa isa) {
 
 tk_isa kernels_top_isa(void) { return TOP_ISA; }
 
+/* The level whose attention runs where level l's does not take a head_dim:
+ * below AVX-512 that is AVX2, since an AVX-512 CPU may lack AVX-VNNI (cpu.h). */
+static int attn_below(int l) { return l == TK_ISA_AVX512 ? TK_ISA_AVX2 : l - 1; }
+
 kv_attn_fn kern_attn_for(tk_isa isa, int head_dim, tk_isa *level) {
     int l = (int)isa > (int)TOP_ISA ? (int)TOP_ISA : (int)isa;
     /* down past levels that do not take head_dim, and past those that run the
-     * level below's attention (avxvnni: avx2's), so *level names the kernel */
+     * level below's attention, so *level names the kernel */
     while (l > TK_ISA_SCALAR && (head_dim <= 0 || head_dim % kernels_get((tk_isa)l)->attn_lanes ||
-                                 kernels_get((tk_isa)l)->attn == kernels_get((tk_isa)(l - 1))->attn))
-        l--;
+                                 kernels_get((tk_isa)l)->attn == kernels_get((tk_isa)attn_below(l))->attn))
+        l = attn_below(l);
     if (l < TK_ISA_SCALAR) l = TK_ISA_SCALAR;
     if (level) *level = (tk_isa)l;
     return kernels_get((tk_isa)l)->attn;

@@ -289,8 +289,9 @@ bool kv_quant_chan_avx2(const float *x, float *s, int8_t *y, float *r, int n);
 void kv_requant_chan_avx2(int8_t *y, int n_rows, int n, const float *r);
 void kv_requant_cols_avx2(int8_t *k, int n_groups, int hd, const float *r);
 
-/* ---- AVX2 + AVX-VNNI (x86/<name>_avxvnni.c): the AVX2 bodies with VEX vpdpbusd;
- * the level's other kernels are the AVX2 ones ------------------------------------ */
+/* ---- AVX2 + AVX-VNNI (x86/<name>_avxvnni.c): the AVX2 bodies with VEX vpdpbusd
+ * (the gemvs and attention); the level's other kernels are the AVX2 ones ------------------------------------
+ */
 void kern_gemv_f32_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_f16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
@@ -319,6 +320,15 @@ void kern_gemv_q6_k_x16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1
                                 size_t xq_stride, int n_tok, float *y, int64_t ldy);
 void kern_gemv_q6_k_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                             size_t xq_stride, int n_tok, float *y, int64_t ldy);
+/* x86/kvattn_avxvnni.c: the AVX2 attention with int8 K against int8 queries
+ * (kv_geom.q8) by vpdpbusd; head_dim % 8 == 0 */
+void kv_attn_avxvnni(const kv_geom *g, const int32_t *bt, int pos0, int n_q, const float *q, int n_head,
+                     int h0, int h1, float scale, const float *own, float *out, float *scratch, int32_t next,
+                     int next_kvh);
+void kv_attn_part_avxvnni(const kv_geom *g, const int32_t *bt, int end, int part, const float *q, int n_head,
+                          int h0, int h1, float scale, float *part_out, float *scratch);
+void kv_attn_own_avxvnni(const kv_geom *g, const int32_t *bt, int pos, const float *q, int n_head, int h0,
+                         int h1, float scale, float *rec, float *scratch, int32_t next, int next_kvh);
 
 void kern_gemv_bf16_p16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq,
                                 size_t xq_stride, int n_tok, float *y, int64_t ldy);

@@ -146,8 +146,9 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     if (st != TK_OK) return st;
     tk_cpu cpu;
     cpu_detect(&cpu);
-    if ((int)isa < TK_ISA_SCALAR || isa > cpu_best_isa(&cpu))
-        return tk_fail(TK_ERR_UNSUPPORTED, "kv: ISA level %d asked for, the CPU has at most %s", (int)isa,
+    if ((int)isa < TK_ISA_SCALAR || isa > cpu_best_isa(&cpu) || !cpu_has_isa(&cpu, isa))
+        return tk_fail(TK_ERR_UNSUPPORTED,
+                       "kv: ISA level %d asked for, the CPU has at most %s (or not that one)", (int)isa,
                        cpu_isa_name(cpu_best_isa(&cpu)));
 
     kv_layout L;

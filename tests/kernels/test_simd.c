@@ -918,10 +918,15 @@ static void test_simd_attention_fallback(void **state) {
         for (size_t i = 0; i < sizeof hds / sizeof hds[0]; i++) {
             tk_isa got;
             kv_attn_fn fn = kern_attn_for((tk_isa)isa, hds[i], &got);
+            /* below AVX-512 the fallback is AVX2: an AVX-512 CPU may lack AVX-VNNI */
             int want = isa;
-            while (want > 0 && (hds[i] <= 0 || hds[i] % kernels_get((tk_isa)want)->attn_lanes ||
-                                kernels_get((tk_isa)want)->attn == kernels_get((tk_isa)(want - 1))->attn))
-                want--;
+            while (want > 0) {
+                const int below = want == TK_ISA_AVX512 ? TK_ISA_AVX2 : want - 1;
+                if (hds[i] > 0 && hds[i] % kernels_get((tk_isa)want)->attn_lanes == 0 &&
+                    kernels_get((tk_isa)want)->attn != kernels_get((tk_isa)below)->attn)
+                    break;
+                want = below;
+            }
             assert_int_equal(got, want);
             assert_true(fn == kernels_get(got)->attn);
             assert_true(kern_attn_for((tk_isa)isa, hds[i], NULL) == fn);
@@ -934,7 +939,11 @@ static void test_simd_attention_fallback(void **state) {
     assert_true(kern_attn_for(TK_ISA_AVX512, 40, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
     assert_true(kern_attn_for(TK_ISA_AVX512, 20, &got) == kv_attn_ref && got == TK_ISA_SCALAR);
     assert_true(kern_attn_for(TK_ISA_AVX2, 128, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
-    assert_true(kern_attn_for(TK_ISA_AVXVNNI, 128, &got) == kv_attn_avx2 && got == TK_ISA_AVX2);
+    assert_true(kern_attn_for(TK_ISA_AVXVNNI, 128, &got) == kv_attn_avxvnni && got == TK_ISA_AVXVNNI);
+    assert_true(kern_attn_for(TK_ISA_AVXVNNI, 40, &got) == kv_attn_avxvnni && got == TK_ISA_AVXVNNI);
+    assert_true(kern_attn_for(TK_ISA_AVXVNNI, 20, &got) == kv_attn_ref && got == TK_ISA_SCALAR);
+    assert_true(kernels_get(TK_ISA_AVXVNNI)->attn_q8 && kernels_get(TK_ISA_AVX512)->attn_q8 &&
+                !kernels_get(TK_ISA_AVX2)->attn_q8);
 #endif
 }
 

@@ -153,14 +153,15 @@ AI vq vq_dot4(vq acc, vq k, const int8_t *q4) {
     memcpy(&x, q4, sizeof x);
     return _mm512_dpbusd_epi32(acc, k, _mm512_set1_epi32(x));
 }
-/* The sum of n int8s (n % 64 == 0): byte sums of q + 128 by vpsadbw, less 128 n. */
-AI int32_t vq_sum_i8(const int8_t *q, size_t n) {
+/* 128 times the sum of n int8s (n % 64 == 0), what the unsigned K adds: byte
+ * sums of q + 128 by vpsadbw, less 128 n. */
+AI float vq_off(const int8_t *q, size_t n) {
     __m512i a = _mm512_setzero_si512();
     for (size_t c = 0; c < n; c += 64)
         a = _mm512_add_epi64(
             a, _mm512_sad_epu8(_mm512_xor_si512(_mm512_loadu_si512(q + c), _mm512_set1_epi8((char)0x80)),
                                _mm512_setzero_si512()));
-    return (int32_t)(_mm512_reduce_add_epi64(a) - 128 * (long long)n);
+    return 128.0f * (float)(int32_t)(_mm512_reduce_add_epi64(a) - 128 * (long long)n);
 }
 
 #include "kernels/x86/kvattn_body.h"
