@@ -586,12 +586,23 @@ static tk_status series_run(const bench_opts *o, const series_spec *sp, const tk
             pt->n_rep = r + 1;
             if (st == TK_OK && !o->quiet) {
                 const bench_level *l = &pt->rep[r];
+                /* one output token has no TPOT, and a run without a decode-only
+                 * step no roofline: a dash, not nan */
+                char tpot[32], roof[48];
+                if (isnan(l->m[BM_TPOT_P50]))
+                    snprintf(tpot, sizeof tpot, "-");
+                else
+                    snprintf(tpot, sizeof tpot, "%.2f ms", l->m[BM_TPOT_P50]);
+                if (isnan(l->m[BM_ROOF_PCT]))
+                    snprintf(roof, sizeof roof, "- (no decode step sampled)");
+                else
+                    snprintf(roof, sizeof roof, "%.1f%%", l->m[BM_ROOF_PCT]);
                 fprintf(stderr,
-                        "bench: %s %s %g rep %d/%d: TPOT p50 %.2f ms, %.1f out tok/s, TTFT p50 %.1f ms, "
-                        "roofline %.1f%%\n",
+                        "bench: %s %s %g rep %d/%d: TPOT p50 %s, %.1f out tok/s, TTFT p50 %.1f ms, "
+                        "roofline %s\n",
                         sp->label, pt->rate > 0 ? "rate" : "concurrency",
-                        pt->rate > 0 ? pt->rate : (double)pt->concurrency, r + 1, o->repeat,
-                        l->m[BM_TPOT_P50], l->m[BM_OUT_TOK_S], l->m[BM_TTFT_P50], l->m[BM_ROOF_PCT]);
+                        pt->rate > 0 ? pt->rate : (double)pt->concurrency, r + 1, o->repeat, tpot,
+                        l->m[BM_OUT_TOK_S], l->m[BM_TTFT_P50], roof);
                 if (l->bg.n_streams > 0)
                     fprintf(stderr,
                             "bench:   background %d streams: ITL p50 %.2f p99 %.2f max %.2f ms, TPOT p50 "

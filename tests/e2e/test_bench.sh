@@ -140,6 +140,12 @@ assert 0 < b < a, (a, b)
 print("model options ok")
 PY
 
+# A run with no decode step to time (one output token) says so in its
+# progress line instead of printing a roofline of nan.
+"$TK_CLI" bench -m "$model" --in 4 --out 1 --batch 1 --requests 1 --warmup 0 --threads 1 >/dev/null 2>"$dir/err1"
+grep -q "rep 1/1: .*roofline - (no decode step sampled)" "$dir/err1" || fail "no-decode run: $(cat "$dir/err1")"
+if grep -qi "nan" "$dir/err1"; then fail "nan in the progress line: $(cat "$dir/err1")"; fi
+
 # The ablation: each rung must run (and report through engine stats) what it
 # names, in three rounds by default, the rungs' order reversed every other
 # round, its speed-ups the medians of the rounds' ratios.
