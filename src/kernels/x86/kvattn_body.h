@@ -21,20 +21,18 @@
  *                        clamped to [-127, 127], NaN to 0
  *   vf_any_gt(a, b)      whether some lane has a > b
  *   vf_pos_or_zero(s, v) v where s > 0, else 0
- * A level with int8 dot products (kv_geom.q8: every x86 level) also defines
- * KV_Q8 and
+ * A level with int8 dot products by vpdpbusd (kv_geom.q8: the avx512 and
+ * avxvnni levels) also defines KV_Q8 and
  *   vq, vq_zero          a vector of VL int32 sums
- *   vq_load_k(row, c, hd) 4 * VL int8s of a K row from c, zeros past hd (in
- *                        whatever form vq_dot takes them)
+ *   vq_load_k(row, c, hd) 4 * VL int8s of a K row from c as unsigned (+128),
+ *                        zeros past hd
  *   vq_dot(acc, k, q8)   acc + the sums of 4 adjacent products k * q8 (4 * VL
- *                        int8s of the query), lane by lane, plus vq_off's
- *                        share
+ *                        int8s of the query), lane by lane
  *   vq_to_f(v)           the sums as floats
- *   vq_off(q, n)         what a whole dot product of vq_dot adds for the n
- *                        int8s of the query q (n % 64 == 0), as a float: 128
- *                        times their sum where K is made unsigned (+128), 0
- *                        where the products are exact
- *   vq_load_k4(p)        the 4 * VL int8s at p (as vq_load_k)
+ *   vq_off(q, n)         what the unsigned K adds to a whole dot product
+ *                        with the n int8s of the query q (n % 64 == 0): 128
+ *                        times their sum, as a float
+ *   vq_load_k4(p)        the 4 * VL int8s at p as unsigned (+128)
  *   vq_dot4(acc, k, q4)  acc + the sums of 4 adjacent products k * the 4
  *                        int8s at q4 (the same 4 in every lane), lane by lane
  * A level may also define KV_SCORES_V and store_scores_v (store_scores for a
@@ -181,8 +179,8 @@ AI void dot_cols(const uint8_t *K, int j0, int hd, const float *qt, float scale,
 
 #ifdef KV_Q8
 /* Scores of rows [j0, j0+R) of an int8 block against P int8 queries (q8: P
- * rows of KV_Q8_BYTES(hd), scales qmul[p], and vq_off of each, what the
- * level's dot products add): the integer dot products are exact, and
+ * rows of KV_Q8_BYTES(hd), scales qmul[p], and vq_off of each, which the
+ * unsigned K rows add): the integer dot products are exact, and
  * so are their float sums (below 2^24 for head_dim <= 512), so the scores
  * are the reference's bits (kv_attn_ref, kv_geom.q8). */
 AI void dot_rows_q8(const uint8_t *K, size_t row_bytes, int j0, int hd, const int8_t *q8, const float *qmul,
@@ -247,7 +245,7 @@ AI void dot_cols_q8(const uint8_t *K, int j0, int hd, const int8_t *q8, const fl
 
 /* The int8 query of pair p for one block (attn_ref.c's query_q8): qk rounded
  * at max|qk| / 127 into q8 (zeros up to KV_Q8_BYTES), its scale and what the
- * level's dot products add for it (vq_off). */
+ * unsigned K adds to its dot products (vq_off). */
 AI void query_q8(const float *qk, int hd, int8_t *q8, float *qmul, float *qoff) {
     vf a = vf_zero();
     for (int c = 0; c < hd; c += VL) a = vf_max(vf_abs(vf_load(qk + c)), a);
@@ -309,7 +307,7 @@ AI void acc_rows(const uint8_t *V, size_t row_bytes, int n, int c, int hd, const
 typedef struct tile_state {
     float *s, *acc, *m, *l, *qs;
     int8_t *q8;         /* [P][KV_Q8_BYTES(hd)] int8 queries (kv_geom.q8) */
-    float *qmul, *qoff; /* [P] their scales and vq_off */
+    float *qmul, *qoff; /* [P] their scales and 128 * their sums (vq_off) */
 } tile_state;
 
 /* Block b of the context (block id blk) for P pairs; n: the rows any pair
