@@ -10,8 +10,8 @@
 #include "kernels/kernels_ref.h"
 #include "kernels/x86/exp_core.h"
 
-#define AI        static inline __attribute__((always_inline))
-#define VL        8
+#define AI static inline __attribute__((always_inline))
+#define VL 8
 typedef __m256 vf;
 
 AI vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
