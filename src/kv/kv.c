@@ -146,9 +146,10 @@ tk_status kv_init_isa(const tk_kv_opts *o, tk_isa isa, tk_kv **out) {
     if (st != TK_OK) return st;
     tk_cpu cpu;
     cpu_detect(&cpu);
-    if ((int)isa < TK_ISA_SCALAR || isa > cpu_best_isa(&cpu) || !cpu_has_isa(&cpu, isa))
+    /* not just up to the best: an AVX-512 CPU may lack AVX-VNNI */
+    if (!cpu_has_isa(&cpu, isa))
         return tk_fail(TK_ERR_UNSUPPORTED,
-                       "kv: ISA level %d asked for, the CPU has at most %s (or not that one)", (int)isa,
+                       "kv: ISA level %d asked for, which this CPU does not run (its best: %s)", (int)isa,
                        cpu_isa_name(cpu_best_isa(&cpu)));
 
     kv_layout L;
