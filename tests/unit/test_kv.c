@@ -505,10 +505,14 @@ static void test_kv_opts_validation(void **state) {
     tk_kv *kv;
     assert_int_equal(kv_init(NULL, &kv), TK_ERR_INVALID);
     assert_int_equal(kv_init(&good, NULL), TK_ERR_INVALID);
-    if (best_isa() < TK_ISA_AVX512) {
-        assert_int_equal(kv_init_isa(&good, TK_ISA_AVX512, &kv), TK_ERR_UNSUPPORTED);
-        assert_null(kv);
+    /* every level the CPU runs, and none other (an AVX-512 CPU may lack AVX-VNNI) */
+    for (int isa = 0; isa < TK_ISA_COUNT; isa++) {
+        assert_int_equal(kv_init_isa(&good, (tk_isa)isa, &kv), cpu_runs(isa) ? TK_OK : TK_ERR_UNSUPPORTED);
+        if (!cpu_runs(isa)) assert_null(kv);
+        kv_free(kv);
     }
+    assert_int_equal(kv_init_isa(&good, (tk_isa)TK_ISA_COUNT, &kv), TK_ERR_UNSUPPORTED);
+    assert_null(kv);
     /* Every valid block size works, and a pool frees cleanly. */
     for (int i = 0; i < 5; i++) {
         o = good, o.block_size = BLOCK_SIZES[i];
