@@ -290,8 +290,7 @@ void kv_requant_chan_avx2(int8_t *y, int n_rows, int n, const float *r);
 void kv_requant_cols_avx2(int8_t *k, int n_groups, int hd, const float *r);
 
 /* ---- AVX2 + AVX-VNNI (x86/<name>_avxvnni.c): the AVX2 bodies with VEX vpdpbusd
- * (the gemvs and attention); the level's other kernels are the AVX2 ones ------------------------------------
- */
+ * (the gemvs and attention); the level's other kernels are the AVX2 ones ---- */
 void kern_gemv_f32_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,
                            int n_tok, float *y, int64_t ldy);
 void kern_gemv_f16_avxvnni(int64_t k, const void *w, int64_t r0, int64_t r1, const void *xq, size_t xq_stride,

@@ -590,8 +590,9 @@ static void test_kv_roundtrip_float(void **state) {
     uint64_t rng = 1;
     const int hd = 72, nkv = 3, n_pos = 40; /* 72: an AVX2 tail of 0 but not an AVX-512 multiple */
     float k[3 * 72], v[3 * 72], rk[3 * 72], rv[3 * 72];
-    for (int isa = 0; isa <= (int)best_isa(); isa++)
-        for (int kind = 0; kind < 3 && cpu_runs(isa); kind++) {
+    for (int isa = 0; isa <= (int)best_isa(); isa++) {
+        if (!cpu_runs(isa)) continue;
+        for (int kind = 0; kind < 3; kind++) {
             tk_kv_opts o = opts_make(2, nkv, hd, 16, 4, KINDS[kind].t, TK_KV_SCALE_HEAD);
             tk_kv *kv;
             assert_int_equal(kv_init_isa(&o, (tk_isa)isa, &kv), TK_OK);
@@ -620,6 +621,7 @@ static void test_kv_roundtrip_float(void **state) {
             }
             kv_free(kv);
         }
+    }
 }
 
 static void test_kv_roundtrip_int8_token(void **state) {

@@ -13,25 +13,20 @@
 #define KV_Q8 1
 typedef __m256i vq;
 AI vq vq_zero(void) { return _mm256_setzero_si256(); }
+AI vq vq_load_k4(const uint8_t *p) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8((char)0x80));
+}
 AI vq vq_load_k(const uint8_t *row, int c, int hd) {
-    __m256i k;
-    if (hd - c >= 32) {
-        k = _mm256_loadu_si256((const __m256i *)(row + c));
-    } else {
-        uint8_t t[32] = {0};
-        memcpy(t, row + c, (size_t)(hd - c));
-        k = _mm256_loadu_si256((const __m256i *)t);
-        /* the zeros past hd become 128: the query's bytes there are 0 */
-    }
-    return _mm256_xor_si256(k, _mm256_set1_epi8((char)0x80));
+    if (hd - c >= 32) return vq_load_k4(row + c);
+    /* the zeros past hd become 128: the query's bytes there are 0 */
+    uint8_t t[32] = {0};
+    memcpy(t, row + c, (size_t)(hd - c));
+    return vq_load_k4(t);
 }
 AI vq vq_dot(vq acc, vq k, const int8_t *q8) {
     return _mm256_dpbusd_avx_epi32(acc, k, _mm256_loadu_si256((const __m256i *)q8));
 }
 AI vf vq_to_f(vq v) { return _mm256_cvtepi32_ps(v); }
-AI vq vq_load_k4(const uint8_t *p) {
-    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8((char)0x80));
-}
 AI vq vq_dot4(vq acc, vq k, const int8_t *q4) {
     int32_t x;
     memcpy(&x, q4, sizeof x);
