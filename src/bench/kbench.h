@@ -45,4 +45,40 @@ typedef struct kb_row {
 tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpus, const int *tok,
                      int n_counts, int rounds, kb_row **rows, int *n_rows);
 
+/* The attention kernel alone, by the number of sequences decoding: one
+ * query token each at context ctx over the paged KV (the model's layers,
+ * heads and head_dim; the given KV type, scales and block size), as the
+ * decode step's attention stage reads it: each thread takes its share of
+ * the (sequence, kv head) units of a layer, a barrier after each layer, and
+ * INT8 per-head KV reads up to the own block (its record folded last, taken
+ * once at setup). Streamed: passes over sequences that take turns through a
+ * pool of at least KB_ATTN_POOL bytes, so each pass reads memory, not the
+ * cache; cached: one sequence's first layer at the context whose KV fits
+ * KB_ATTN_HOT bytes a thread, again and again (the kernel's arithmetic at
+ * that KV type). Their ratio says what binds attention on this machine. */
+#define KB_ATTN_POOL ((uint64_t)512 << 20)
+#define KB_ATTN_HOT  ((uint64_t)512 << 10)
+#define KB_ATTN_MAX  ((uint64_t)4 << 30) /* a count whose sequences need more is left out */
+
+typedef struct ka_row {
+    int n_seq;          /* sequences decoding, one query token each */
+    int end;            /* positions each query reads from the pool */
+    uint64_t bytes;     /* one streamed pass: every layer's KV of n_seq sequences up to end */
+    double ops;         /* one streamed pass (q.k and p.v, a multiply-add counts 2) */
+    double gbs, gops;   /* streamed */
+    double ns_pos;      /* streamed: ns per (position, kv head, layer) on one thread */
+    int hot_end;        /* the cached pass's positions per query */
+    uint64_t hot_bytes; /* the cached pass's KV, all threads */
+    double hot_gbs, hot_ns_pos;
+} ka_row;
+
+/* Times the attention of m's geometry at each count seq[0..n_counts) (1..
+ * KB_MAX_TOKENS sequences; a count whose sequences' KV would pass
+ * KB_ATTN_MAX is left out) at context ctx (1..65536), rounds times (the
+ * counts alternating direction as kbench_run's), on n_threads threads
+ * pinned as kbench_run's. Rows in *rows (tk_free), their number in *n_rows. */
+tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
+                          tk_kv_scale scale, int block_size, int ctx, const int *seq, int n_counts,
+                          int rounds, ka_row **rows, int *n_rows);
+
 #endif

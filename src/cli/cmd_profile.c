@@ -130,12 +130,13 @@ static const cli_opt PF_ROWS_OPT[] = {
      .off = offsetof(pf_args, json)},
     {.name = "--kernels",
      .help = "time the weight kernels alone instead of a step: the model's matrices of each kind\n"
-             "streamed from memory and one held in cache, at each --tokens count",
+             "streamed from memory and one held in cache, at each --tokens count; and the attention\n"
+             "kernel over that many sequences' KV at --ctx (--kv-type, --kv-scale, --block-size)",
      .kind = CLI_FLAG,
      .off = offsetof(pf_args, kernels)},
     {.name = "--tokens",
      .arg = "LIST",
-     .help = "--kernels: token counts (default 1,2,4,8,16,32)",
+     .help = "--kernels: token counts, and sequences for the attention rows (default 1,2,4,8,16,32)",
      .kind = CLI_FN,
      .off = 0,
      .fn = parse_tokens,
@@ -159,7 +160,8 @@ static const cli_cmd PF_CMD = {
     "profile",
     "usage: tokamak profile -m MODEL [--batch B | --prefill N] [--ctx C] [--kv-type T] [--steps N] [--json "
     "FILE]\n"
-    "       tokamak profile -m MODEL --kernels [--tokens LIST] [--rounds N] [--json FILE]",
+    "       tokamak profile -m MODEL --kernels [--tokens LIST] [--rounds N] [--ctx C] [--kv-type T] [--json "
+    "FILE]",
     CLI_G_MODEL | CLI_G_THREADS | CLI_G_PLACE | CLI_G_KV | CLI_G_SAMPLING,
     PF_ROWS_OPT,
     "--ctx is the context each sequence holds when the timed steps start (default 512).\n"
@@ -169,7 +171,7 @@ static const cli_cmd PF_CMD = {
     "loaded).\n"
     "Times the fused plan. Floors use the bandwidth and peaks probed at the start of the run.\n"
     "--kernels shows where each weight kernel stops being bound by memory: its streamed rate against its "
-    "rate over a cached matrix.",
+    "rate over a cached matrix; the same for attention over the paged KV.",
     0,
     NULL,
 };
@@ -869,8 +871,46 @@ static void print_kernels(const char *model, const pf_machine *mc, const pf_args
            "probe under-read this machine\n");
 }
 
-static cJSON *json_kernels(const char *model, const pf_machine *mc, const pf_args *pa, const kb_row *r,
-                           int n) {
+static void print_attn(const cli_opts *o, const pf_machine *mc, const ka_row *r, int n, int asked) {
+    const tk_engine_opts *e = &o->engine;
+    const bool int8 = e->kv_type == TK_KV_INT8;
+    printf(
+        "\n## attention, KV %s%s, context %d, blocks of %d\n\n", names_str(&NAMES_KV_TYPE, (int)e->kv_type),
+        int8 ? (e->kv_scale == TK_KV_SCALE_TOKEN ? " per token" : " per head") : "", e->ctx, e->block_size);
+    if (n == 0) {
+        printf("- no count's KV fits %.0f GiB: no rows (a shorter --ctx or fewer --tokens)\n",
+               (double)KB_ATTN_MAX / (1 << 30));
+        return;
+    }
+    printf(
+        "| sequences | positions read | MB streamed | streamed GB/s | %% of bw | GOP/s | %% of peak | ns per "
+        "position | cached positions | cached GB/s | cached ns per position | streamed / cached |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    const double peak = mc->peak[int8 ? TK_PEAK_INT8 : TK_PEAK_F32];
+    for (int i = 0; i < n; i++)
+        printf("| %d | %d | %.1f | %.1f | %.0f | %.0f | %.0f | %.2f | %d | %.1f | %.2f | %.2f |\n",
+               r[i].n_seq, r[i].end, (double)r[i].bytes / 1e6, r[i].gbs,
+               mc->bw.best > 0 ? 100.0 * r[i].gbs / mc->bw.best : 0, r[i].gops,
+               peak > 0 ? 100.0 * r[i].gops / peak : 0, r[i].ns_pos, r[i].hot_end, r[i].hot_gbs,
+               r[i].hot_ns_pos, r[i].ns_pos > 0 ? r[i].hot_ns_pos / r[i].ns_pos : 0.0);
+    printf(
+        "\n- streamed: one query token per sequence over every layer's KV up to its positions read (INT8 "
+        "per head: up to its own block, whose record is folded last), the (sequence, kv head) units of a "
+        "layer split between the threads and a barrier after each layer, as the decode step's attention "
+        "stage; the sequences take turns through a pool of at least %.0f MiB, so each pass reads memory. "
+        "Cached: one sequence's first layer at the cached positions, whose KV fits %.0f KiB a thread, again "
+        "and again\n",
+        (double)KB_ATTN_POOL / (1 << 20), (double)KB_ATTN_HOT / 1024);
+    printf("- ns per position: one thread's time per (position, kv head, layer), every query head of its GQA "
+           "group; streamed / cached near 1: the kernel's arithmetic binds, well below 1: the reads add to "
+           "it\n");
+    if (n < asked)
+        printf("- %d of the %d counts left out: their KV would pass %.0f GiB\n", asked - n, asked,
+               (double)KB_ATTN_MAX / (1 << 30));
+}
+
+static cJSON *json_kernels(const char *model, const pf_machine *mc, const pf_args *pa, const kb_row *r, int n,
+                           const cli_opts *op, const ka_row *ar, int na) {
     cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray();
     if (!root || !rows) {
         cJSON_Delete(root);
@@ -907,6 +947,35 @@ static cJSON *json_kernels(const char *model, const pf_machine *mc, const pf_arg
         cJSON_AddNumberToObject(o, "cached_gbs", r[i].hot_gbs);
         cJSON_AddNumberToObject(o, "cached_gops", r[i].hot_gops);
     }
+    cJSON *at = cJSON_AddObjectToObject(root, "attention");
+    cJSON *arows = at ? cJSON_AddArrayToObject(at, "rows") : NULL;
+    if (!arows) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddStringToObject(at, "kv_type", names_str(&NAMES_KV_TYPE, (int)op->engine.kv_type));
+    cJSON_AddStringToObject(at, "kv_scale", op->engine.kv_scale == TK_KV_SCALE_TOKEN ? "token" : "head");
+    cJSON_AddNumberToObject(at, "ctx", op->engine.ctx);
+    cJSON_AddNumberToObject(at, "block_size", op->engine.block_size);
+    for (int i = 0; i < na; i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o) {
+            cJSON_Delete(root);
+            return NULL;
+        }
+        cJSON_AddItemToArray(arows, o);
+        cJSON_AddNumberToObject(o, "sequences", ar[i].n_seq);
+        cJSON_AddNumberToObject(o, "positions", ar[i].end);
+        cJSON_AddNumberToObject(o, "bytes", (double)ar[i].bytes);
+        cJSON_AddNumberToObject(o, "ops", ar[i].ops);
+        cJSON_AddNumberToObject(o, "gbs", ar[i].gbs);
+        cJSON_AddNumberToObject(o, "gops", ar[i].gops);
+        cJSON_AddNumberToObject(o, "ns_per_position", ar[i].ns_pos);
+        cJSON_AddNumberToObject(o, "cached_positions", ar[i].hot_end);
+        cJSON_AddNumberToObject(o, "cached_bytes", (double)ar[i].hot_bytes);
+        cJSON_AddNumberToObject(o, "cached_gbs", ar[i].hot_gbs);
+        cJSON_AddNumberToObject(o, "cached_ns_per_position", ar[i].hot_ns_pos);
+    }
     return root;
 }
 
@@ -918,22 +987,30 @@ static int run_kernels(const cli_opts *o, pf_args *pa, pf_machine *mc, tk_model 
     }
     if (pa->rounds == 0) pa->rounds = 5;
     kb_row *rows = NULL;
-    int n = 0;
-    tk_status st = kbench_run(m, mc->threads, o->engine.pin_threads, o->engine.cpus, pa->tokens, pa->n_tokens,
-                              pa->rounds, &rows, &n);
+    ka_row *arows = NULL;
+    int n = 0, na = 0;
+    const tk_engine_opts *e = &o->engine;
+    /* attention first: it refuses a context too short to time before the weights' rounds */
+    tk_status st = kbench_attn_run(m, mc->threads, e->pin_threads, e->cpus, e->kv_type, e->kv_scale,
+                                   e->block_size, e->ctx, pa->tokens, pa->n_tokens, pa->rounds, &arows, &na);
+    if (st == TK_OK)
+        st = kbench_run(m, mc->threads, e->pin_threads, e->cpus, pa->tokens, pa->n_tokens, pa->rounds, &rows,
+                        &n);
     if (st == TK_OK) {
         print_kernels(model, mc, pa, rows, n);
+        print_attn(o, mc, arows, na, pa->n_tokens);
         if (pa->json) {
-            cJSON *root = json_kernels(model, mc, pa, rows, n);
+            cJSON *root = json_kernels(model, mc, pa, rows, n, o, arows, na);
             st = root ? write_json(pa->json, root)
                       : tk_fail(TK_ERR_NOMEM, "profile: cannot build the JSON report");
             cJSON_Delete(root);
         }
     }
     tk_free(rows);
+    tk_free(arows);
     if (st != TK_OK) {
         fprintf(stderr, "tokamak profile: %s\n", tk_last_error());
-        return 1;
+        return st == TK_ERR_INVALID ? 2 : 1; /* the options asked for what cannot be timed */
     }
     return 0;
 }
@@ -954,11 +1031,11 @@ int cmd_profile(int argc, char **argv) {
         return 2;
     }
     if (pa.kernels) {
-        static const char *const step_only[] = {"--batch",   "--prefill",   "--steps",     "--ctx",
-                                                "--kv-type", "--stage-cpu", "--ctx-spread"};
+        static const char *const step_only[] = {"--batch", "--prefill", "--steps", "--stage-cpu",
+                                                "--ctx-spread"};
         for (size_t i = 0; i < sizeof step_only / sizeof step_only[0]; i++)
             if (cli_opts_given(&o, step_only[i])) {
-                cli_error(&PF_CMD, "%s is for steps; --kernels times the weight kernels alone", step_only[i]);
+                cli_error(&PF_CMD, "%s is for steps; --kernels times the kernels alone", step_only[i]);
                 return 2;
             }
     } else if (pa.n_tokens > 0 || pa.rounds > 0) {

@@ -6,7 +6,8 @@
 # context), barriers are counted, a prefill
 # chunk's attention counts every (token, position) pair it reads (its last
 # layer past attention the wanted token's alone), --kernels times each kind
-# of weight at each token count, and bad options are refused with a message.
+# of weight at each token count and the attention kernel over that many
+# sequences' KV, and bad options are refused with a message.
 set -euo pipefail
 : "${TK_CLI:?}" "${TK_TMP:?}" "${TK_PYTHON:=/usr/bin/python3}"
 mkdir -p "$TK_TMP"
@@ -242,10 +243,14 @@ grep -q '"threads":	2' "$W/pc.json" || fail "profile --cpus 0 --threads 2: not 2
     fail "profile --cpus 0 --threads 2: the threads' time off the CPU not seen"
 grep -q "numa" "$W/pc.err" || grep -q . "$W/pc.md" || fail "--numa: no output"
 
-# --kernels: the weight kernels alone, each kind at each count, streamed and cached
+# --kernels: the weight kernels alone, each kind at each count, streamed and cached; attention over
+# INT8 per-head KV at context 300 (blocks of 128: each query reads the pool up to its own block, 256)
 "$TK_CLI" profile -m "$W/m.gguf" --kernels --tokens 1,3,8 --rounds 2 --threads 2 --bw 20 --peak-int8 500 \
-    --peak-f32 100 --json "$W/pk.json" >"$W/pk.md" || fail "profile --kernels exited $?"
+    --peak-f32 100 --kv-type int8 --ctx 300 --json "$W/pk.json" >"$W/pk.md" || fail "profile --kernels exited $?"
 grep -q '^| q8_0 x16 | 3 | ' "$W/pk.md" || fail "profile --kernels: no q8_0 x16 row at 3 tokens"
+grep -q '^## attention, KV int8 per head, context 300, blocks of 128' "$W/pk.md" ||
+    fail "profile --kernels: no attention table"
+grep -q '^| 8 | 256 | ' "$W/pk.md" || fail "profile --kernels: no attention row for 8 sequences"
 "$TK_PYTHON" - "$W/pk.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -266,12 +271,40 @@ for k, v in kinds.items():
             assert r[f] > 0, (f, r)
         # the same bytes over the same seconds: the rates agree
         assert abs(r["gops"] / r["gbs"] - r["ops"] / r["bytes"]) < 1e-6 * r["ops"] / r["bytes"], r
+a = j["attention"]
+assert (a["kv_type"], a["kv_scale"], a["ctx"], a["block_size"]) == ("int8", "head", 300, 128), a
+assert [r["sequences"] for r in a["rows"]] == [1, 3, 8], a
+for r in a["rows"]:
+    pairs = r["sequences"] * r["positions"]
+    # tiny: 2 layers, 4 heads over 2 kv heads, head_dim 128; INT8 KV 1,056 bytes a token (tokamak info)
+    assert r["positions"] == 256 and r["bytes"] == pairs * 1056, r
+    assert r["ops"] == 4 * pairs * 2 * 4 * 128, r
+    # one layer of one sequence, whole blocks, no more than the streamed context
+    assert 0 < r["cached_positions"] <= 256 and r["cached_positions"] % 128 == 0, r
+    assert r["cached_bytes"] == r["cached_positions"] * 1056 // 2, r
+    for f in ("gbs", "gops", "ns_per_position", "cached_gbs", "cached_ns_per_position"):
+        assert r[f] > 0, (f, r)
+    assert abs(r["gops"] / r["gbs"] - r["ops"] / r["bytes"]) < 1e-6 * r["ops"] / r["bytes"], r
 print("ok: profile --kernels JSON")
+PY
+
+# attention over F16 KV (no own-block records): each query reads its whole context
+"$TK_CLI" profile -m "$W/m.gguf" --kernels --tokens 2 --rounds 1 --threads 2 --bw 20 --peak-int8 500 \
+    --peak-f32 100 --ctx 200 --json "$W/pkf.json" >"$W/pkf.md" || fail "profile --kernels (f16) exited $?"
+"$TK_PYTHON" - "$W/pkf.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["attention"]
+assert (a["kv_type"], a["ctx"]) == ("f16", 200), a
+r, = a["rows"]
+assert r["sequences"] == 2 and r["positions"] == 200 and r["bytes"] == 2 * 200 * 2048, r
+assert r["cached_positions"] == 128 and r["cached_gbs"] > 0, r
+print("ok: profile --kernels attention over F16 KV")
 PY
 
 for args in "--kernels --batch 2" "--kernels --steps 2" "--kernels --stage-cpu" "--tokens 4" "--rounds 2" \
     "--kernels --tokens 0" "--kernels --tokens 1,,2" "--kernels --tokens 1," "--kernels --tokens 257" \
     "--kernels --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17" "--kernels --rounds 0" \
+    "--kernels --kv-type int8 --ctx 128" "--kernels --block-size 48" \
     "--batch 0" "--steps 0" "--ctx 0" "--bw 0" "--prefill 0" "--prefill 4 --batch 2" "--cpus 0,0" "--cpus x" "--cpus 3-1" "--kv-mem 64" "--bogus"; do
     set +e
     # shellcheck disable=SC2086
