@@ -129,10 +129,7 @@ static tk_status kinds_of(const tk_model *m, const tk_kernels *K, int n_act, kb_
         }
         uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(a + 1);
         for (int t = 0; t < n_act; t++) {
-            for (int64_t e = 0; e < w->ne[0]; e++) {
-                s = s * 6364136223846793005ull + 1442695040888963407ull;
-                x[e] = (float)((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-            }
+            kbench_fill(x, w->ne[0], &s);
             kern_quant_act(K, w->type, w->layout, x, (char *)kd->act[a] + (size_t)t * rb, w->ne[0]);
         }
     }
@@ -152,10 +149,26 @@ static size_t kb_at(int c, int ci, int n_counts, int rounds) {
     return ((size_t)c * (size_t)n_counts + (size_t)ci) * (size_t)rounds;
 }
 
-static double median_of(const double *v, int n) {
+double kbench_median(const double *v, int n) {
     double p = 0;
     stats_percentile(v, (size_t)n, 50, &p); /* out of memory: 0, as no rate */
     return p;
+}
+
+void kbench_fill(float *x, int64_t n, uint64_t *s) {
+    for (int64_t i = 0; i < n; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(*s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+    }
+}
+
+tk_status kbench_pool(int n_threads, bool pin, const char *cpus, tk_pool **out) {
+    int cpu[KB_MAX_CPUS], n_cpu = 0;
+    if (cpus) {
+        tk_status st = pool_parse_cpus(cpus, cpu, KB_MAX_CPUS, &n_cpu);
+        if (st != TK_OK) return st;
+    }
+    return n_cpu > 0 ? pool_init_cpus(n_threads, cpu, n_cpu, out) : pool_init(n_threads, pin, out);
 }
 
 tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpus, const int *tok,
@@ -183,10 +196,7 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
     double *t_hot = tk_calloc((size_t)nk * (size_t)n_counts * (size_t)rounds, sizeof *t_hot);
     kb_row *out = tk_calloc((size_t)nk * (size_t)n_counts, sizeof *out);
     if (!y || !t_str || !t_hot || !out) st = tk_fail(TK_ERR_NOMEM, "profile --kernels: output buffers");
-    int cpu[KB_MAX_CPUS], n_cpu = 0;
-    if (st == TK_OK && cpus) st = pool_parse_cpus(cpus, cpu, KB_MAX_CPUS, &n_cpu);
-    if (st == TK_OK)
-        st = n_cpu > 0 ? pool_init_cpus(n_threads, cpu, n_cpu, &pool) : pool_init(n_threads, pin, &pool);
+    if (st == TK_OK) st = kbench_pool(n_threads, pin, cpus, &pool);
     int *reps = tk_calloc((size_t)(nk > 0 ? nk : 1), sizeof *reps);
     if (st == TK_OK && !reps) st = tk_fail(TK_ERR_NOMEM, "profile --kernels: %d kinds", nk);
     for (int c = 0; st == TK_OK && c < nk; c++) {
@@ -236,12 +246,12 @@ tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpu
                                               .n_mat = kd->n_mat,
                                               .bytes = bytes,
                                               .ops = 2.0 * macs * tok[ci],
-                                              .gbs = median_of(gbs, rounds),
-                                              .gops = median_of(gops, rounds),
-                                              .x_first = median_of(ratio, rounds),
+                                              .gbs = kbench_median(gbs, rounds),
+                                              .gops = kbench_median(gops, rounds),
+                                              .x_first = kbench_median(ratio, rounds),
                                               .hot_bytes = h->nbytes,
-                                              .hot_gbs = median_of(hgbs, rounds),
-                                              .hot_gops = median_of(hgops, rounds)};
+                                              .hot_gbs = kbench_median(hgbs, rounds),
+                                              .hot_gops = kbench_median(hgops, rounds)};
         }
     }
     pool_free(pool);

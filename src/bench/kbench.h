@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "core/pool.h"
 #include "core/tensor.h"
 #include "kernels/kernels.h"
 #include "tokamak.h"
@@ -44,6 +45,14 @@ typedef struct kb_row {
  * counts as given, in *rows (tk_free) and their number in *n_rows. */
 tk_status kbench_run(const tk_model *m, int n_threads, bool pin, const char *cpus, const int *tok,
                      int n_counts, int rounds, kb_row **rows, int *n_rows);
+
+/* Shared by the two sweeps (kbench.c, kbench_attn.c): the median of v[0,
+ * n) (0 when out of memory); the sweep's thread pool, its threads pinned as
+ * the engine's (to the CPU list cpus, else to cores 0.. with pin); n seeded
+ * values in [-1, 1) from the state *s, which moves on. */
+double kbench_median(const double *v, int n);
+tk_status kbench_pool(int n_threads, bool pin, const char *cpus, tk_pool **out);
+void kbench_fill(float *x, int64_t n, uint64_t *s);
 
 /* The attention kernel alone, by the number of sequences decoding: one
  * query token each at context ctx over the paged KV (the model's layers,

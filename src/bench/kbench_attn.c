@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "bench/kbench.h"
-#include "bench/stats.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
@@ -19,7 +18,6 @@
 
 #define KA_MIN_READ ((uint64_t)64 << 20) /* a timing reads at least this much */
 #define KA_MAX_SEQS 4096                 /* sequences in the pool, at most */
-#define KA_MAX_CPUS 1024
 
 typedef struct ka_job {
     tk_pool *pool;
@@ -67,20 +65,6 @@ static double ka_time(ka_job *j) {
     const uint64_t t0 = tk_now_ns();
     pool_run(j->pool, ka_worker, j);
     return (double)(tk_now_ns() - t0) * 1e-9;
-}
-
-/* Seeded values in [-1, 1). */
-static void ka_fill(float *x, size_t n, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) {
-        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (float)((double)(*s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-    }
-}
-
-static double ka_median(const double *v, int n) {
-    double p = 0;
-    stats_percentile(v, (size_t)n, 50, &p);
-    return p;
 }
 
 /* What kbench_attn_run allocates; freed by ka_free. */
@@ -199,10 +183,10 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
     }
     uint64_t rs = 0x2545f4914f6cdd1dull;
     if (st == TK_OK) {
-        ka_fill(a.q, (size_t)nh * (size_t)hd, &rs);
+        kbench_fill(a.q, (int64_t)nh * hd, &rs);
         for (int p = 0; p < ctx; p++)
             for (int l = 0; l < nl; l++) {
-                ka_fill(a.kvec, 2 * (size_t)nkv * (size_t)hd, &rs);
+                kbench_fill(a.kvec, 2 * (int64_t)nkv * hd, &rs);
                 kv_write(a.kv, l, a.bt[0], p, a.kvec, a.kvec + (size_t)nkv * hd);
             }
         for (int s = 1; s < n_seqs; s++)
@@ -215,10 +199,7 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
                              NULL, 0, 0);
         kv_attention_own(kv, 0, a.bt[0], hot_pos, a.q, nh, 0, nh, sc, a.hot_own, a.scratch, NULL, 0, 0);
     }
-    int cpu[KA_MAX_CPUS], n_cpu = 0;
-    if (st == TK_OK && cpus) st = pool_parse_cpus(cpus, cpu, KA_MAX_CPUS, &n_cpu);
-    if (st == TK_OK)
-        st = n_cpu > 0 ? pool_init_cpus(n_threads, cpu, n_cpu, &a.pool) : pool_init(n_threads, pin, &a.pool);
+    if (st == TK_OK) st = kbench_pool(n_threads, pin, cpus, &a.pool);
     ka_job base = {.pool = a.pool,
                    .kv = kv,
                    .n_head = nh,
@@ -257,27 +238,29 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
     for (int ci = 0; st == TK_OK && ci < nk; ci++) {
         const int n = keep[ci];
         const double bytes = (double)n * end * (double)tok_bytes, ops = 4.0 * n * end * (double)nl * nh * hd;
+        /* threads with units to run: a pass of n sequences has n nkv of them a layer */
+        const int run = (long)n * nkv < n_threads ? n * nkv : n_threads;
         const double units = (double)n * end * nl * nkv, hot_units = (double)hot_end * nkv;
         double gbs[64], gops[64], ns[64], hgbs[64], hns[64];
         for (int r = 0; r < rounds; r++) {
             const double ts = a.t_str[ci * rounds + r], th = a.t_hot[ci * rounds + r];
             gbs[r] = bytes / ts * 1e-9;
             gops[r] = ops / ts * 1e-9;
-            ns[r] = ts * 1e9 * n_threads / units;
+            ns[r] = ts * 1e9 * run / units;
             hgbs[r] = (double)hot_bytes / th * 1e-9;
-            hns[r] = th * 1e9 * n_threads / hot_units;
+            hns[r] = th * 1e9 * busy / hot_units;
         }
         out[ci] = (ka_row){.n_seq = n,
                            .end = end,
                            .bytes = (uint64_t)bytes,
                            .ops = ops,
-                           .gbs = ka_median(gbs, rounds),
-                           .gops = ka_median(gops, rounds),
-                           .ns_pos = ka_median(ns, rounds),
+                           .gbs = kbench_median(gbs, rounds),
+                           .gops = kbench_median(gops, rounds),
+                           .ns_pos = kbench_median(ns, rounds),
                            .hot_end = hot_end,
                            .hot_bytes = hot_bytes,
-                           .hot_gbs = ka_median(hgbs, rounds),
-                           .hot_ns_pos = ka_median(hns, rounds)};
+                           .hot_gbs = kbench_median(hgbs, rounds),
+                           .hot_ns_pos = kbench_median(hns, rounds)};
     }
     ka_free(&a);
     if (st != TK_OK) {
