@@ -93,9 +93,11 @@ static void ka_free(ka_state *a) {
     tk_free(a->t_hot);
 }
 
-tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
-                          tk_kv_scale scale, int block_size, int ctx, const int *seq, int n_counts,
-                          int rounds, ka_row **rows, int *n_rows) {
+/* kbench_attn_run; without streamed, only the cached pass, over a pool of
+ * one sequence. */
+static tk_status ka_run(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
+                        tk_kv_scale scale, int block_size, int ctx, const int *seq, int n_counts, int rounds,
+                        bool streamed, ka_row **rows, int *n_rows) {
     *rows = NULL;
     *n_rows = 0;
     if (n_counts < 1 || n_counts > KB_MAX_COUNTS || rounds < 1 || rounds > 64 || n_threads < 1 || ctx < 1 ||
@@ -141,7 +143,7 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
     uint64_t want = (KB_ATTN_POOL + seq_bytes - 1) / seq_bytes;
     if (want > KA_MAX_SEQS) want = KA_MAX_SEQS;
     if (want * seq_bytes > KB_ATTN_MAX) want = KB_ATTN_MAX / seq_bytes;
-    const int n_seqs = (int)want > max_n ? (int)want : max_n;
+    const int n_seqs = !streamed ? 1 : (int)want > max_n ? (int)want : max_n;
     /* the cached pass: the context (whole blocks) whose one layer fits
      * KB_ATTN_HOT bytes a thread, at most the streamed one's */
     const uint64_t layer_tok = tok_bytes / (uint64_t)nl;
@@ -214,7 +216,7 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
     const uint64_t hot_bytes = (uint64_t)hot_end * layer_tok;
     const int hot_reps = (int)((KA_MIN_READ + hot_bytes - 1) / hot_bytes);
     int s0 = 0;
-    if (st == TK_OK) { /* untimed: every page once, the pool's threads running */
+    if (st == TK_OK && streamed) { /* untimed: every page once, the pool's threads running */
         ka_job j = base;
         j.n = n_seqs, j.n_layer = nl, j.pos = pos, j.reps = 1, j.barrier = true, j.own = a.own;
         ka_time(&j);
@@ -222,12 +224,14 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
     for (int r = 0; st == TK_OK && r < rounds; r++)
         for (int q = 0; q < nk; q++) {
             const int ci = r % 2 ? nk - 1 - q : q, n = keep[ci];
-            const uint64_t pass = (uint64_t)n * (uint64_t)end * tok_bytes;
-            ka_job j = base;
-            j.n = n, j.n_layer = nl, j.pos = pos, j.own = a.own, j.barrier = true, j.s0 = s0;
-            j.reps = (int)((KA_MIN_READ + pass - 1) / pass);
-            s0 = (s0 + j.reps * n) % n_seqs;
-            a.t_str[ci * rounds + r] = ka_time(&j) / j.reps;
+            if (streamed) {
+                const uint64_t pass = (uint64_t)n * (uint64_t)end * tok_bytes;
+                ka_job j = base;
+                j.n = n, j.n_layer = nl, j.pos = pos, j.own = a.own, j.barrier = true, j.s0 = s0;
+                j.reps = (int)((KA_MIN_READ + pass - 1) / pass);
+                s0 = (s0 + j.reps * n) % n_seqs;
+                a.t_str[ci * rounds + r] = ka_time(&j) / j.reps;
+            }
             ka_job h = base;
             h.n = 1, h.n_layer = 1, h.pos = hot_pos, h.own = a.hot_own, h.barrier = false, h.reps = hot_reps;
             h.n_seqs = 1; /* sequence 0 every time */
@@ -244,8 +248,8 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
         double gbs[64], gops[64], ns[64], hgbs[64], hns[64];
         for (int r = 0; r < rounds; r++) {
             const double ts = a.t_str[ci * rounds + r], th = a.t_hot[ci * rounds + r];
-            gbs[r] = bytes / ts * 1e-9;
-            gops[r] = ops / ts * 1e-9;
+            gbs[r] = ts > 0 ? bytes / ts * 1e-9 : 0;
+            gops[r] = ts > 0 ? ops / ts * 1e-9 : 0;
             ns[r] = ts * 1e9 * run / units;
             hgbs[r] = (double)hot_bytes / th * 1e-9;
             hns[r] = th * 1e9 * busy / hot_units;
@@ -270,4 +274,26 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
     *rows = out;
     *n_rows = nk;
     return TK_OK;
+}
+
+tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
+                          tk_kv_scale scale, int block_size, int ctx, const int *seq, int n_counts,
+                          int rounds, ka_row **rows, int *n_rows) {
+    return ka_run(m, n_threads, pin, cpus, type, scale, block_size, ctx, seq, n_counts, rounds, true, rows,
+                  n_rows);
+}
+
+tk_status kbench_attn_cached(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
+                             tk_kv_scale scale, int block_size, int ctx, int rounds, ka_row *row) {
+    static const int one = 1;
+    ka_row *r = NULL;
+    int n = 0;
+    tk_status st =
+        ka_run(m, n_threads, pin, cpus, type, scale, block_size, ctx, &one, 1, rounds, false, &r, &n);
+    if (st == TK_OK && n == 1) *row = r[0];
+    if (st == TK_OK && n != 1)
+        st = tk_fail(TK_ERR_NOMEM, "profile: one sequence's KV past %.0f GiB",
+                     (double)KB_ATTN_MAX / (1 << 30));
+    tk_free(r);
+    return st;
 }

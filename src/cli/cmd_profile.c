@@ -235,6 +235,11 @@ typedef struct pf_machine {
      * which count the streaming rate (n 0: not probed). */
     probe_stats runs;
     size_t run_bytes;
+    /* Decode: the attention kernel's rate over one cached layer of one
+     * sequence at the run's KV options (kbench_attn_cached), attn_pos
+     * positions a query; 0: not measured. */
+    double attn_gbs;
+    int attn_pos;
 } pf_machine;
 
 /* One stage's summary row. */
@@ -352,6 +357,13 @@ static int spread_off(int spread, int q, int batch) {
 /* Tokens a timed step processes. */
 static int run_tokens(const pf_run *ru) { return ru->prefill > 0 ? ru->prefill : ru->batch; }
 
+/* The attention stage's KV bytes at the kernel's rate over cached KV, in
+ * ms: its arithmetic alone; 0 where that was not measured. */
+static double attn_cached_ms(const pf_data *d, const pf_machine *mc) {
+    const double b = (double)d->cost[FWD_ST_ATTN].bytes;
+    return mc->attn_gbs > 0 && b > 0 ? b / (mc->attn_gbs * 1e9) * 1e3 : 0;
+}
+
 /* The attention stage's KV bytes at the paged-read probe's best pass, in ms;
  * 0 where that probe did not run or the stage reads nothing. */
 static double attn_at_runs_ms(const pf_data *d, const pf_machine *mc) {
@@ -459,6 +471,17 @@ static void print_markdown(const pf_run *ru, const pf_machine *mc, const pf_data
         printf("- attention's %.1f MB at the paged-read rate (%.1f GB/s) take %.3f ms: the stage took %.1fx "
                "that (its floor counts the streaming rate)\n",
                rows[FWD_ST_ATTN].mb, mc->runs.best, runs_ms, rows[FWD_ST_ATTN].ms / runs_ms);
+    const double hot_ms = attn_cached_ms(d, mc);
+    if (hot_ms > 0)
+        printf("- attention's kernel over cached KV (one layer of one sequence, %d positions, held in cache: "
+               "its "
+               "arithmetic alone) reads %.1f GB/s: the stage's %.1f MB in %.3f ms; the stage took %.1fx "
+               "that%s\n",
+               mc->attn_pos, mc->attn_gbs, rows[FWD_ST_ATTN].mb, hot_ms, rows[FWD_ST_ATTN].ms / hot_ms,
+               runs_ms > 0
+                   ? " (the two times bound the stage: max of them where reads and arithmetic overlap, "
+                     "their sum where they do not)"
+                   : "");
     printf("- forward %.3f ms + sampling %.3f ms; %.1f %s tok/s\n", fwd_ms, rows[PF_SAMPLE].ms,
            step_ms > 0 ? 1e3 * run_tokens(ru) / step_ms : 0, ru->prefill > 0 ? "prefill" : "output");
     printf("- barriers per step: %.1f\n", d->n_steps ? (double)d->barriers / d->n_steps : 0);
@@ -514,6 +537,10 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddNumberToObject(pr, "kv_runs_gbs_median", mc->runs.median);
         cJSON_AddNumberToObject(pr, "kv_runs_gbs_min", mc->runs.min);
     }
+    if (mc->attn_gbs > 0) {
+        cJSON_AddNumberToObject(pr, "attn_cached_gbs", mc->attn_gbs);
+        cJSON_AddNumberToObject(pr, "attn_cached_positions", mc->attn_pos);
+    }
     cJSON_AddNumberToObject(pr, "peak_gops_int8", mc->peak[TK_PEAK_INT8]);
     cJSON_AddNumberToObject(pr, "peak_gflops_f32", mc->peak[TK_PEAK_F32]);
     cJSON_AddNumberToObject(pr, "peak_gflops_bf16", mc->peak[TK_PEAK_BF16]);
@@ -545,6 +572,8 @@ static cJSON *json_of(const pf_run *ru, const pf_machine *mc, const pf_data *d, 
         cJSON_AddNumberToObject(j, "x_floor", o->x_floor);
         const double paged_ms = r == FWD_ST_ATTN ? attn_at_runs_ms(d, mc) : 0;
         if (paged_ms > 0) cJSON_AddNumberToObject(j, "paged_read_ms", paged_ms);
+        const double hot_ms = r == FWD_ST_ATTN ? attn_cached_ms(d, mc) : 0;
+        if (hot_ms > 0) cJSON_AddNumberToObject(j, "cached_kernel_ms", hot_ms);
         cJSON_AddItemToArray(st, j);
         floor_sum += o->floor_ms;
         stage_sum += o->mean_ms;
@@ -1099,6 +1128,18 @@ int cmd_profile(int argc, char **argv) {
         mc.run_bytes = kv_run_bytes(&ko) * (size_t)(seq_blocks < part_blocks ? seq_blocks : part_blocks);
         mc.run_bytes &= ~(size_t)255; /* the probe reads whole 256-byte steps */
         probe_read_runs_stats(mc.threads, mc.run_bytes, &mc.runs);
+    }
+    /* decode: the attention kernel's own rate, with memory out of the way
+     * (none where the context leaves it nothing to read from the pool) */
+    if (prefill == 0) {
+        ka_row ar;
+        if (kbench_attn_cached(m, mc.threads, o.engine.pin_threads, o.engine.cpus, o.engine.kv_type,
+                               o.engine.kv_scale, o.engine.block_size, ctx, 3, &ar) == TK_OK) {
+            mc.attn_gbs = ar.hot_gbs;
+            mc.attn_pos = ar.hot_end;
+        } else {
+            tk_error_clear();
+        }
     }
     pf_state s;
     memset(&s, 0, sizeof s);

@@ -42,6 +42,14 @@ for b in 1 4; do
     elif grep -q 'paged' "$W/p$b.md"; then
         fail "a paged-read line with the bandwidth given"
     fi
+    # the attention kernel over cached KV: at context 160 the pool holds a block below each query's own
+    # block; at 32 nothing but the own block (its record), so no line
+    if [ $b -eq 1 ]; then
+        grep -q "^- attention's kernel over cached KV (one layer of one sequence, 128 positions, held in cache: its arithmetic alone) reads [0-9.]* GB/s: the stage's [0-9.]* MB in [0-9.]* ms; the stage took [0-9.]*x that (the two times bound the stage" "$W/p$b.md" ||
+            fail "no attention kernel over cached KV line"
+    elif grep -q "kernel over cached KV" "$W/p$b.md"; then
+        fail "an attention kernel line where the pool holds only the own blocks"
+    fi
     grep -q '| uneven ms |$' "$W/p$b.md" || fail "no uneven ms column (batch $b)"
     grep -q "^- the output, gate/up, down and vocabulary rows were split by each thread's measured speed; shares after the last step: [0-9.]*% / [0-9.]*%$" "$W/p$b.md" ||
         fail "no row shares line (batch $b)"
@@ -97,6 +105,15 @@ names = ["plan", "embed", "norm_quant", "qkv", "qk_norm_rope", "kv_store", "atte
 for b in (1, 4):
     j = json.load(open(f"{w}/p{b}.json"))
     st, step = j["stages"], j["step"]
+    attn = st[names.index("attention")]
+    if b == 1:
+        # the stage's bytes at the cached kernel's rate
+        pr = j["probe"]
+        assert pr["attn_cached_positions"] == 128 and pr["attn_cached_gbs"] > 0, pr
+        want = attn["bytes"] / (pr["attn_cached_gbs"] * 1e9) * 1e3
+        assert abs(attn["cached_kernel_ms"] - want) <= 1e-9 + 1e-9 * want, (attn, want)
+    else:
+        assert "attn_cached_gbs" not in j["probe"] and "cached_kernel_ms" not in attn, j["probe"]
     got = [s["stage"] for s in st]
     assert got == names, f"stages {got}"
     ctx = 160 if b == 1 else 32
