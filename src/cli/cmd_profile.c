@@ -930,9 +930,10 @@ static void print_attn(const cli_opts *o, const pf_machine *mc, const ka_row *r,
         "Cached: one sequence's first layer at the cached positions, whose KV fits %.0f KiB a thread, again "
         "and again\n",
         (double)KB_ATTN_POOL / (1 << 20), (double)KB_ATTN_HOT / 1024);
-    printf("- ns per position: one thread's time per (position, kv head, layer), every query head of its GQA "
-           "group; streamed / cached near 1: the kernel's arithmetic binds, well below 1: the reads add to "
-           "it\n");
+    printf(
+        "- ns per position: one thread's time per (position, kv head, layer), every query head of its GQA "
+        "group; streamed / cached near 1: the kernel's arithmetic binds, well below 1: reads the arithmetic "
+        "does not hide\n");
     if (n < asked)
         printf("- %d of the %d counts left out: their KV would pass %.0f GiB\n", asked - n, asked,
                (double)KB_ATTN_MAX / (1 << 30));
