@@ -91,7 +91,7 @@ tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char
                           int rounds, ka_row **rows, int *n_rows);
 /* The cached pass alone (the row's hot_ fields; the streamed ones 0): the
  * attention kernel's own rate at these options with memory out of the way,
- * over a pool of one sequence. */
+ * over a pool of just the positions that pass reads. */
 tk_status kbench_attn_cached(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
                              tk_kv_scale scale, int block_size, int ctx, int rounds, ka_row *row);
 

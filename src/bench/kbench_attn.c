@@ -93,14 +93,14 @@ static void ka_free(ka_state *a) {
     tk_free(a->t_hot);
 }
 
-/* kbench_attn_run; without streamed, only the cached pass, over a pool of
- * one sequence. */
+/* kbench_attn_run over the counts seq[0..n_counts), their rows in *rows;
+ * with n_counts 0, only the cached pass (*hot's hot_ fields: the rows get
+ * the same), over a pool of just what that pass reads. */
 static tk_status ka_run(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
                         tk_kv_scale scale, int block_size, int ctx, const int *seq, int n_counts, int rounds,
-                        bool streamed, ka_row **rows, int *n_rows) {
-    *rows = NULL;
-    *n_rows = 0;
-    if (n_counts < 1 || n_counts > KB_MAX_COUNTS || rounds < 1 || rounds > 64 || n_threads < 1 || ctx < 1 ||
+                        ka_row *hot, ka_row **rows, int *n_rows) {
+    if (rows) *rows = NULL, *n_rows = 0;
+    if (n_counts < 0 || n_counts > KB_MAX_COUNTS || rounds < 1 || rounds > 64 || n_threads < 1 || ctx < 1 ||
         ctx > 65536)
         return tk_fail(TK_ERR_INVALID, "profile --kernels: attention at %d counts, %d rounds, context %d",
                        n_counts, rounds, ctx);
@@ -129,8 +129,17 @@ static tk_status ka_run(const tk_model *m, int n_threads, bool pin, const char *
                        "profile --kernels: at context %d attention reads nothing from the pool but its own "
                        "block's record; give a --ctx above the block size (%d)",
                        ctx, block_size);
-    const int bps = (ctx + block_size - 1) / block_size;
-    const uint64_t tok_bytes = kv_bytes_per_token(&ko), seq_bytes = tok_bytes * (uint64_t)bps * block_size;
+    /* the cached pass: the context (whole blocks) whose one layer fits
+     * KB_ATTN_HOT bytes a thread, at most the streamed one's */
+    const uint64_t tok_bytes = kv_bytes_per_token(&ko), layer_tok = tok_bytes / (uint64_t)nl;
+    const int busy = n_threads < nkv ? n_threads : nkv;
+    int hot_end = (int)(KB_ATTN_HOT * (uint64_t)busy / (layer_tok * (uint64_t)block_size)) * block_size;
+    if (hot_end < block_size) hot_end = block_size;
+    if (hot_end > end) hot_end = end < block_size ? end : end / block_size * block_size;
+    const int hot_pos = own ? hot_end : hot_end - 1; /* the query whose pool context is hot_end positions */
+    /* the positions written: the streamed context, or what the cached pass reads */
+    const int fill = n_counts > 0 ? ctx : hot_pos + 1, bps = (fill + block_size - 1) / block_size;
+    const uint64_t seq_bytes = tok_bytes * (uint64_t)bps * block_size;
     /* the counts kept, and the pool's sequences: enough for the largest and
      * for KB_ATTN_POOL bytes */
     int keep[KB_MAX_COUNTS], nk = 0, max_n = 0;
@@ -139,38 +148,30 @@ static tk_status ka_run(const tk_model *m, int n_threads, bool pin, const char *
         keep[nk++] = seq[c];
         if (seq[c] > max_n) max_n = seq[c];
     }
-    if (nk == 0) return TK_OK; /* every count's KV is past KB_ATTN_MAX: no rows */
+    if (n_counts > 0 && nk == 0) return TK_OK; /* every count's KV is past KB_ATTN_MAX: no rows */
     uint64_t want = (KB_ATTN_POOL + seq_bytes - 1) / seq_bytes;
     if (want > KA_MAX_SEQS) want = KA_MAX_SEQS;
     if (want * seq_bytes > KB_ATTN_MAX) want = KB_ATTN_MAX / seq_bytes;
-    const int n_seqs = !streamed ? 1 : (int)want > max_n ? (int)want : max_n;
-    /* the cached pass: the context (whole blocks) whose one layer fits
-     * KB_ATTN_HOT bytes a thread, at most the streamed one's */
-    const uint64_t layer_tok = tok_bytes / (uint64_t)nl;
-    const int busy = n_threads < nkv ? n_threads : nkv;
-    int hot_end = (int)(KB_ATTN_HOT * (uint64_t)busy / (layer_tok * (uint64_t)block_size)) * block_size;
-    if (hot_end < block_size) hot_end = block_size;
-    if (hot_end > end) hot_end = end < block_size ? end : end / block_size * block_size;
-    const int hot_pos = own ? hot_end : hot_end - 1; /* the query whose pool context is hot_end positions */
+    const int n_seqs = nk == 0 ? 1 : (int)want > max_n ? (int)want : max_n;
     ko.n_blocks = n_seqs * bps;
     ka_state a = {.n_seqs = 0};
     st = kv_init(&ko, &a.kv);
     const tk_kv *kv = a.kv;
     const size_t rec = (size_t)nh * KV_PART_REC(hd);
     /* whole cache lines a thread, so no two threads write one line */
-    const size_t sf = st == TK_OK ? (kv_attn_scratch_floats(kv, ctx) + 15) / 16 * 16 : 0;
+    const size_t sf = st == TK_OK ? (kv_attn_scratch_floats(kv, fill) + 15) / 16 * 16 : 0;
     if (st == TK_OK) {
         a.bt = tk_calloc((size_t)n_seqs, sizeof *a.bt);
         a.q = tk_malloc((size_t)nh * (size_t)hd * sizeof *a.q);
-        a.own = own ? tk_malloc((size_t)nl * rec * sizeof *a.own) : NULL;
+        a.own = own && nk > 0 ? tk_malloc((size_t)nl * rec * sizeof *a.own) : NULL;
         a.hot_own = own ? tk_malloc(rec * sizeof *a.hot_own) : NULL;
         a.out = tk_alloc_aligned((size_t)n_threads * (size_t)nh * (size_t)hd * sizeof *a.out, 64);
         a.scratch = tk_alloc_aligned((size_t)n_threads * sf * sizeof *a.scratch, 64);
         a.kvec = tk_malloc(2 * (size_t)nkv * (size_t)hd * sizeof *a.kvec);
-        a.t_str = tk_calloc((size_t)nk * (size_t)rounds, sizeof *a.t_str);
-        a.t_hot = tk_calloc((size_t)nk * (size_t)rounds, sizeof *a.t_hot);
-        if (!a.bt || !a.q || (own && (!a.own || !a.hot_own)) || !a.out || !a.scratch || !a.kvec || !a.t_str ||
-            !a.t_hot)
+        a.t_str = tk_calloc((size_t)(nk > 0 ? nk : 1) * (size_t)rounds, sizeof *a.t_str);
+        a.t_hot = tk_calloc((size_t)rounds, sizeof *a.t_hot);
+        if (!a.bt || !a.q || (own && nk > 0 && !a.own) || (own && !a.hot_own) || !a.out || !a.scratch ||
+            !a.kvec || !a.t_str || !a.t_hot)
             st = tk_fail(TK_ERR_NOMEM, "profile --kernels: attention buffers");
     }
     /* every sequence's blocks in consecutive ids (a fresh pool hands them out in order) */
@@ -186,7 +187,7 @@ static tk_status ka_run(const tk_model *m, int n_threads, bool pin, const char *
     uint64_t rs = 0x2545f4914f6cdd1dull;
     if (st == TK_OK) {
         kbench_fill(a.q, (int64_t)nh * hd, &rs);
-        for (int p = 0; p < ctx; p++)
+        for (int p = 0; p < fill; p++)
             for (int l = 0; l < nl; l++) {
                 kbench_fill(a.kvec, 2 * (int64_t)nkv * hd, &rs);
                 kv_write(a.kv, l, a.bt[0], p, a.kvec, a.kvec + (size_t)nkv * hd);
@@ -196,7 +197,7 @@ static tk_status ka_run(const tk_model *m, int n_threads, bool pin, const char *
     }
     if (st == TK_OK && own) {
         const float sc = 1.0f / sqrtf((float)hd);
-        for (int l = 0; l < nl; l++)
+        for (int l = 0; l < nl && nk > 0; l++)
             kv_attention_own(kv, l, a.bt[0], pos, a.q, nh, 0, nh, sc, a.own + (size_t)l * rec, a.scratch,
                              NULL, 0, 0);
         kv_attention_own(kv, 0, a.bt[0], hot_pos, a.q, nh, 0, nh, sc, a.hot_own, a.scratch, NULL, 0, 0);
@@ -216,84 +217,78 @@ static tk_status ka_run(const tk_model *m, int n_threads, bool pin, const char *
     const uint64_t hot_bytes = (uint64_t)hot_end * layer_tok;
     const int hot_reps = (int)((KA_MIN_READ + hot_bytes - 1) / hot_bytes);
     int s0 = 0;
-    if (st == TK_OK && streamed) { /* untimed: every page once, the pool's threads running */
+    if (st == TK_OK && nk > 0) { /* untimed: every page once, the pool's threads running */
         ka_job j = base;
         j.n = n_seqs, j.n_layer = nl, j.pos = pos, j.reps = 1, j.barrier = true, j.own = a.own;
         ka_time(&j);
     }
-    for (int r = 0; st == TK_OK && r < rounds; r++)
+    /* each round the cached pass once (it does not depend on the count), then the counts */
+    for (int r = 0; st == TK_OK && r < rounds; r++) {
+        ka_job h = base;
+        h.n = 1, h.n_layer = 1, h.pos = hot_pos, h.own = a.hot_own, h.barrier = false, h.reps = hot_reps;
+        h.n_seqs = 1; /* sequence 0 every time */
+        a.t_hot[r] = ka_time(&h) / hot_reps;
         for (int q = 0; q < nk; q++) {
             const int ci = r % 2 ? nk - 1 - q : q, n = keep[ci];
-            if (streamed) {
-                const uint64_t pass = (uint64_t)n * (uint64_t)end * tok_bytes;
-                ka_job j = base;
-                j.n = n, j.n_layer = nl, j.pos = pos, j.own = a.own, j.barrier = true, j.s0 = s0;
-                j.reps = (int)((KA_MIN_READ + pass - 1) / pass);
-                s0 = (s0 + j.reps * n) % n_seqs;
-                a.t_str[ci * rounds + r] = ka_time(&j) / j.reps;
-            }
-            ka_job h = base;
-            h.n = 1, h.n_layer = 1, h.pos = hot_pos, h.own = a.hot_own, h.barrier = false, h.reps = hot_reps;
-            h.n_seqs = 1; /* sequence 0 every time */
-            a.t_hot[ci * rounds + r] = ka_time(&h) / hot_reps;
+            const uint64_t pass = (uint64_t)n * (uint64_t)end * tok_bytes;
+            ka_job j = base;
+            j.n = n, j.n_layer = nl, j.pos = pos, j.own = a.own, j.barrier = true, j.s0 = s0;
+            j.reps = (int)((KA_MIN_READ + pass - 1) / pass);
+            s0 = (s0 + j.reps * n) % n_seqs;
+            a.t_str[ci * rounds + r] = ka_time(&j) / j.reps;
         }
-    ka_row *out = st == TK_OK ? tk_calloc((size_t)nk, sizeof *out) : NULL;
-    if (st == TK_OK && !out) st = tk_fail(TK_ERR_NOMEM, "profile --kernels: attention rows");
+    }
+    ka_row h = {.hot_end = hot_end, .hot_bytes = hot_bytes};
+    if (st == TK_OK) {
+        double hgbs[64], hns[64];
+        for (int r = 0; r < rounds; r++) {
+            hgbs[r] = (double)hot_bytes / a.t_hot[r] * 1e-9;
+            hns[r] = a.t_hot[r] * 1e9 * busy / ((double)hot_end * nkv);
+        }
+        h.hot_gbs = kbench_median(hgbs, rounds);
+        h.hot_ns_pos = kbench_median(hns, rounds);
+        if (hot) *hot = h;
+    }
+    ka_row *out = st == TK_OK && nk > 0 ? tk_calloc((size_t)nk, sizeof *out) : NULL;
+    if (st == TK_OK && nk > 0 && !out) st = tk_fail(TK_ERR_NOMEM, "profile --kernels: attention rows");
     for (int ci = 0; st == TK_OK && ci < nk; ci++) {
         const int n = keep[ci];
         const double bytes = (double)n * end * (double)tok_bytes, ops = 4.0 * n * end * (double)nl * nh * hd;
         /* threads with units to run: a pass of n sequences has n nkv of them a layer */
         const int run = (long)n * nkv < n_threads ? n * nkv : n_threads;
-        const double units = (double)n * end * nl * nkv, hot_units = (double)hot_end * nkv;
-        double gbs[64], gops[64], ns[64], hgbs[64], hns[64];
+        const double units = (double)n * end * nl * nkv;
+        double gbs[64], gops[64], ns[64];
         for (int r = 0; r < rounds; r++) {
-            const double ts = a.t_str[ci * rounds + r], th = a.t_hot[ci * rounds + r];
-            gbs[r] = ts > 0 ? bytes / ts * 1e-9 : 0;
-            gops[r] = ts > 0 ? ops / ts * 1e-9 : 0;
+            const double ts = a.t_str[ci * rounds + r];
+            gbs[r] = bytes / ts * 1e-9;
+            gops[r] = ops / ts * 1e-9;
             ns[r] = ts * 1e9 * run / units;
-            hgbs[r] = (double)hot_bytes / th * 1e-9;
-            hns[r] = th * 1e9 * busy / hot_units;
         }
-        out[ci] = (ka_row){.n_seq = n,
-                           .end = end,
-                           .bytes = (uint64_t)bytes,
-                           .ops = ops,
-                           .gbs = kbench_median(gbs, rounds),
-                           .gops = kbench_median(gops, rounds),
-                           .ns_pos = kbench_median(ns, rounds),
-                           .hot_end = hot_end,
-                           .hot_bytes = hot_bytes,
-                           .hot_gbs = kbench_median(hgbs, rounds),
-                           .hot_ns_pos = kbench_median(hns, rounds)};
+        out[ci] = h;
+        out[ci].n_seq = n, out[ci].end = end, out[ci].bytes = (uint64_t)bytes, out[ci].ops = ops;
+        out[ci].gbs = kbench_median(gbs, rounds);
+        out[ci].gops = kbench_median(gops, rounds);
+        out[ci].ns_pos = kbench_median(ns, rounds);
     }
     ka_free(&a);
     if (st != TK_OK) {
         tk_free(out);
         return st;
     }
-    *rows = out;
-    *n_rows = nk;
+    if (rows) *rows = out, *n_rows = nk;
     return TK_OK;
 }
 
 tk_status kbench_attn_run(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
                           tk_kv_scale scale, int block_size, int ctx, const int *seq, int n_counts,
                           int rounds, ka_row **rows, int *n_rows) {
-    return ka_run(m, n_threads, pin, cpus, type, scale, block_size, ctx, seq, n_counts, rounds, true, rows,
+    if (n_counts < 1) return tk_fail(TK_ERR_INVALID, "profile --kernels: attention at %d counts", n_counts);
+    return ka_run(m, n_threads, pin, cpus, type, scale, block_size, ctx, seq, n_counts, rounds, NULL, rows,
                   n_rows);
 }
 
 tk_status kbench_attn_cached(const tk_model *m, int n_threads, bool pin, const char *cpus, tk_kv_type type,
                              tk_kv_scale scale, int block_size, int ctx, int rounds, ka_row *row) {
-    static const int one = 1;
-    ka_row *r = NULL;
-    int n = 0;
-    tk_status st =
-        ka_run(m, n_threads, pin, cpus, type, scale, block_size, ctx, &one, 1, rounds, false, &r, &n);
-    if (st == TK_OK && n == 1) *row = r[0];
-    if (st == TK_OK && n != 1)
-        st = tk_fail(TK_ERR_NOMEM, "profile: one sequence's KV past %.0f GiB",
-                     (double)KB_ATTN_MAX / (1 << 30));
-    tk_free(r);
-    return st;
+    *row = (ka_row){0};
+    return ka_run(m, n_threads, pin, cpus, type, scale, block_size, ctx, NULL, 0, rounds, row, NULL, NULL);
 }
